@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests: where `../shared` is, and the
+//! rule that a test needing it fails under CI and is skipped (loudly) elsewhere.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// `../shared` relative to the crate, or `SEGTUNE_SHARED` if set.
+pub fn shared_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("SEGTUNE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    dir.join("mmseg-configs/configs").is_dir().then_some(dir)
+}
+
+/// The shared data directory, or `None` after saying why the test is
+/// skipped; under `CI=true` a missing directory fails the test.
+pub fn require_shared(test: &str) -> Option<PathBuf> {
+    match shared_dir() {
+        Some(d) => Some(d),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: ../shared/mmseg-configs is missing, and CI=true requires it")
+        }
+        None => {
+            eprintln!("SKIPPED {test}: ../shared/mmseg-configs not found (set SEGTUNE_SHARED)");
+            None
+        }
+    }
+}
+
+/// Every `.py` config under `dir`, sorted.
+pub fn configs_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("readable corpus dir") {
+            let p = entry.expect("dir entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "py") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
