@@ -10,7 +10,11 @@ use std::path::PathBuf;
 pub const EXIT_INPUT_ERROR: i32 = 2;
 
 #[derive(Parser, Debug)]
-#[command(name = "segtune", version, about = "Find the MMSegmentation training config that fits your GPU, by measurement")]
+#[command(
+    name = "segtune",
+    version,
+    about = "Find the MMSegmentation training config that fits your GPU, by measurement"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -64,7 +68,11 @@ pub fn main() -> i32 {
 /// nothing reaches stdout when it fails half-way.
 pub fn run(cli: Cli) -> Result<String, ConfigError> {
     match cli.command {
-        Command::Resolve { config, format, cfg_options } => {
+        Command::Resolve {
+            config,
+            format,
+            cfg_options,
+        } => {
             let cfg = config::resolve(&config, &cfg_options)?;
             dump::render(&cfg, format)
         }

@@ -7,7 +7,8 @@ use segtune::config::{dump, eval::Limits, Loader, Value};
 
 #[test]
 fn all_mmseg_configs_resolve_exactly_as_mmengine() {
-    let Some(shared) = common::require_shared("all_mmseg_configs_resolve_exactly_as_mmengine") else {
+    let Some(shared) = common::require_shared("all_mmseg_configs_resolve_exactly_as_mmengine")
+    else {
         return;
     };
     let root = shared.join("mmseg-configs/configs");
@@ -32,9 +33,17 @@ fn all_mmseg_configs_resolve_exactly_as_mmengine() {
         }
     }
     let identical = configs.len() - failures.len();
-    println!("resolved identically to mmengine: {identical}/{}", configs.len());
+    println!(
+        "resolved identically to mmengine: {identical}/{}",
+        configs.len()
+    );
     for f in failures.iter().take(20) {
         println!("  {f}");
     }
-    assert!(failures.is_empty(), "{identical}/{} identical; first failure: {}", configs.len(), failures[0]);
+    assert!(
+        failures.is_empty(),
+        "{identical}/{} identical; first failure: {}",
+        configs.len(),
+        failures[0]
+    );
 }

@@ -47,7 +47,9 @@ fn write_json(v: &Value, indent: usize, out: &mut String) {
             let _ = write!(out, "{i}");
         }
         Value::Float(f) if f.is_nan() => out.push_str("NaN"),
-        Value::Float(f) if f.is_infinite() => out.push_str(if *f > 0.0 { "Infinity" } else { "-Infinity" }),
+        Value::Float(f) if f.is_infinite() => {
+            out.push_str(if *f > 0.0 { "Infinity" } else { "-Infinity" })
+        }
         Value::Float(f) => out.push_str(&python_float_repr(*f)),
         Value::Str(s) => out.push_str(&json_str(s)),
         Value::List(items) => write_json_array(items, indent, out),
@@ -102,7 +104,9 @@ pub fn from_json(j: &serde_json::Value) -> Value {
         serde_json::Value::String(s) => Value::Str(s.clone()),
         serde_json::Value::Array(items) => Value::List(items.iter().map(from_json).collect()),
         serde_json::Value::Object(map) => match map.get("__tuple__") {
-            Some(serde_json::Value::Array(items)) if map.len() == 1 => Value::Tuple(items.iter().map(from_json).collect()),
+            Some(serde_json::Value::Array(items)) if map.len() == 1 => {
+                Value::Tuple(items.iter().map(from_json).collect())
+            }
             _ => Value::Dict(map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect()),
         },
     }
@@ -110,8 +114,9 @@ pub fn from_json(j: &serde_json::Value) -> Value {
 
 const PY_KEYWORDS: &[&str] = &[
     "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
-    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in",
-    "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield",
 ];
 
 fn is_py_identifier(k: &str) -> bool {
@@ -152,17 +157,29 @@ fn py_inline(v: &Value) -> String {
         Value::Float(f) if f.is_finite() => python_float_repr(*f),
         Value::Float(f) => format!("float('{}')", python_float_repr(*f)),
         Value::Str(s) => python_str_repr(s),
-        Value::List(items) => format!("[{}]", items.iter().map(py_inline).collect::<Vec<_>>().join(", ")),
+        Value::List(items) => format!(
+            "[{}]",
+            items.iter().map(py_inline).collect::<Vec<_>>().join(", ")
+        ),
         Value::Tuple(items) if items.len() == 1 => format!("({},)", py_inline(&items[0])),
-        Value::Tuple(items) => format!("({})", items.iter().map(py_inline).collect::<Vec<_>>().join(", ")),
+        Value::Tuple(items) => format!(
+            "({})",
+            items.iter().map(py_inline).collect::<Vec<_>>().join(", ")
+        ),
         Value::Dict(d) => {
             let mut keys: Vec<&String> = d.keys().collect();
             keys.sort();
             if d.keys().all(|k| is_py_identifier(k)) {
-                let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", py_inline(&d[*k]))).collect();
+                let parts: Vec<String> = keys
+                    .iter()
+                    .map(|k| format!("{k}={}", py_inline(&d[*k])))
+                    .collect();
                 format!("dict({})", parts.join(", "))
             } else {
-                let parts: Vec<String> = keys.iter().map(|k| format!("{}: {}", python_str_repr(k), py_inline(&d[*k]))).collect();
+                let parts: Vec<String> = keys
+                    .iter()
+                    .map(|k| format!("{}: {}", python_str_repr(k), py_inline(&d[*k])))
+                    .collect();
                 format!("{{{}}}", parts.join(", "))
             }
         }
@@ -172,14 +189,20 @@ fn py_inline(v: &Value) -> String {
 /// Writes `v` at `indent` levels, `column` characters into the line.
 fn write_py(v: &Value, indent: usize, column: usize, out: &mut String) {
     let inline = py_inline(v);
-    if column + inline.len() <= WIDTH || !matches!(v, Value::List(_) | Value::Tuple(_) | Value::Dict(_)) {
+    if column + inline.len() <= WIDTH
+        || !matches!(v, Value::List(_) | Value::Tuple(_) | Value::Dict(_))
+    {
         out.push_str(&inline);
         return;
     }
     let inner = "    ".repeat(indent + 1);
     match v {
         Value::List(items) | Value::Tuple(items) => {
-            let (open, close) = if matches!(v, Value::List(_)) { ('[', ']') } else { ('(', ')') };
+            let (open, close) = if matches!(v, Value::List(_)) {
+                ('[', ']')
+            } else {
+                ('(', ')')
+            };
             out.push(open);
             out.push('\n');
             for item in items {
@@ -195,12 +218,21 @@ fn write_py(v: &Value, indent: usize, column: usize, out: &mut String) {
             let kwargs = d.keys().all(|k| is_py_identifier(k));
             out.push_str(if kwargs { "dict(\n" } else { "{\n" });
             for k in keys {
-                let prefix = if kwargs { format!("{k}=") } else { format!("{}: ", python_str_repr(k)) };
+                let prefix = if kwargs {
+                    format!("{k}=")
+                } else {
+                    format!("{}: ", python_str_repr(k))
+                };
                 let _ = write!(out, "{inner}{prefix}");
                 write_py(&d[k], indent + 1, inner.len() + prefix.len(), out);
                 out.push_str(",\n");
             }
-            let _ = write!(out, "{}{}", "    ".repeat(indent), if kwargs { ")" } else { "}" });
+            let _ = write!(
+                out,
+                "{}{}",
+                "    ".repeat(indent),
+                if kwargs { ")" } else { "}" }
+            );
         }
         _ => unreachable!("scalars are written inline"),
     }
@@ -224,12 +256,29 @@ pub fn rhai_value(v: &Value, indent: usize) -> String {
         Value::Int(i) => i.to_string(),
         Value::Float(f) => rhai_float(*f),
         Value::Str(s) => rhai_string(s),
-        Value::List(items) => format!("[{}]", items.iter().map(|x| rhai_value(x, indent)).collect::<Vec<_>>().join(", ")),
-        Value::Tuple(items) => format!("tuple([{}])", items.iter().map(|x| rhai_value(x, indent)).collect::<Vec<_>>().join(", ")),
+        Value::List(items) => format!(
+            "[{}]",
+            items
+                .iter()
+                .map(|x| rhai_value(x, indent))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Value::Tuple(items) => format!(
+            "tuple([{}])",
+            items
+                .iter()
+                .map(|x| rhai_value(x, indent))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Value::Dict(d) if d.is_empty() => "#{}".into(),
         Value::Dict(d) => {
             let pad = "    ".repeat(indent + 1);
-            let parts: Vec<String> = d.iter().map(|(k, x)| format!("{pad}{}: {}", rhai_string(k), rhai_value(x, indent + 1))).collect();
+            let parts: Vec<String> = d
+                .iter()
+                .map(|(k, x)| format!("{pad}{}: {}", rhai_string(k), rhai_value(x, indent + 1)))
+                .collect();
             format!("#{{\n{}\n{}}}", parts.join(",\n"), "    ".repeat(indent))
         }
     }
@@ -242,7 +291,10 @@ mod tests {
     #[test]
     fn json_round_trips_tuples_and_floats() {
         let mut d = Dict::new();
-        d.insert("crop_size".into(), Value::Tuple(vec![Value::Int(512), Value::Int(512)]));
+        d.insert(
+            "crop_size".into(),
+            Value::Tuple(vec![Value::Int(512), Value::Int(512)]),
+        );
         d.insert("lr".into(), Value::Float(6e-05));
         d.insert("one".into(), Value::Float(1.0));
         let text = to_json(&Value::Dict(d.clone()));

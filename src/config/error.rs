@@ -29,7 +29,11 @@ impl Location {
             file: file.to_path_buf(),
             line,
             column,
-            source_line: Some(source[line_start..line_end].trim_end_matches('\r').to_string()),
+            source_line: Some(
+                source[line_start..line_end]
+                    .trim_end_matches('\r')
+                    .to_string(),
+            ),
         }
     }
 
@@ -39,7 +43,10 @@ impl Location {
             file: file.to_path_buf(),
             line,
             column,
-            source_line: source.lines().nth(line.saturating_sub(1)).map(str::to_string),
+            source_line: source
+                .lines()
+                .nth(line.saturating_sub(1))
+                .map(str::to_string),
         }
     }
 }
@@ -61,8 +68,13 @@ pub enum ErrorKind {
 }
 
 /// A config error: message, optional location, and a hint on the fix.
+/// Boxed, so that `Result<_, ConfigError>` stays small on the happy path.
 #[derive(Debug, Clone)]
-pub struct ConfigError {
+pub struct ConfigError(Box<Details>);
+
+/// What a [`ConfigError`] says (reachable through `Deref`).
+#[derive(Debug, Clone)]
+pub struct Details {
     pub kind: ErrorKind,
     pub message: String,
     pub location: Option<Location>,
@@ -73,13 +85,13 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> ConfigError {
-        ConfigError {
+        ConfigError(Box::new(Details {
             kind,
             message: message.into(),
             location: None,
             help: None,
             included_from: Vec::new(),
-        }
+        }))
     }
 
     pub fn at(mut self, location: Location) -> ConfigError {
@@ -99,11 +111,30 @@ impl ConfigError {
     }
 }
 
+impl std::ops::Deref for ConfigError {
+    type Target = Details;
+    fn deref(&self) -> &Details {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ConfigError {
+    fn deref_mut(&mut self) -> &mut Details {
+        &mut self.0
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "error: {}", self.message)?;
         if let Some(loc) = &self.location {
-            writeln!(f, "  --> {}:{}:{}", loc.file.display(), loc.line, loc.column)?;
+            writeln!(
+                f,
+                "  --> {}:{}:{}",
+                loc.file.display(),
+                loc.line,
+                loc.column
+            )?;
             if let Some(text) = &loc.source_line {
                 let gutter = " ".repeat(loc.line.to_string().len());
                 writeln!(f, "{gutter} |")?;
@@ -145,9 +176,12 @@ mod tests {
     #[test]
     fn rendering_names_file_line_and_caret() {
         let src = "x = lambda: 1\n";
-        let err = ConfigError::new(ErrorKind::Unsupported, "unsupported Python construct `lambda`")
-            .at(Location::from_offset(Path::new("cfg.py"), src, 4))
-            .with_help("write the value out");
+        let err = ConfigError::new(
+            ErrorKind::Unsupported,
+            "unsupported Python construct `lambda`",
+        )
+        .at(Location::from_offset(Path::new("cfg.py"), src, 4))
+        .with_help("write the value out");
         let text = err.to_string();
         assert!(text.contains("cfg.py:1:5"), "{text}");
         assert!(text.contains("1 | x = lambda: 1"), "{text}");

@@ -41,7 +41,10 @@ impl Default for Limits {
 pub struct PyTuple(pub Array);
 
 fn raise(err: PyError) -> Box<EvalAltResult> {
-    Box::new(EvalAltResult::ErrorRuntime(Dynamic::from(err), Position::NONE))
+    Box::new(EvalAltResult::ErrorRuntime(
+        Dynamic::from(err),
+        Position::NONE,
+    ))
 }
 
 type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
@@ -68,7 +71,9 @@ pub fn to_value(d: &Dynamic) -> Result<Value, PyError> {
     }
     if d.is_array() {
         let arr = d.read_lock::<Array>().expect("checked is_array");
-        return Ok(Value::List(arr.iter().map(to_value).collect::<Result<_, _>>()?));
+        return Ok(Value::List(
+            arr.iter().map(to_value).collect::<Result<_, _>>()?,
+        ));
     }
     if d.is_map() {
         let map = d.read_lock::<Map>().expect("checked is_map");
@@ -80,11 +85,16 @@ pub fn to_value(d: &Dynamic) -> Result<Value, PyError> {
     }
     if d.is::<PyTuple>() {
         let t = d.read_lock::<PyTuple>().expect("checked is PyTuple");
-        return Ok(Value::Tuple(t.0.iter().map(to_value).collect::<Result<_, _>>()?));
+        return Ok(Value::Tuple(
+            t.0.iter().map(to_value).collect::<Result<_, _>>()?,
+        ));
     }
     Err(PyError::new(
         "TypeError",
-        format!("a value of Rhai type `{}` cannot be part of a config", d.type_name()),
+        format!(
+            "a value of Rhai type `{}` cannot be part of a config",
+            d.type_name()
+        ),
     ))
 }
 
@@ -98,7 +108,11 @@ pub fn to_dynamic(v: &Value) -> Dynamic {
         Value::Str(s) => Dynamic::from(s.clone()),
         Value::List(items) => Dynamic::from_array(items.iter().map(to_dynamic).collect()),
         Value::Tuple(items) => Dynamic::from(PyTuple(items.iter().map(to_dynamic).collect())),
-        Value::Dict(d) => Dynamic::from_map(d.iter().map(|(k, v)| (k.as_str().into(), to_dynamic(v))).collect()),
+        Value::Dict(d) => Dynamic::from_map(
+            d.iter()
+                .map(|(k, v)| (k.as_str().into(), to_dynamic(v)))
+                .collect(),
+        ),
     }
 }
 
@@ -110,7 +124,9 @@ fn dynamic_result(r: Result<Value, PyError>) -> RhaiResult<Dynamic> {
     r.map(|v| to_dynamic(&v)).map_err(raise)
 }
 
-fn binary_fn(op: BinOp) -> impl Fn(Dynamic, Dynamic) -> RhaiResult<Dynamic> + Send + Sync + 'static {
+fn binary_fn(
+    op: BinOp,
+) -> impl Fn(Dynamic, Dynamic) -> RhaiResult<Dynamic> + Send + Sync + 'static {
     move |a, b| dynamic_result(pyops::binary(op, &val(&a)?, &val(&b)?))
 }
 
@@ -126,7 +142,12 @@ fn cmp_op(symbol: &str) -> Result<CmpOp, PyError> {
         "not in" => CmpOp::NotIn,
         "is" => CmpOp::Is,
         "is not" => CmpOp::IsNot,
-        other => return Err(PyError::new("SyntaxError", format!("unknown comparison `{other}`"))),
+        other => {
+            return Err(PyError::new(
+                "SyntaxError",
+                format!("unknown comparison `{other}`"),
+            ))
+        }
     })
 }
 
@@ -144,7 +165,11 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
         } else {
             Err(PyError::new(
                 "TypeError",
-                format!("{}.{name}() got {} argument(s)", recv.type_name(), args.len()),
+                format!(
+                    "{}.{name}() got {} argument(s)",
+                    recv.type_name(),
+                    args.len()
+                ),
             ))
         }
     };
@@ -152,16 +177,22 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
         (Value::Dict(d), "get") => {
             arity(1..=2)?;
             let key = args[0].as_str().unwrap_or_default();
-            Ok(d.get(key).cloned().unwrap_or_else(|| args.get(1).cloned().unwrap_or(Value::None)))
+            Ok(d.get(key)
+                .cloned()
+                .unwrap_or_else(|| args.get(1).cloned().unwrap_or(Value::None)))
         }
         (Value::Dict(_) | Value::List(_), "copy") => {
             arity(0..=0)?;
             Ok(recv.clone())
         }
-        (Value::Dict(d), "keys") => Ok(Value::List(d.keys().map(|k| Value::Str(k.clone())).collect())),
+        (Value::Dict(d), "keys") => Ok(Value::List(
+            d.keys().map(|k| Value::Str(k.clone())).collect(),
+        )),
         (Value::Dict(d), "values") => Ok(Value::List(d.values().cloned().collect())),
         (Value::Dict(d), "items") => Ok(Value::List(
-            d.iter().map(|(k, v)| Value::Tuple(vec![Value::Str(k.clone()), v.clone()])).collect(),
+            d.iter()
+                .map(|(k, v)| Value::Tuple(vec![Value::Str(k.clone()), v.clone()]))
+                .collect(),
         )),
         (Value::List(items) | Value::Tuple(items), "index") => {
             arity(1..=1)?;
@@ -169,11 +200,18 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
                 .iter()
                 .position(|x| pyops::equal(x, &args[0]))
                 .map(|i| Value::Int(i as i64))
-                .ok_or_else(|| PyError::new("ValueError", format!("{} is not in list", python_repr(&args[0]))))
+                .ok_or_else(|| {
+                    PyError::new(
+                        "ValueError",
+                        format!("{} is not in list", python_repr(&args[0])),
+                    )
+                })
         }
         (Value::List(items) | Value::Tuple(items), "count") => {
             arity(1..=1)?;
-            Ok(Value::Int(items.iter().filter(|x| pyops::equal(x, &args[0])).count() as i64))
+            Ok(Value::Int(
+                items.iter().filter(|x| pyops::equal(x, &args[0])).count() as i64,
+            ))
         }
         (Value::Str(s), "join") => {
             arity(1..=1)?;
@@ -183,7 +221,10 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
                     Value::Str(x) => Ok(x.clone()),
                     other => Err(PyError::new(
                         "TypeError",
-                        format!("sequence item: expected str instance, {} found", other.type_name()),
+                        format!(
+                            "sequence item: expected str instance, {} found",
+                            other.type_name()
+                        ),
                     )),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -202,20 +243,34 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
         (Value::Str(s), "split") => {
             arity(0..=1)?;
             let parts: Vec<Value> = match args.first() {
-                None | Some(Value::None) => s.split_whitespace().map(|p| Value::Str(p.into())).collect(),
-                Some(Value::Str(sep)) => s.split(sep.as_str()).map(|p| Value::Str(p.into())).collect(),
+                None | Some(Value::None) => {
+                    s.split_whitespace().map(|p| Value::Str(p.into())).collect()
+                }
+                Some(Value::Str(sep)) => s
+                    .split(sep.as_str())
+                    .map(|p| Value::Str(p.into()))
+                    .collect(),
                 Some(_) => return Err(PyError::new("TypeError", "must be str or None")),
             };
             Ok(Value::List(parts))
         }
         (Value::Str(s), "startswith" | "endswith") => {
             arity(1..=1)?;
-            let probe = args[0].as_str().ok_or_else(|| PyError::new("TypeError", "expected a str"))?;
-            Ok(Value::Bool(if name == "startswith" { s.starts_with(probe) } else { s.ends_with(probe) }))
+            let probe = args[0]
+                .as_str()
+                .ok_or_else(|| PyError::new("TypeError", "expected a str"))?;
+            Ok(Value::Bool(if name == "startswith" {
+                s.starts_with(probe)
+            } else {
+                s.ends_with(probe)
+            }))
         }
         _ => Err(PyError::new(
             "AttributeError",
-            format!("'{}' object has no attribute '{name}' (or segtune does not support it)", recv.type_name()),
+            format!(
+                "'{}' object has no attribute '{name}' (or segtune does not support it)",
+                recv.type_name()
+            ),
         )),
     }
 }
@@ -233,7 +288,9 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
         .set_max_array_size(limits.max_array_size)
         .set_max_map_size(limits.max_map_size)
         .set_max_modules(limits.max_modules);
-    engine.set_module_resolver(presets::ModuleResolver::new(config_dir.map(Path::to_path_buf)));
+    engine.set_module_resolver(presets::ModuleResolver::new(
+        config_dir.map(Path::to_path_buf),
+    ));
     // `print` in a config must not write into `segtune resolve`'s output.
     engine.on_print(|text| eprintln!("{text}"));
 
@@ -251,10 +308,14 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
         .register_fn("len", |t: &mut PyTuple| t.0.len() as INT)
         .register_fn("to_array", |t: &mut PyTuple| t.0.clone())
         .register_fn("to_string", |t: &mut PyTuple| {
-            to_value(&Dynamic::from(t.clone())).map(|v| python_repr(&v)).unwrap_or_default()
+            to_value(&Dynamic::from(t.clone()))
+                .map(|v| python_repr(&v))
+                .unwrap_or_default()
         })
         .register_fn("to_debug", |t: &mut PyTuple| {
-            to_value(&Dynamic::from(t.clone())).map(|v| python_repr(&v)).unwrap_or_default()
+            to_value(&Dynamic::from(t.clone()))
+                .map(|v| python_repr(&v))
+                .unwrap_or_default()
         });
 
     engine
@@ -265,22 +326,42 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
         .register_fn("py_floordiv", binary_fn(BinOp::FloorDiv))
         .register_fn("py_mod", binary_fn(BinOp::Mod))
         .register_fn("py_pow", binary_fn(BinOp::Pow))
-        .register_fn("py_neg", |a: Dynamic| dynamic_result(pyops::negate(&val(&a)?)))
-        .register_fn("py_pos", |a: Dynamic| dynamic_result(pyops::positive(&val(&a)?)))
-        .register_fn("py_invert", |a: Dynamic| dynamic_result(pyops::invert(&val(&a)?)))
-        .register_fn("py_truthy", |a: Dynamic| -> RhaiResult<bool> { Ok(val(&a)?.truthy()) })
-        .register_fn("py_not", |a: Dynamic| -> RhaiResult<bool> { Ok(!val(&a)?.truthy()) })
-        .register_fn("py_cmp", |op: ImmutableString, a: Dynamic, b: Dynamic| -> RhaiResult<bool> {
-            pyops::compare(cmp_op(&op).map_err(raise)?, &val(&a)?, &val(&b)?).map_err(raise)
+        .register_fn("py_neg", |a: Dynamic| {
+            dynamic_result(pyops::negate(&val(&a)?))
         })
-        .register_fn("py_call", |name: ImmutableString, args: Array| -> RhaiResult<Dynamic> {
-            let args: Vec<Value> = args.iter().map(val).collect::<Result<_, _>>()?;
-            dynamic_result(pyops::call_builtin(&name, &args))
+        .register_fn("py_pos", |a: Dynamic| {
+            dynamic_result(pyops::positive(&val(&a)?))
         })
-        .register_fn("py_dict", |positional: Array, kw: Map| -> RhaiResult<Dynamic> {
-            let positional: Vec<Value> = positional.iter().map(val).collect::<Result<_, _>>()?;
-            dynamic_result(pyops::make_dict(&positional, keyword_dict(kw)?))
+        .register_fn("py_invert", |a: Dynamic| {
+            dynamic_result(pyops::invert(&val(&a)?))
         })
+        .register_fn("py_truthy", |a: Dynamic| -> RhaiResult<bool> {
+            Ok(val(&a)?.truthy())
+        })
+        .register_fn("py_not", |a: Dynamic| -> RhaiResult<bool> {
+            Ok(!val(&a)?.truthy())
+        })
+        .register_fn(
+            "py_cmp",
+            |op: ImmutableString, a: Dynamic, b: Dynamic| -> RhaiResult<bool> {
+                pyops::compare(cmp_op(&op).map_err(raise)?, &val(&a)?, &val(&b)?).map_err(raise)
+            },
+        )
+        .register_fn(
+            "py_call",
+            |name: ImmutableString, args: Array| -> RhaiResult<Dynamic> {
+                let args: Vec<Value> = args.iter().map(val).collect::<Result<_, _>>()?;
+                dynamic_result(pyops::call_builtin(&name, &args))
+            },
+        )
+        .register_fn(
+            "py_dict",
+            |positional: Array, kw: Map| -> RhaiResult<Dynamic> {
+                let positional: Vec<Value> =
+                    positional.iter().map(val).collect::<Result<_, _>>()?;
+                dynamic_result(pyops::make_dict(&positional, keyword_dict(kw)?))
+            },
+        )
         .register_fn("py_dict_chain", |parts: Array| -> RhaiResult<Dynamic> {
             let mut out = Dict::new();
             for part in &parts {
@@ -301,29 +382,50 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
                 Value::Str(s) => Ok(s.into()),
                 other => Err(raise(PyError::new(
                     "TypeError",
-                    format!("config dict keys must be strings, not {}", other.type_name()),
+                    format!(
+                        "config dict keys must be strings, not {}",
+                        other.type_name()
+                    ),
                 ))),
             }
         })
-        .register_fn("py_getattr", |v: Dynamic, name: ImmutableString| -> RhaiResult<Dynamic> {
-            match val(&v)? {
-                Value::Dict(d) => d.get(name.as_str()).map(to_dynamic).ok_or_else(|| {
-                    raise(PyError::new("AttributeError", format!("the dict has no key '{name}'")))
-                }),
-                other => Err(raise(PyError::new(
-                    "AttributeError",
-                    format!("'{}' object has no attribute '{name}'", other.type_name()),
-                ))),
-            }
-        })
+        .register_fn(
+            "py_getattr",
+            |v: Dynamic, name: ImmutableString| -> RhaiResult<Dynamic> {
+                match val(&v)? {
+                    Value::Dict(d) => d.get(name.as_str()).map(to_dynamic).ok_or_else(|| {
+                        raise(PyError::new(
+                            "AttributeError",
+                            format!("the dict has no key '{name}'"),
+                        ))
+                    }),
+                    other => Err(raise(PyError::new(
+                        "AttributeError",
+                        format!("'{}' object has no attribute '{name}'", other.type_name()),
+                    ))),
+                }
+            },
+        )
         .register_fn("py_getitem", |v: Dynamic, k: Dynamic| {
             dynamic_result(pyops::get_item(&val(&v)?, &val(&k)?))
         })
-        .register_fn("py_slice", |v: Dynamic, lo: Dynamic, hi: Dynamic, step: Dynamic| {
-            dynamic_result(pyops::slice(&val(&v)?, &val(&lo)?, &val(&hi)?, &val(&step)?))
-        })
+        .register_fn(
+            "py_slice",
+            |v: Dynamic, lo: Dynamic, hi: Dynamic, step: Dynamic| {
+                dynamic_result(pyops::slice(
+                    &val(&v)?,
+                    &val(&lo)?,
+                    &val(&hi)?,
+                    &val(&step)?,
+                ))
+            },
+        )
         .register_fn("py_iter", |v: Dynamic| -> RhaiResult<Array> {
-            Ok(pyops::iterate(&val(&v)?).map_err(raise)?.iter().map(to_dynamic).collect())
+            Ok(pyops::iterate(&val(&v)?)
+                .map_err(raise)?
+                .iter()
+                .map(to_dynamic)
+                .collect())
         })
         .register_fn("py_unpack", |v: Dynamic, n: INT| -> RhaiResult<Array> {
             let items = pyops::iterate(&val(&v)?).map_err(raise)?;
@@ -335,57 +437,100 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
             }
             Ok(items.iter().map(to_dynamic).collect())
         })
-        .register_fn("py_format", |v: Dynamic, conversion: ImmutableString, spec: ImmutableString| -> RhaiResult<ImmutableString> {
-            let v = val(&v)?;
-            let v = match conversion.as_str() {
-                "r" | "a" => Value::Str(python_repr(&v)),
-                "s" => Value::Str(python_str(&v)),
-                _ => v,
-            };
-            pyops::format_value(&v, &spec).map(Into::into).map_err(raise)
-        })
+        .register_fn(
+            "py_format",
+            |v: Dynamic,
+             conversion: ImmutableString,
+             spec: ImmutableString|
+             -> RhaiResult<ImmutableString> {
+                let v = val(&v)?;
+                let v = match conversion.as_str() {
+                    "r" | "a" => Value::Str(python_repr(&v)),
+                    "s" => Value::Str(python_str(&v)),
+                    _ => v,
+                };
+                pyops::format_value(&v, &spec)
+                    .map(Into::into)
+                    .map_err(raise)
+            },
+        )
         .register_fn("py_concat", |parts: Array| -> RhaiResult<ImmutableString> {
             let mut out = String::new();
             for p in parts {
-                out.push_str(&p.into_string().map_err(|t| raise(PyError::new("TypeError", format!("expected str, got {t}"))))?);
+                out.push_str(&p.into_string().map_err(|t| {
+                    raise(PyError::new("TypeError", format!("expected str, got {t}")))
+                })?);
             }
             Ok(out.into())
         })
-        .register_fn("py_method", |recv: Dynamic, name: ImmutableString, args: Array| -> RhaiResult<Dynamic> {
-            let args: Vec<Value> = args.iter().map(val).collect::<Result<_, _>>()?;
-            dynamic_result(call_method(&val(&recv)?, &name, &args))
-        })
-        .register_fn("py_update", |m: &mut Dynamic, positional: Array, kw: Map| -> RhaiResult<()> {
-            let current = val(m)?;
-            let Value::Dict(mut d) = current else {
-                return Err(raise(PyError::new(
-                    "AttributeError",
-                    format!("'{}' object has no attribute 'update'", current.type_name()),
-                )));
-            };
-            let positional: Vec<Value> = positional.iter().map(val).collect::<Result<_, _>>()?;
-            if let Value::Dict(extra) = pyops::make_dict(&positional, keyword_dict(kw)?).map_err(raise)? {
-                d.extend(extra);
-            }
-            *m = to_dynamic(&Value::Dict(d));
-            Ok(())
-        })
-        .register_fn("py_append", |l: &mut Dynamic, item: Dynamic| -> RhaiResult<()> {
-            let mut arr = l.as_array_mut().map_err(|t| raise(PyError::new("AttributeError", format!("'{t}' object has no attribute 'append'"))))?;
-            arr.push(item);
-            Ok(())
-        })
-        .register_fn("py_extend", |l: &mut Dynamic, items: Dynamic| -> RhaiResult<()> {
-            let extra: Array = pyops::iterate(&val(&items)?).map_err(raise)?.iter().map(to_dynamic).collect();
-            let mut arr = l.as_array_mut().map_err(|t| raise(PyError::new("AttributeError", format!("'{t}' object has no attribute 'extend'"))))?;
-            arr.extend(extra);
-            Ok(())
-        });
+        .register_fn(
+            "py_method",
+            |recv: Dynamic, name: ImmutableString, args: Array| -> RhaiResult<Dynamic> {
+                let args: Vec<Value> = args.iter().map(val).collect::<Result<_, _>>()?;
+                dynamic_result(call_method(&val(&recv)?, &name, &args))
+            },
+        )
+        .register_fn(
+            "py_update",
+            |m: &mut Dynamic, positional: Array, kw: Map| -> RhaiResult<()> {
+                let current = val(m)?;
+                let Value::Dict(mut d) = current else {
+                    return Err(raise(PyError::new(
+                        "AttributeError",
+                        format!("'{}' object has no attribute 'update'", current.type_name()),
+                    )));
+                };
+                let positional: Vec<Value> =
+                    positional.iter().map(val).collect::<Result<_, _>>()?;
+                if let Value::Dict(extra) =
+                    pyops::make_dict(&positional, keyword_dict(kw)?).map_err(raise)?
+                {
+                    d.extend(extra);
+                }
+                *m = to_dynamic(&Value::Dict(d));
+                Ok(())
+            },
+        )
+        .register_fn(
+            "py_append",
+            |l: &mut Dynamic, item: Dynamic| -> RhaiResult<()> {
+                let mut arr = l.as_array_mut().map_err(|t| {
+                    raise(PyError::new(
+                        "AttributeError",
+                        format!("'{t}' object has no attribute 'append'"),
+                    ))
+                })?;
+                arr.push(item);
+                Ok(())
+            },
+        )
+        .register_fn(
+            "py_extend",
+            |l: &mut Dynamic, items: Dynamic| -> RhaiResult<()> {
+                let extra: Array = pyops::iterate(&val(&items)?)
+                    .map_err(raise)?
+                    .iter()
+                    .map(to_dynamic)
+                    .collect();
+                let mut arr = l.as_array_mut().map_err(|t| {
+                    raise(PyError::new(
+                        "AttributeError",
+                        format!("'{t}' object has no attribute 'extend'"),
+                    ))
+                })?;
+                arr.extend(extra);
+                Ok(())
+            },
+        );
     engine
 }
 
 /// Runs a compiled script in `scope`, turning Rhai failures into config errors.
-pub fn run(engine: &Engine, scope: &mut Scope, ast: &rhai::AST) -> Result<(), (ConfigError, Position)> {
+pub fn run(
+    engine: &Engine,
+    scope: &mut Scope,
+    ast: &rhai::AST,
+) -> Result<(), (ConfigError, Position)> {
     engine.run_ast_with_scope(scope, ast).map_err(|e| {
         let pos = e.position();
         (rhai_error(&e), pos)
@@ -451,17 +596,62 @@ pub fn unmangle(name: &str) -> &str {
 
 /// Words Rhai reserves that are not (yet) keywords.
 const RHAI_RESERVED: &[&str] = &[
-    "var", "static", "shared", "use", "case", "async", "public", "package", "super", "protected",
-    "spawn", "sync", "default", "this", "thread", "yield", "new", "match", "await", "null", "with",
-    "void", "nil", "exit", "is", "module", "goto", "go", "private", "export", "import", "as",
-    "curry", "call", "type_of", "print", "debug", "eval", "is_def_var", "is_def_fn", "is_shared",
-    "Fn", "fn", "global", "catch", "try", "throw",
+    "var",
+    "static",
+    "shared",
+    "use",
+    "case",
+    "async",
+    "public",
+    "package",
+    "super",
+    "protected",
+    "spawn",
+    "sync",
+    "default",
+    "this",
+    "thread",
+    "yield",
+    "new",
+    "match",
+    "await",
+    "null",
+    "with",
+    "void",
+    "nil",
+    "exit",
+    "is",
+    "module",
+    "goto",
+    "go",
+    "private",
+    "export",
+    "import",
+    "as",
+    "curry",
+    "call",
+    "type_of",
+    "print",
+    "debug",
+    "eval",
+    "is_def_var",
+    "is_def_fn",
+    "is_shared",
+    "Fn",
+    "fn",
+    "global",
+    "catch",
+    "try",
+    "throw",
 ];
 
 /// Reads a `.rhai` file or returns an I/O config error naming it.
 pub fn read_source(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::new(ErrorKind::Io, format!("cannot read config {}: {e}", path.display()))
+        ConfigError::new(
+            ErrorKind::Io,
+            format!("cannot read config {}: {e}", path.display()),
+        )
     })
 }
 
@@ -476,7 +666,8 @@ pub fn collect_scope(scope: &Scope, skip: &[&str]) -> Result<Dict, PyError> {
         if value.is::<rhai::FnPtr>() {
             continue;
         }
-        let v = to_value(value).map_err(|e| PyError::new(e.class, format!("variable `{name}`: {}", e.message)))?;
+        let v = to_value(value)
+            .map_err(|e| PyError::new(e.class, format!("variable `{name}`: {}", e.message)))?;
         out.insert(name.to_string(), v);
     }
     Ok(out)

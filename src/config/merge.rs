@@ -47,7 +47,10 @@ pub fn merge_a_into_b(a: Dict, b: Value, allow_list_keys: bool) -> Result<Value>
         }
         other => Err(ConfigError::new(
             ErrorKind::MergeType,
-            format!("cannot merge a dict into a value of type {}", other.type_name()),
+            format!(
+                "cannot merge a dict into a value of type {}",
+                other.type_name()
+            ),
         )),
     }
 }
@@ -55,11 +58,15 @@ pub fn merge_a_into_b(a: Dict, b: Value, allow_list_keys: bool) -> Result<Value>
 fn index_error(k: &str, items: &[Value]) -> ConfigError {
     ConfigError::new(
         ErrorKind::CfgOption,
-        format!("Index {k} exceeds the length of list {}", python_repr(&Value::List(items.to_vec()))),
+        format!(
+            "Index {k} exceeds the length of list {}",
+            python_repr(&Value::List(items.to_vec()))
+        ),
     )
 }
 
-fn merge_entry(base: &mut Dict, k: String, v: Value, allow_list_keys: bool) -> Result<()> {
+/// Merges child value `v` of key `k` into `base` (one step of `_merge_a_into_b`).
+pub fn merge_entry(base: &mut Dict, k: String, v: Value, allow_list_keys: bool) -> Result<()> {
     let Value::Dict(mut child) = v else {
         base.insert(k, v);
         return Ok(());
@@ -74,7 +81,8 @@ fn merge_entry(base: &mut Dict, k: String, v: Value, allow_list_keys: bool) -> R
         *existing = Value::Dict(child);
         return Ok(());
     }
-    let mergeable = matches!(existing, Value::Dict(_)) || (allow_list_keys && matches!(existing, Value::List(_)));
+    let mergeable = matches!(existing, Value::Dict(_))
+        || (allow_list_keys && matches!(existing, Value::List(_)));
     if !mergeable {
         return Err(ConfigError::new(
             ErrorKind::MergeType,
@@ -97,11 +105,17 @@ pub fn parse_cfg_options(items: &[String]) -> Result<Dict> {
     let mut flat: Dict = Dict::new();
     for item in items {
         let Some((key, value)) = item.split_once('=') else {
-            return Err(ConfigError::new(ErrorKind::CfgOption, format!("--cfg-options item `{item}` is not KEY=VALUE"))
-                .with_help("write e.g. --cfg-options train_dataloader.batch_size=4"));
+            return Err(ConfigError::new(
+                ErrorKind::CfgOption,
+                format!("--cfg-options item `{item}` is not KEY=VALUE"),
+            )
+            .with_help("write e.g. --cfg-options train_dataloader.batch_size=4"));
         };
         if key.is_empty() || key.split('.').any(str::is_empty) {
-            return Err(ConfigError::new(ErrorKind::CfgOption, format!("--cfg-options key `{key}` is not a dotted name")));
+            return Err(ConfigError::new(
+                ErrorKind::CfgOption,
+                format!("--cfg-options key `{key}` is not a dotted name"),
+            ));
         }
         flat.shift_remove(key);
         let value = parse_option_value(value)?;
@@ -145,15 +159,23 @@ pub fn apply_cfg_options(cfg: Dict, options: Dict) -> Result<Dict> {
 
 /// `DictAction._parse_iterable`: the value of one `KEY=VALUE`.
 pub fn parse_option_value(raw: &str) -> Result<Value> {
-    let balanced = |open: char, close: char| raw.matches(open).count() == raw.matches(close).count();
+    let balanced =
+        |open: char, close: char| raw.matches(open).count() == raw.matches(close).count();
     if !balanced('(', ')') || !balanced('[', ']') {
-        return Err(ConfigError::new(ErrorKind::CfgOption, format!("imbalanced brackets in --cfg-options value `{raw}`")));
+        return Err(ConfigError::new(
+            ErrorKind::CfgOption,
+            format!("imbalanced brackets in --cfg-options value `{raw}`"),
+        ));
     }
     Ok(parse_iterable(raw))
 }
 
 fn parse_iterable(raw: &str) -> Value {
-    let stripped: String = raw.trim_matches(|c| c == '\'' || c == '"').chars().filter(|c| *c != ' ').collect();
+    let stripped: String = raw
+        .trim_matches(|c| c == '\'' || c == '"')
+        .chars()
+        .filter(|c| *c != ' ')
+        .collect();
     let val = stripped.as_str();
     let (is_tuple, inner) = if val.starts_with('(') && val.ends_with(')') && val.len() >= 2 {
         (true, &val[1..val.len() - 1])
@@ -214,7 +236,11 @@ fn parse_scalar(val: &str) -> Value {
 fn parse_python_int(s: &str) -> Option<i64> {
     let t = s.trim();
     let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
-    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+    {
         return None;
     }
     if !digits.bytes().all(|c| c.is_ascii_digit() || c == b'_') {
@@ -237,7 +263,9 @@ fn parse_python_float(s: &str) -> Option<f64> {
             f64::INFINITY
         }));
     }
-    let ok_chars = unsigned.bytes().all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'+' | b'-' | b'_'));
+    let ok_chars = unsigned
+        .bytes()
+        .all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'+' | b'-' | b'_'));
     if !ok_chars || !unsigned.bytes().any(|c| c.is_ascii_digit()) {
         return None;
     }
@@ -250,7 +278,10 @@ mod tests {
     use Value::{Int as I, Str as S};
 
     fn d(pairs: &[(&str, Value)]) -> Dict {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     fn parse_option_value_ok(raw: &str) -> Value {
@@ -272,7 +303,11 @@ mod tests {
         assert_eq!(parse_option_value_ok("[]"), Value::List(vec![]));
         assert_eq!(
             parse_option_value_ok("[(1,2),[3,4],5]"),
-            Value::List(vec![Value::Tuple(vec![I(1), I(2)]), Value::List(vec![I(3), I(4)]), I(5)])
+            Value::List(vec![
+                Value::Tuple(vec![I(1), I(2)]),
+                Value::List(vec![I(3), I(4)]),
+                I(5)
+            ])
         );
     }
 
@@ -287,7 +322,10 @@ mod tests {
     fn delete_is_popped_only_over_an_existing_key() {
         let base = d(&[("a", Value::Dict(d(&[("x", I(1))])))]);
         let child = d(&[
-            ("a", Value::Dict(d(&[("_delete_", Value::Bool(true)), ("y", I(2))]))),
+            (
+                "a",
+                Value::Dict(d(&[("_delete_", Value::Bool(true)), ("y", I(2))])),
+            ),
             ("b", Value::Dict(d(&[("_delete_", Value::Bool(true))]))),
         ]);
         let out = merge_a_into_b(child, Value::Dict(base), false).unwrap();
@@ -306,10 +344,19 @@ mod tests {
 
     #[test]
     fn list_index_keys_merge_into_items() {
-        let cfg = d(&[("pipeline", Value::List(vec![Value::Dict(d(&[("p", I(1))])), Value::Dict(d(&[("p", I(2))]))]))]);
+        let cfg = d(&[(
+            "pipeline",
+            Value::List(vec![
+                Value::Dict(d(&[("p", I(1))])),
+                Value::Dict(d(&[("p", I(2))])),
+            ]),
+        )]);
         let opts = parse_cfg_options(&["pipeline.1.p=0.9".into()]).unwrap();
         let out = apply_cfg_options(cfg.clone(), opts).unwrap();
-        assert_eq!(Value::Dict(out).get_path("pipeline.1.p"), Some(&Value::Float(0.9)));
+        assert_eq!(
+            Value::Dict(out).get_path("pipeline.1.p"),
+            Some(&Value::Float(0.9))
+        );
         let opts = parse_cfg_options(&["pipeline.5.p=0".into()]).unwrap();
         assert!(apply_cfg_options(cfg, opts).is_err());
     }

@@ -44,6 +44,24 @@ pub fn resolve(path: &Path, cfg_options: &[String]) -> Result<Dict, ConfigError>
     }
 }
 
+/// Evaluates one config's source text on its own (no `_base_` allowed):
+/// the entry point for property tests and fuzzing of the translator.
+pub fn evaluate_source(path: &Path, source: &str) -> Result<Dict, ConfigError> {
+    let limits = Limits::default();
+    let prepared = match FileKind::of(path)? {
+        FileKind::Python => Prepared::python(path, source, limits)?,
+        FileKind::Rhai => Prepared::rhai(path, source, limits)?,
+    };
+    if !prepared.bases.paths.is_empty() {
+        return Err(ConfigError::new(
+            ErrorKind::MissingBase,
+            "evaluate_source takes configs without `_base_`",
+        ));
+    }
+    let (cfg, _) = prepared.evaluate(path, source, Dict::new(), limits)?;
+    Ok(cfg)
+}
+
 /// Loads config files, sharing evaluated files between loads (a file's
 /// value depends only on its own path, so caching is exact).
 pub struct Loader {
@@ -61,7 +79,12 @@ struct Bases {
 
 impl Loader {
     pub fn new(limits: Limits) -> Loader {
-        Loader { limits, files: HashMap::new(), graph: DiGraph::new(), nodes: HashMap::new() }
+        Loader {
+            limits,
+            files: HashMap::new(),
+            graph: DiGraph::new(),
+            nodes: HashMap::new(),
+        }
     }
 
     /// `Config.fromfile(path).to_dict()`, with `custom_imports` kept as a
@@ -69,12 +92,21 @@ impl Loader {
     pub fn load(&mut self, path: &Path) -> Result<Dict, ConfigError> {
         let abs = absolute(path);
         if !abs.is_file() {
-            return Err(ConfigError::new(ErrorKind::Io, format!("config file not found: {}", path.display())));
+            return Err(ConfigError::new(
+                ErrorKind::Io,
+                format!("config file not found: {}", path.display()),
+            ));
         }
         let cfg = self.load_file(&abs)?;
         if let Some(k) = RESERVED_KEYS.iter().find(|k| cfg.contains_key(**k)) {
-            return Err(ConfigError::new(ErrorKind::Reserved, format!("`{k}` is reserved for config file"))
-                .with_help(format!("rename the top-level `{k}`; MMEngine refuses {}", RESERVED_KEYS.join(", "))));
+            return Err(ConfigError::new(
+                ErrorKind::Reserved,
+                format!("`{k}` is reserved for config file"),
+            )
+            .with_help(format!(
+                "rename the top-level `{k}`; MMEngine refuses {}",
+                RESERVED_KEYS.join(", ")
+            )));
         }
         Ok((*cfg).clone())
     }
@@ -125,27 +157,48 @@ impl Loader {
                     ErrorKind::MissingBase,
                     format!("package-scoped base `{rel}` needs the Python package installed"),
                 )
-                .with_help("copy the base config next to yours and use a relative path")));
+                .with_help(
+                    "copy the base config next to yours and use a relative path",
+                )));
             }
             let base_path = normalize(&eval::config_dir(abs).join(rel));
             if !base_path.is_file() {
                 return Err(at(ConfigError::new(
                     ErrorKind::MissingBase,
-                    format!("base config `{rel}` not found (looked for {})", base_path.display()),
+                    format!(
+                        "base config `{rel}` not found (looked for {})",
+                        base_path.display()
+                    ),
                 )
                 .with_help("`_base_` paths are relative to the file that names them")));
             }
             let child = self.node(&base_path);
             if let Some(cycle) = self.cycle_through(me, child) {
-                return Err(at(ConfigError::new(ErrorKind::BaseCycle, format!("`_base_` cycle: {cycle}"))
-                    .with_help("a config cannot inherit from itself, directly or through its bases")));
+                return Err(at(ConfigError::new(
+                    ErrorKind::BaseCycle,
+                    format!("`_base_` cycle: {cycle}"),
+                )
+                .with_help(
+                    "a config cannot inherit from itself, directly or through its bases",
+                )));
             }
             self.graph.update_edge(me, child, ());
-            let loaded = self.load_file(&base_path).map_err(|e| e.included_from(abs))?;
+            let loaded = self
+                .load_file(&base_path)
+                .map_err(|e| e.included_from(abs))?;
             let mut dups: Vec<&String> = loaded.keys().filter(|k| base.contains_key(*k)).collect();
             if !dups.is_empty() {
                 dups.sort();
-                let names: Vec<String> = dups.iter().map(|k| format!("`{k}` ({} and {})", owner[*k].display(), base_path.display())).collect();
+                let names: Vec<String> = dups
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "`{k}` ({} and {})",
+                            owner[*k].display(),
+                            base_path.display()
+                        )
+                    })
+                    .collect();
                 return Err(at(ConfigError::new(
                     ErrorKind::DuplicateBaseKeys,
                     format!("Duplicate key is not allowed among bases. Duplicate keys: {}", names.join(", ")),
@@ -161,14 +214,24 @@ impl Loader {
         let (mut cfg, base) = prepared.evaluate(abs, &source, base, self.limits)?;
         cfg.shift_remove(DEPRECATION_KEY);
         if !placeholders.is_empty() {
-            cfg = substitute_base_vars(cfg, &placeholders, &base).map_err(|e| e.at(Location { file: abs.to_path_buf(), line: 1, column: 1, source_line: None }))?;
+            cfg = substitute_base_vars(cfg, &placeholders, &base).map_err(|e| {
+                e.at(Location {
+                    file: abs.to_path_buf(),
+                    line: 1,
+                    column: 1,
+                    source_line: None,
+                })
+            })?;
         }
-        let merged = match merge::merge_a_into_b(cfg, Value::Dict(base), false) {
-            Ok(Value::Dict(d)) => d,
-            Ok(_) => unreachable!("merging into a dict gives a dict"),
-            Err(e) => return Err(e.at(Location { file: abs.to_path_buf(), line: 1, column: 1, source_line: None })),
-        };
-        let merged: Dict = merged.into_iter().filter(|(k, _)| !k.starts_with("__")).collect();
+        let mut merged = base;
+        for (k, v) in cfg {
+            let at = prepared.binding_location(abs, &source, &k);
+            merge::merge_entry(&mut merged, k, v, false).map_err(|e| e.at(at))?;
+        }
+        let merged: Dict = merged
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("__"))
+            .collect();
         let merged = Arc::new(merged);
         self.files.insert(abs.to_path_buf(), merged.clone());
         Ok(merged)
@@ -183,14 +246,23 @@ impl Loader {
         if !petgraph::algo::has_path_connecting(&self.graph, to, from, None) {
             return None;
         }
-        let path: Vec<NodeIndex> = petgraph::algo::all_simple_paths::<Vec<_>, _, std::hash::RandomState>(&self.graph, to, from, 0, None).next()?;
-        let mut names: Vec<String> = std::iter::once(from)
-            .chain(path)
-            .map(|n| self.graph[n].display().to_string())
+        // `to ... from`: closing it with the new edge `from -> to` makes the cycle.
+        let mut cycle: Vec<NodeIndex> = petgraph::algo::all_simple_paths::<
+            Vec<_>,
+            _,
+            std::hash::RandomState,
+        >(&self.graph, to, from, 0, None)
+        .next()?;
+        // Start at the file loaded first (usually the one the user named).
+        let first = (0..cycle.len())
+            .min_by_key(|i| cycle[*i].index())
+            .unwrap_or(0);
+        cycle.rotate_left(first);
+        cycle.push(cycle[0]);
+        let names: Vec<String> = cycle
+            .iter()
+            .map(|n| self.graph[*n].display().to_string())
             .collect();
-        if names.len() > 1 && names.first() != names.last() {
-            names.push(names[0].clone());
-        }
         Some(names.join(" -> "))
     }
 }
@@ -218,11 +290,19 @@ impl FileKind {
 struct Prepared {
     bases: Bases,
     body: Body,
+    /// Where each top-level name is first bound: a byte offset (Python) or
+    /// a 1-based line and column (Rhai).
+    bindings: HashMap<String, (usize, usize)>,
 }
 
 enum Body {
-    Python { script: rhai::AST, line_offsets: Vec<usize> },
-    Rhai { script: rhai::AST },
+    Python {
+        script: rhai::AST,
+        line_offsets: Vec<usize>,
+    },
+    Rhai {
+        script: rhai::AST,
+    },
 }
 
 fn base_list(value: Value, location: Option<Location>) -> Result<Bases, ConfigError> {
@@ -236,7 +316,13 @@ fn base_list(value: Value, location: Option<Location>) -> Result<Bases, ConfigEr
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|other| {
-                let e = ConfigError::new(ErrorKind::Evaluation, format!("`_base_` items must be paths (str), not {}", other.type_name()));
+                let e = ConfigError::new(
+                    ErrorKind::Evaluation,
+                    format!(
+                        "`_base_` items must be paths (str), not {}",
+                        other.type_name()
+                    ),
+                );
                 match &location {
                     Some(l) => e.at(l.clone()),
                     None => e,
@@ -245,7 +331,10 @@ fn base_list(value: Value, location: Option<Location>) -> Result<Bases, ConfigEr
         other => {
             let e = ConfigError::new(
                 ErrorKind::Evaluation,
-                format!("`_base_` must be a str or a list of str, not {}", other.type_name()),
+                format!(
+                    "`_base_` must be a str or a list of str, not {}",
+                    other.type_name()
+                ),
             )
             .with_help("MMEngine rejects a tuple here too: write `_base_ = [...]`");
             return Err(match location {
@@ -261,7 +350,10 @@ impl Prepared {
     fn python(abs: &Path, source: &str, limits: Limits) -> Result<Prepared, ConfigError> {
         let stmts = translate::parse(abs, source)?;
         let bases = match translate::base_expression(&stmts) {
-            None => Bases { paths: Vec::new(), location: None },
+            None => Bases {
+                paths: Vec::new(),
+                location: None,
+            },
             Some(expr) => {
                 use rustpython_parser::ast::Ranged;
                 let location = Location::from_offset(abs, source, usize::from(expr.start()));
@@ -271,7 +363,9 @@ impl Prepared {
                     .eval_expression::<Dynamic>(&code)
                     .or_else(|_| engine.eval::<Dynamic>(&code))
                     .map_err(|e| eval::rhai_error(&e).at(location.clone()))?;
-                let value = eval::to_value(&value).map_err(|e| ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(location.clone()))?;
+                let value = eval::to_value(&value).map_err(|e| {
+                    ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(location.clone())
+                })?;
                 base_list(value, Some(location))?
             }
         };
@@ -285,20 +379,49 @@ impl Prepared {
                 format!("segtune could not translate this statement to Rhai ({e})"),
             )
             .at(Location::from_offset(abs, source, offset))
-            .with_help("please report this config to segtune; meanwhile rewrite the statement more simply")
+            .with_help(
+                "please report this config to segtune; meanwhile rewrite the statement more simply",
+            )
         })?;
-        Ok(Prepared { bases, body: Body::Python { script, line_offsets: translation.line_offsets } })
+        let mut bindings = HashMap::new();
+        for stmt in &stmts {
+            use rustpython_parser::ast::{Expr, Ranged, Stmt};
+            if let Stmt::Assign(a) = stmt {
+                for t in &a.targets {
+                    if let Expr::Name(n) = t {
+                        bindings
+                            .entry(n.id.to_string())
+                            .or_insert((usize::from(stmt.start()), 0));
+                    }
+                }
+            }
+        }
+        Ok(Prepared {
+            bases,
+            body: Body::Python {
+                script,
+                line_offsets: translation.line_offsets,
+            },
+            bindings,
+        })
     }
 
     fn rhai(abs: &Path, source: &str, limits: Limits) -> Result<Prepared, ConfigError> {
         let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
         let ast = engine.compile(source).map_err(|e| {
-            let (line, column) = (e.position().line().unwrap_or(1), e.position().position().unwrap_or(1));
-            ConfigError::new(ErrorKind::Syntax, format!("Rhai syntax error: {}", e.err_type()))
-                .at(Location::from_line_column(abs, source, line, column))
+            let (line, column) = (
+                e.position().line().unwrap_or(1),
+                e.position().position().unwrap_or(1),
+            );
+            ConfigError::new(
+                ErrorKind::Syntax,
+                format!("Rhai syntax error: {}", e.err_type()),
+            )
+            .at(Location::from_line_column(abs, source, line, column))
         })?;
         let mut base_expr = None;
         let mut kept = Vec::new();
+        let mut bindings = HashMap::new();
         for stmt in ast.statements() {
             match stmt {
                 rhai::Stmt::Var(var, _, pos) if var.0.name == BASE_KEY => {
@@ -306,34 +429,76 @@ impl Prepared {
                         base_expr = Some((var.1.clone(), *pos));
                     }
                 }
-                other => kept.push(other.clone()),
+                other => {
+                    if let rhai::Stmt::Var(var, _, pos) = other {
+                        let at = (pos.line().unwrap_or(1), pos.position().unwrap_or(1));
+                        bindings
+                            .entry(eval::unmangle(&var.0.name).to_string())
+                            .or_insert(at);
+                    }
+                    kept.push(other.clone())
+                }
             }
         }
         let bases = match base_expr {
-            None => Bases { paths: Vec::new(), location: None },
+            None => Bases {
+                paths: Vec::new(),
+                location: None,
+            },
             Some((expr, pos)) => {
-                let location = Location::from_line_column(abs, source, pos.line().unwrap_or(1), pos.position().unwrap_or(1));
+                let location = Location::from_line_column(
+                    abs,
+                    source,
+                    pos.line().unwrap_or(1),
+                    pos.position().unwrap_or(1),
+                );
                 let alone = rhai::AST::new([rhai::Stmt::Expr(expr.into())], rhai::Module::new());
                 let value = engine
                     .eval_ast::<Dynamic>(&alone)
                     .map_err(|e| eval::rhai_error(&e).at(location.clone()))?;
-                let value = eval::to_value(&value).map_err(|e| ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(location.clone()))?;
+                let value = eval::to_value(&value).map_err(|e| {
+                    ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(location.clone())
+                })?;
                 base_list(value, Some(location))?
             }
         };
         let mut script = rhai::AST::new(kept, ast.shared_lib().clone());
         script.set_source(abs.display().to_string());
-        Ok(Prepared { bases, body: Body::Rhai { script } })
+        Ok(Prepared {
+            bases,
+            body: Body::Rhai { script },
+            bindings,
+        })
+    }
+
+    /// The location of top-level name `key`'s binding (or the file's start).
+    fn binding_location(&self, abs: &Path, source: &str, key: &str) -> Location {
+        match (self.bindings.get(key), &self.body) {
+            (Some((offset, _)), Body::Python { .. }) => Location::from_offset(abs, source, *offset),
+            (Some((line, column)), Body::Rhai { .. }) => {
+                Location::from_line_column(abs, source, *line, *column)
+            }
+            (None, _) => Location::from_line_column(abs, source, 1, 1),
+        }
     }
 
     /// Runs the file with `_base_` bound to its merged bases; returns the
     /// file's own names and the (possibly mutated through `_base_`) bases.
-    fn evaluate(&self, abs: &Path, source: &str, base: Dict, limits: Limits) -> Result<(Dict, Dict), ConfigError> {
+    fn evaluate(
+        &self,
+        abs: &Path,
+        source: &str,
+        base: Dict,
+        limits: Limits,
+    ) -> Result<(Dict, Dict), ConfigError> {
         let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
         let mut scope = Scope::new();
         scope.push(BASE_KEY, eval::to_dynamic(&Value::Dict(base)));
         let (ast, line_offsets) = match &self.body {
-            Body::Python { script, line_offsets } => (script, Some(line_offsets)),
+            Body::Python {
+                script,
+                line_offsets,
+            } => (script, Some(line_offsets)),
             Body::Rhai { script } => (script, None),
         };
         let locate = |pos: rhai::Position| match line_offsets {
@@ -341,11 +506,24 @@ impl Prepared {
                 let line = pos.line().unwrap_or(1);
                 Location::from_offset(abs, source, offsets.get(line - 1).copied().unwrap_or(0))
             }
-            None => Location::from_line_column(abs, source, pos.line().unwrap_or(1), pos.position().unwrap_or(1)),
+            None => Location::from_line_column(
+                abs,
+                source,
+                pos.line().unwrap_or(1),
+                pos.position().unwrap_or(1),
+            ),
         };
-        eval::run(&engine, &mut scope, ast).map_err(|(e, pos)| if pos.is_none() { e } else { e.at(locate(pos)) })?;
-        let cfg = eval::collect_scope(&scope, &[BASE_KEY])
-            .map_err(|e| ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(Location::from_line_column(abs, source, 1, 1)))?;
+        eval::run(&engine, &mut scope, ast).map_err(|(e, pos)| {
+            if pos.is_none() {
+                e
+            } else {
+                e.at(locate(pos))
+            }
+        })?;
+        let cfg = eval::collect_scope(&scope, &[BASE_KEY]).map_err(|e| {
+            ConfigError::new(ErrorKind::Evaluation, e.to_string())
+                .at(Location::from_line_column(abs, source, 1, 1))
+        })?;
         let base = scope
             .get(BASE_KEY)
             .map(eval::to_value)
@@ -354,8 +532,11 @@ impl Prepared {
         let base = match base {
             Some(Value::Dict(d)) => d,
             _ => {
-                return Err(ConfigError::new(ErrorKind::Evaluation, "the config replaced `_base_` with something that is not a dict")
-                    .at(Location::from_line_column(abs, source, 1, 1)))
+                return Err(ConfigError::new(
+                    ErrorKind::Evaluation,
+                    "the config replaced `_base_` with something that is not a dict",
+                )
+                .at(Location::from_line_column(abs, source, 1, 1)))
             }
         };
         Ok((cfg, base))
@@ -398,11 +579,26 @@ fn substitute_predefined_vars(text: &str, abs: &Path) -> String {
     if !text.contains("{{") {
         return text.to_string();
     }
-    let dir = abs.parent().map(|p| p.display().to_string()).unwrap_or_default();
-    let base = abs.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-    let stem = abs.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-    let ext = abs.extension().map(|s| format!(".{}", s.to_string_lossy())).unwrap_or_default();
-    let re = regex(&RE, r"\{\{\s*(fileDirname|fileBasename|fileBasenameNoExtension|fileExtname)\s*\}\}");
+    let dir = abs
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let base = abs
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let stem = abs
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let ext = abs
+        .extension()
+        .map(|s| format!(".{}", s.to_string_lossy()))
+        .unwrap_or_default();
+    let re = regex(
+        &RE,
+        r"\{\{\s*(fileDirname|fileBasename|fileBasenameNoExtension|fileExtname)\s*\}\}",
+    );
     re.replace_all(text, |c: &regex::Captures| {
         match &c[1] {
             "fileDirname" => dir.clone(),
@@ -436,8 +632,14 @@ fn substitute_env_vars(text: &str, abs: &Path) -> Result<String, ConfigError> {
             ErrorKind::Evaluation,
             format!("environment variable `{name}` is not set and has no default"),
         )
-        .at(Location::from_offset(abs, text, text.find(&format!("${name}")).unwrap_or(0)))
-        .with_help(format!("set {name} or write a default: {{{{'${name}:value'}}}}"))),
+        .at(Location::from_offset(
+            abs,
+            text,
+            text.find(&format!("${name}")).unwrap_or(0),
+        ))
+        .with_help(format!(
+            "set {name} or write a default: {{{{'${name}:value'}}}}"
+        ))),
         None => Ok(out.into_owned()),
     }
 }
@@ -456,7 +658,9 @@ fn pre_substitute_base_vars(text: &str) -> (String, Vec<(String, String)>) {
         let token = match placeholders.iter().find(|(_, p)| *p == path) {
             Some((t, _)) => t.clone(),
             None => {
-                let digest = path.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+                let digest = path.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+                    (h ^ b as u64).wrapping_mul(0x100000001b3)
+                });
                 let t = format!("_{path}_{:06x}", digest & 0xffffff);
                 placeholders.push((t.clone(), path));
                 t
@@ -469,26 +673,55 @@ fn pre_substitute_base_vars(text: &str) -> (String, Vec<(String, String)>) {
 
 /// `_substitute_base_vars`: replaces placeholder strings (dict values and
 /// list/tuple items, never keys) by the bases' values.
-fn substitute_base_vars(cfg: Dict, placeholders: &[(String, String)], base: &Dict) -> Result<Dict, ConfigError> {
+fn substitute_base_vars(
+    cfg: Dict,
+    placeholders: &[(String, String)],
+    base: &Dict,
+) -> Result<Dict, ConfigError> {
     fn lookup(path: &str, base: &Dict) -> Result<Value, ConfigError> {
         let mut cur: Option<&Value> = None;
         for (i, key) in path.split('.').enumerate() {
-            let next = if i == 0 { base.get(key) } else { cur.and_then(|v| v.as_dict()).and_then(|d| d.get(key)) };
+            let next = if i == 0 {
+                base.get(key)
+            } else {
+                cur.and_then(|v| v.as_dict()).and_then(|d| d.get(key))
+            };
             cur = Some(next.ok_or_else(|| {
-                ConfigError::new(ErrorKind::Evaluation, format!("KeyError: `{{{{_base_.{path}}}}}`: the bases have no `{key}` there"))
+                ConfigError::new(
+                    ErrorKind::Evaluation,
+                    format!("KeyError: `{{{{_base_.{path}}}}}`: the bases have no `{key}` there"),
+                )
             })?);
         }
         Ok(cur.cloned().unwrap_or(Value::None))
     }
-    fn walk(v: Value, placeholders: &[(String, String)], base: &Dict) -> Result<Value, ConfigError> {
+    fn walk(
+        v: Value,
+        placeholders: &[(String, String)],
+        base: &Dict,
+    ) -> Result<Value, ConfigError> {
         Ok(match v {
             Value::Str(s) => match placeholders.iter().find(|(t, _)| *t == s) {
                 Some((_, path)) => lookup(path, base)?,
                 None => Value::Str(s),
             },
-            Value::List(items) => Value::List(items.into_iter().map(|x| walk(x, placeholders, base)).collect::<Result<_, _>>()?),
-            Value::Tuple(items) => Value::Tuple(items.into_iter().map(|x| walk(x, placeholders, base)).collect::<Result<_, _>>()?),
-            Value::Dict(d) => Value::Dict(d.into_iter().map(|(k, x)| Ok((k, walk(x, placeholders, base)?))).collect::<Result<_, ConfigError>>()?),
+            Value::List(items) => Value::List(
+                items
+                    .into_iter()
+                    .map(|x| walk(x, placeholders, base))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Tuple(items) => Value::Tuple(
+                items
+                    .into_iter()
+                    .map(|x| walk(x, placeholders, base))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Dict(d) => Value::Dict(
+                d.into_iter()
+                    .map(|(k, x)| Ok((k, walk(x, placeholders, base)?)))
+                    .collect::<Result<_, ConfigError>>()?,
+            ),
             other => other,
         })
     }

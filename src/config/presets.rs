@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 /// Shipped presets: canonical name and source.
 const PRESETS: &[(&str, &str)] = &[
-    ("rtx3050ti-laptop", include_str!("../../presets/rtx3050ti-laptop.rhai")),
+    (
+        "rtx3050ti-laptop",
+        include_str!("../../presets/rtx3050ti-laptop.rhai"),
+    ),
     ("rtx2070", include_str!("../../presets/rtx2070.rhai")),
     ("rtx3090", include_str!("../../presets/rtx3090.rhai")),
     ("rtx4090", include_str!("../../presets/rtx4090.rhai")),
@@ -19,7 +22,10 @@ const PRESETS: &[(&str, &str)] = &[
 ];
 
 /// Other names users type for the same cards.
-const ALIASES: &[(&str, &str)] = &[("rtx3050ti", "rtx3050ti-laptop"), ("3050ti", "rtx3050ti-laptop")];
+const ALIASES: &[(&str, &str)] = &[
+    ("rtx3050ti", "rtx3050ti-laptop"),
+    ("3050ti", "rtx3050ti-laptop"),
+];
 
 /// Canonical names of the shipped presets.
 pub fn names() -> Vec<&'static str> {
@@ -42,13 +48,18 @@ pub fn load(name: &str) -> Result<Dict, ConfigError> {
             .with_help(format!("shipped presets: {}", names().join(", ")))
     })?;
     let engine = Engine::new();
-    let module = compile_module(&engine, source, canonical)
-        .map_err(|e| ConfigError::new(ErrorKind::Evaluation, format!("preset `{canonical}` is broken: {e}")))?;
+    let module = compile_module(&engine, source, canonical).map_err(|e| {
+        ConfigError::new(
+            ErrorKind::Evaluation,
+            format!("preset `{canonical}` is broken: {e}"),
+        )
+    })?;
     let mut out = Dict::new();
     out.insert("preset".into(), Value::Str(canonical.into()));
     for (k, v) in module.iter_var() {
-        let v = super::eval::to_value(v)
-            .map_err(|e| ConfigError::new(ErrorKind::Evaluation, format!("preset `{canonical}`: {e}")))?;
+        let v = super::eval::to_value(v).map_err(|e| {
+            ConfigError::new(ErrorKind::Evaluation, format!("preset `{canonical}`: {e}"))
+        })?;
         out.insert(k.to_string(), v);
     }
     Ok(out)
@@ -107,7 +118,10 @@ impl rhai::ModuleResolver for ModuleResolver {
 
 /// A preset's VRAM in bytes (nvidia-smi's MiB are binary).
 pub fn vram_bytes(preset: &Dict) -> Option<u64> {
-    preset.get("vram_mib").and_then(Value::as_i64).map(|m| m as u64 * 1024 * 1024)
+    preset
+        .get("vram_mib")
+        .and_then(Value::as_i64)
+        .map(|m| m as u64 * 1024 * 1024)
 }
 
 #[cfg(test)]
@@ -119,16 +133,29 @@ mod tests {
     fn every_preset_loads_with_its_fields() {
         for name in names() {
             let p = load(name).unwrap();
-            for field in ["vram_mib", "compute_capability", "bf16", "fp32_tflops", "fp16_tflops", "memory_bandwidth_gbs"] {
+            for field in [
+                "vram_mib",
+                "compute_capability",
+                "bf16",
+                "fp32_tflops",
+                "fp16_tflops",
+                "memory_bandwidth_gbs",
+            ] {
                 assert!(p.contains_key(field), "{name} lacks {field}");
             }
         }
-        assert_eq!(vram_bytes(&load("rtx3050ti").unwrap()), Some(4096 * 1024 * 1024));
+        assert_eq!(
+            vram_bytes(&load("rtx3050ti").unwrap()),
+            Some(4096 * 1024 * 1024)
+        );
         assert!(load("gtx9999").is_err());
     }
 
     #[test]
     fn dynamic_unit_is_none() {
-        assert_eq!(super::super::eval::to_value(&Dynamic::UNIT).unwrap(), Value::None);
+        assert_eq!(
+            super::super::eval::to_value(&Dynamic::UNIT).unwrap(),
+            Value::None
+        );
     }
 }

@@ -20,7 +20,10 @@ pub struct PyError {
 
 impl PyError {
     pub fn new(class: &'static str, message: impl Into<String>) -> PyError {
-        PyError { class, message: message.into() }
+        PyError {
+            class,
+            message: message.into(),
+        }
     }
     fn type_error(message: impl Into<String>) -> PyError {
         PyError::new("TypeError", message)
@@ -41,7 +44,11 @@ impl PyError {
 
 impl std::fmt::Display for PyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.class, self.message)
+        if self.is_limit() {
+            write!(f, "limit exceeded: {}", self.message)
+        } else {
+            write!(f, "{}: {}", self.class, self.message)
+        }
     }
 }
 
@@ -120,7 +127,12 @@ fn py_mod_f(a: f64, b: f64) -> f64 {
 fn repeat(items: &[Value], n: i64) -> Result<Vec<Value>, PyError> {
     let n = n.max(0) as usize;
     check_len(items.len().saturating_mul(n))?;
-    Ok(items.iter().cloned().cycle().take(items.len() * n).collect())
+    Ok(items
+        .iter()
+        .cloned()
+        .cycle()
+        .take(items.len() * n)
+        .collect())
 }
 
 /// `a <op> b` with Python's rules.
@@ -180,7 +192,9 @@ fn numeric(op: BinOp, a: Num, b: Num) -> PyResult {
         (BinOp::Add, I(x), I(y)) => x.checked_add(*y).map(Value::Int).ok_or(overflow(op)),
         (BinOp::Sub, I(x), I(y)) => x.checked_sub(*y).map(Value::Int).ok_or(overflow(op)),
         (BinOp::Mul, I(x), I(y)) => x.checked_mul(*y).map(Value::Int).ok_or(overflow(op)),
-        (BinOp::FloorDiv, I(_), I(0)) => Err(PyError::zero_division("integer division or modulo by zero")),
+        (BinOp::FloorDiv, I(_), I(0)) => {
+            Err(PyError::zero_division("integer division or modulo by zero"))
+        }
         (BinOp::Mod, I(_), I(0)) => Err(PyError::zero_division("integer modulo by zero")),
         (BinOp::FloorDiv, I(x), I(y)) => {
             let q = x.checked_div_euclid(*y).ok_or(overflow(op))?;
@@ -190,7 +204,11 @@ fn numeric(op: BinOp, a: Num, b: Num) -> PyResult {
         }
         (BinOp::Mod, I(x), I(y)) => {
             let r = x.checked_rem(*y).ok_or(overflow(op))?;
-            Ok(Value::Int(if r != 0 && ((r < 0) != (*y < 0)) { r + y } else { r }))
+            Ok(Value::Int(if r != 0 && ((r < 0) != (*y < 0)) {
+                r + y
+            } else {
+                r
+            }))
         }
         (BinOp::Pow, I(x), I(y)) if *y >= 0 => {
             let exp = u32::try_from(*y).map_err(|_| overflow(op))?;
@@ -392,7 +410,10 @@ pub fn iterate(v: &Value) -> Result<Vec<Value>, PyError> {
 fn normalise_index(i: i64, len: usize, what: &str) -> Result<usize, PyError> {
     let idx = if i < 0 { i + len as i64 } else { i };
     if idx < 0 || idx >= len as i64 {
-        Err(PyError::new("IndexError", format!("{what} index out of range")))
+        Err(PyError::new(
+            "IndexError",
+            format!("{what} index out of range"),
+        ))
     } else {
         Ok(idx as usize)
     }
@@ -407,18 +428,23 @@ pub fn get_item(v: &Value, key: &Value) -> PyResult {
             .ok_or_else(|| PyError::new("KeyError", python_repr(key))),
         (Value::Dict(_), _) => Err(PyError::new("KeyError", python_repr(key))),
         (Value::List(items), _) | (Value::Tuple(items), _) => {
-            let i = key.as_i64().filter(|_| !matches!(key, Value::Float(_))).ok_or_else(|| {
-                PyError::type_error(format!(
-                    "{} indices must be integers, not {}",
-                    v.type_name(),
-                    key.type_name()
-                ))
-            })?;
+            let i = key
+                .as_i64()
+                .filter(|_| !matches!(key, Value::Float(_)))
+                .ok_or_else(|| {
+                    PyError::type_error(format!(
+                        "{} indices must be integers, not {}",
+                        v.type_name(),
+                        key.type_name()
+                    ))
+                })?;
             Ok(items[normalise_index(i, items.len(), v.type_name())?].clone())
         }
         (Value::Str(s), Value::Int(i)) => {
             let chars: Vec<char> = s.chars().collect();
-            Ok(Value::Str(chars[normalise_index(*i, chars.len(), "string")?].to_string()))
+            Ok(Value::Str(
+                chars[normalise_index(*i, chars.len(), "string")?].to_string(),
+            ))
         }
         _ => Err(PyError::type_error(format!(
             "'{}' object is not subscriptable",
@@ -434,7 +460,9 @@ pub fn slice(v: &Value, lower: &Value, upper: &Value, step: &Value) -> PyResult 
             Value::None => Ok(None),
             Value::Int(i) => Ok(Some(*i)),
             Value::Bool(x) => Ok(Some(*x as i64)),
-            _ => Err(PyError::type_error("slice indices must be integers or None")),
+            _ => Err(PyError::type_error(
+                "slice indices must be integers or None",
+            )),
         }
     };
     let step = bound(step)?.unwrap_or(1);
@@ -451,7 +479,10 @@ pub fn slice(v: &Value, lower: &Value, upper: &Value, step: &Value) -> PyResult 
         };
         let mut out = Vec::new();
         if step > 0 {
-            let (mut i, end) = (clamp(bound(lower)?, 0, 0, len), clamp(bound(upper)?, len, 0, len));
+            let (mut i, end) = (
+                clamp(bound(lower)?, 0, 0, len),
+                clamp(bound(upper)?, len, 0, len),
+            );
             while i < end {
                 out.push(i as usize);
                 i += step;
@@ -467,11 +498,23 @@ pub fn slice(v: &Value, lower: &Value, upper: &Value, step: &Value) -> PyResult 
         Ok(out)
     };
     match v {
-        Value::List(items) => Ok(Value::List(pick(items.len())?.into_iter().map(|i| items[i].clone()).collect())),
-        Value::Tuple(items) => Ok(Value::Tuple(pick(items.len())?.into_iter().map(|i| items[i].clone()).collect())),
+        Value::List(items) => Ok(Value::List(
+            pick(items.len())?
+                .into_iter()
+                .map(|i| items[i].clone())
+                .collect(),
+        )),
+        Value::Tuple(items) => Ok(Value::Tuple(
+            pick(items.len())?
+                .into_iter()
+                .map(|i| items[i].clone())
+                .collect(),
+        )),
         Value::Str(s) => {
             let chars: Vec<char> = s.chars().collect();
-            Ok(Value::Str(pick(chars.len())?.into_iter().map(|i| chars[i]).collect()))
+            Ok(Value::Str(
+                pick(chars.len())?.into_iter().map(|i| chars[i]).collect(),
+            ))
         }
         _ => Err(PyError::type_error(format!(
             "'{}' object is not subscriptable",
@@ -482,8 +525,23 @@ pub fn slice(v: &Value, lower: &Value, upper: &Value, step: &Value) -> PyResult 
 
 /// The builtin functions a config may call, by Python name.
 pub const BUILTINS: &[&str] = &[
-    "len", "sum", "range", "enumerate", "int", "float", "str", "bool", "list", "tuple", "min",
-    "max", "abs", "round", "zip", "sorted", "reversed",
+    "len",
+    "sum",
+    "range",
+    "enumerate",
+    "int",
+    "float",
+    "str",
+    "bool",
+    "list",
+    "tuple",
+    "min",
+    "max",
+    "abs",
+    "round",
+    "zip",
+    "sorted",
+    "reversed",
 ];
 
 /// Calls builtin `name` with positional arguments.
@@ -492,7 +550,11 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
         if args.len() < lo || args.len() > hi {
             Err(PyError::type_error(format!(
                 "{name}() takes {} argument(s) ({} given)",
-                if lo == hi { lo.to_string() } else { format!("{lo} to {hi}") },
+                if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo} to {hi}")
+                },
                 args.len()
             )))
         } else {
@@ -519,7 +581,9 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
             arity(1, 2)?;
             let mut acc = args.get(1).cloned().unwrap_or(Value::Int(0));
             if matches!(acc, Value::Str(_)) {
-                return Err(PyError::type_error("sum() can't sum strings [use ''.join(seq) instead]"));
+                return Err(PyError::type_error(
+                    "sum() can't sum strings [use ''.join(seq) instead]",
+                ));
             }
             for item in iterate(&args[0])? {
                 acc = binary(BinOp::Add, &acc, &item)?;
@@ -554,7 +618,9 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
                 (start - stop - step - 1).max(0) / -step
             };
             check_len(count as usize)?;
-            Ok(Value::List((0..count).map(|k| Value::Int(start + k * step)).collect()))
+            Ok(Value::List(
+                (0..count).map(|k| Value::Int(start + k * step)).collect(),
+            ))
         }
         "enumerate" => {
             arity(1, 2)?;
@@ -581,14 +647,24 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
             match args.first().unwrap_or(&Value::Int(0)) {
                 Value::Int(i) => Ok(Value::Int(*i)),
                 Value::Bool(b) => Ok(Value::Int(*b as i64)),
-                Value::Float(f) if f.is_finite() && f.abs() < 9.2e18 => Ok(Value::Int(f.trunc() as i64)),
+                Value::Float(f) if f.is_finite() && f.abs() < 9.2e18 => {
+                    Ok(Value::Int(f.trunc() as i64))
+                }
                 Value::Float(f) => Err(PyError::value_error(format!(
                     "cannot convert float {} to integer",
                     python_float_repr(*f)
                 ))),
-                Value::Str(s) => s.trim().replace('_', "").parse::<i64>().map(Value::Int).map_err(|_| {
-                    PyError::value_error(format!("invalid literal for int() with base 10: {}", python_repr(&args[0])))
-                }),
+                Value::Str(s) => s
+                    .trim()
+                    .replace('_', "")
+                    .parse::<i64>()
+                    .map(Value::Int)
+                    .map_err(|_| {
+                        PyError::value_error(format!(
+                            "invalid literal for int() with base 10: {}",
+                            python_repr(&args[0])
+                        ))
+                    }),
                 other => Err(PyError::type_error(format!(
                     "int() argument must be a string or a number, not '{}'",
                     other.type_name()
@@ -607,7 +683,10 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
                         _ => t.replace('_', "").parse::<f64>().ok(),
                     };
                     parsed.map(Value::Float).ok_or_else(|| {
-                        PyError::value_error(format!("could not convert string to float: {}", python_repr(&args[0])))
+                        PyError::value_error(format!(
+                            "could not convert string to float: {}",
+                            python_repr(&args[0])
+                        ))
                     })
                 }
                 other => other.as_f64().map(Value::Float).ok_or_else(|| {
@@ -628,11 +707,15 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
         }
         "list" => {
             arity(0, 1)?;
-            Ok(Value::List(args.first().map(iterate).transpose()?.unwrap_or_default()))
+            Ok(Value::List(
+                args.first().map(iterate).transpose()?.unwrap_or_default(),
+            ))
         }
         "tuple" => {
             arity(0, 1)?;
-            Ok(Value::Tuple(args.first().map(iterate).transpose()?.unwrap_or_default()))
+            Ok(Value::Tuple(
+                args.first().map(iterate).transpose()?.unwrap_or_default(),
+            ))
         }
         "sorted" => {
             arity(1, 1)?;
@@ -654,9 +737,15 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
         }
         "min" | "max" => {
             if args.is_empty() {
-                return Err(PyError::type_error(format!("{name} expected at least 1 argument, got 0")));
+                return Err(PyError::type_error(format!(
+                    "{name} expected at least 1 argument, got 0"
+                )));
             }
-            let items = if args.len() == 1 { iterate(&args[0])? } else { args.to_vec() };
+            let items = if args.len() == 1 {
+                iterate(&args[0])?
+            } else {
+                args.to_vec()
+            };
             let mut best: Option<Value> = None;
             for item in items {
                 best = Some(match best {
@@ -667,7 +756,11 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
                         } else {
                             compare(CmpOp::Gt, &item, &b)?
                         };
-                        if better { item } else { b }
+                        if better {
+                            item
+                        } else {
+                            b
+                        }
                     }
                 });
             }
@@ -676,7 +769,10 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
         "abs" => {
             arity(1, 1)?;
             match num(&args[0]) {
-                Some(Num::Int(i)) => i.checked_abs().map(Value::Int).ok_or_else(|| PyError::limit("abs overflows 64 bits")),
+                Some(Num::Int(i)) => i
+                    .checked_abs()
+                    .map(Value::Int)
+                    .ok_or_else(|| PyError::limit("abs overflows 64 bits")),
                 Some(Num::Float(f)) => Ok(Value::Float(f.abs())),
                 None => Err(PyError::type_error(format!(
                     "bad operand type for abs(): '{}'",
@@ -692,11 +788,17 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
                 (Some(Num::Float(f)), None) => {
                     // Python rounds half to even.
                     let r = f.round();
-                    let r = if (f - f.trunc()).abs() == 0.5 { 2.0 * (f / 2.0).round() } else { r };
+                    let r = if (f - f.trunc()).abs() == 0.5 {
+                        2.0 * (f / 2.0).round()
+                    } else {
+                        r
+                    };
                     Ok(Value::Int(r as i64))
                 }
                 (Some(n), Some(d)) => {
-                    let d = d.as_i64().ok_or_else(|| PyError::type_error("round() digits must be an integer"))?;
+                    let d = d
+                        .as_i64()
+                        .ok_or_else(|| PyError::type_error("round() digits must be an integer"))?;
                     let x = match n {
                         Num::Int(i) => return Ok(Value::Int(i)),
                         Num::Float(f) => f,
@@ -710,7 +812,10 @@ pub fn call_builtin(name: &str, args: &[Value]) -> PyResult {
                 ))),
             }
         }
-        _ => Err(PyError::new("NameError", format!("name '{name}' is not defined"))),
+        _ => Err(PyError::new(
+            "NameError",
+            format!("name '{name}' is not defined"),
+        )),
     }
 }
 
@@ -757,23 +862,36 @@ pub fn format_value(v: &Value, spec: &str) -> Result<String, PyError> {
     if spec.is_empty() {
         return Ok(python_str(v));
     }
-    let unsupported = || PyError::value_error(format!("format spec '{spec}' is not supported by segtune"));
+    let unsupported =
+        || PyError::value_error(format!("format spec '{spec}' is not supported by segtune"));
     let re_spec = parse_spec(spec).ok_or_else(unsupported)?;
     let body = match (re_spec.kind, v) {
         (None | Some('s'), Value::Str(s)) => s.clone(),
         (None | Some('d'), Value::Int(i)) => i.abs().to_string(),
         (None, Value::Float(f)) if re_spec.precision.is_none() => python_float_repr(f.abs()),
         (Some('f' | 'F') | None, n) if n.as_f64().is_some() => {
-            format!("{:.*}", re_spec.precision.unwrap_or(6), n.as_f64().unwrap_or(0.0).abs())
+            format!(
+                "{:.*}",
+                re_spec.precision.unwrap_or(6),
+                n.as_f64().unwrap_or(0.0).abs()
+            )
         }
         (Some('e'), n) if n.as_f64().is_some() => {
-            let s = format!("{:.*e}", re_spec.precision.unwrap_or(6), n.as_f64().unwrap_or(0.0).abs());
+            let s = format!(
+                "{:.*e}",
+                re_spec.precision.unwrap_or(6),
+                n.as_f64().unwrap_or(0.0).abs()
+            );
             let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
             let e: i32 = e.parse().unwrap_or(0);
             format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
         }
         (Some('%'), n) if n.as_f64().is_some() => {
-            format!("{:.*}%", re_spec.precision.unwrap_or(6), n.as_f64().unwrap_or(0.0).abs() * 100.0)
+            format!(
+                "{:.*}%",
+                re_spec.precision.unwrap_or(6),
+                n.as_f64().unwrap_or(0.0).abs() * 100.0
+            )
         }
         _ => return Err(unsupported()),
     };
@@ -793,9 +911,16 @@ pub fn format_value(v: &Value, spec: &str) -> Result<String, PyError> {
         let text = format!("{sign}{body}");
         let fill = re_spec.fill.to_string();
         let default_right = !matches!(v, Value::Str(_));
-        match re_spec.align.unwrap_or(if default_right { '>' } else { '<' }) {
+        match re_spec
+            .align
+            .unwrap_or(if default_right { '>' } else { '<' })
+        {
             '<' => format!("{text}{}", fill.repeat(pad)),
-            '^' => format!("{}{text}{}", fill.repeat(pad / 2), fill.repeat(pad - pad / 2)),
+            '^' => format!(
+                "{}{text}{}",
+                fill.repeat(pad / 2),
+                fill.repeat(pad - pad / 2)
+            ),
             _ => format!("{}{text}", fill.repeat(pad)),
         }
     })
@@ -814,7 +939,15 @@ struct FormatSpec {
 fn parse_spec(spec: &str) -> Option<FormatSpec> {
     let chars: Vec<char> = spec.chars().collect();
     let mut i = 0;
-    let mut out = FormatSpec { fill: ' ', align: None, sign: None, zero_pad: false, width: 0, precision: None, kind: None };
+    let mut out = FormatSpec {
+        fill: ' ',
+        align: None,
+        sign: None,
+        zero_pad: false,
+        width: 0,
+        precision: None,
+        kind: None,
+    };
     if chars.len() >= 2 && matches!(chars[1], '<' | '>' | '^') {
         out.fill = chars[0];
         out.align = Some(chars[1]);
@@ -872,7 +1005,10 @@ mod tests {
         assert_eq!(binary(BinOp::Mod, &F(-7.5), &I(2)).unwrap(), F(0.5));
         assert_eq!(binary(BinOp::Pow, &I(2), &I(10)).unwrap(), I(1024));
         assert_eq!(binary(BinOp::Pow, &I(2), &I(-1)).unwrap(), F(0.5));
-        assert_eq!(binary(BinOp::FloorDiv, &I(160000), &I(10)).unwrap(), I(16000));
+        assert_eq!(
+            binary(BinOp::FloorDiv, &I(160000), &I(10)).unwrap(),
+            I(16000)
+        );
         assert!(binary(BinOp::TrueDiv, &I(1), &I(0)).is_err());
     }
 
@@ -889,13 +1025,21 @@ mod tests {
         let l = binary(BinOp::Mul, &Value::List(vec![F(1.0)]), &I(3)).unwrap();
         let l = binary(BinOp::Add, &l, &Value::List(vec![F(0.1)])).unwrap();
         assert_eq!(l, Value::List(vec![F(1.0), F(1.0), F(1.0), F(0.1)]));
-        assert!(binary(BinOp::Mul, &Value::List(vec![I(0)]), &I(1 << 40)).unwrap_err().is_limit());
+        assert!(binary(BinOp::Mul, &Value::List(vec![I(0)]), &I(1 << 40))
+            .unwrap_err()
+            .is_limit());
     }
 
     #[test]
     fn range_and_enumerate() {
-        assert_eq!(call_builtin("range", &[I(5), I(8)]).unwrap(), Value::List(vec![I(5), I(6), I(7)]));
-        assert_eq!(call_builtin("range", &[I(5), I(0), I(-2)]).unwrap(), Value::List(vec![I(5), I(3), I(1)]));
+        assert_eq!(
+            call_builtin("range", &[I(5), I(8)]).unwrap(),
+            Value::List(vec![I(5), I(6), I(7)])
+        );
+        assert_eq!(
+            call_builtin("range", &[I(5), I(0), I(-2)]).unwrap(),
+            Value::List(vec![I(5), I(3), I(1)])
+        );
         assert_eq!(
             call_builtin("enumerate", &[Value::List(vec![I(9)])]).unwrap(),
             Value::List(vec![Value::Tuple(vec![I(0), I(9)])])
@@ -907,15 +1051,27 @@ mod tests {
         assert_eq!(format_value(&I(3), "03d").unwrap(), "003");
         assert_eq!(format_value(&F(0.5), ".2f").unwrap(), "0.50");
         assert_eq!(format_value(&F(1e-6), "").unwrap(), "1e-06");
-        assert_eq!(format_value(&Value::Str("ab".into()), ">4").unwrap(), "  ab");
+        assert_eq!(
+            format_value(&Value::Str("ab".into()), ">4").unwrap(),
+            "  ab"
+        );
         assert_eq!(format_value(&F(12345.0), ".2e").unwrap(), "1.23e+04");
     }
 
     #[test]
     fn slices() {
         let l = Value::List(vec![I(0), I(1), I(2), I(3)]);
-        assert_eq!(slice(&l, &I(1), &Value::None, &Value::None).unwrap(), Value::List(vec![I(1), I(2), I(3)]));
-        assert_eq!(slice(&l, &Value::None, &Value::None, &I(-1)).unwrap(), Value::List(vec![I(3), I(2), I(1), I(0)]));
-        assert_eq!(slice(&l, &I(-2), &Value::None, &Value::None).unwrap(), Value::List(vec![I(2), I(3)]));
+        assert_eq!(
+            slice(&l, &I(1), &Value::None, &Value::None).unwrap(),
+            Value::List(vec![I(1), I(2), I(3)])
+        );
+        assert_eq!(
+            slice(&l, &Value::None, &Value::None, &I(-1)).unwrap(),
+            Value::List(vec![I(3), I(2), I(1), I(0)])
+        );
+        assert_eq!(
+            slice(&l, &I(-2), &Value::None, &Value::None).unwrap(),
+            Value::List(vec![I(2), I(3)])
+        );
     }
 }

@@ -70,7 +70,10 @@ pub fn translate_module(path: &Path, source: &str, stmts: &[Stmt]) -> Result<Tra
             line_offsets.push(usize::from(stmt.start()));
         }
     }
-    Ok(Translation { script, line_offsets })
+    Ok(Translation {
+        script,
+        line_offsets,
+    })
 }
 
 /// Translates one expression on its own (MMEngine evaluates the `_base_`
@@ -117,7 +120,13 @@ pub fn rhai_float(f: f64) -> String {
     if f.is_finite() {
         format!("{f:?}")
     } else {
-        let text = if f.is_nan() { "nan" } else if f > 0.0 { "inf" } else { "-inf" };
+        let text = if f.is_nan() {
+            "nan"
+        } else if f > 0.0 {
+            "inf"
+        } else {
+            "-inf"
+        };
         format!("py_call(\"float\", [\"{text}\"])")
     }
 }
@@ -140,9 +149,16 @@ impl<'a> Translator<'a> {
     }
 
     fn unsupported(&self, node: &impl Ranged, what: &str, help: &str) -> ConfigError {
-        ConfigError::new(ErrorKind::Unsupported, format!("unsupported Python construct: {what}"))
-            .at(Location::from_offset(self.path, self.source, usize::from(node.start())))
-            .with_help(help.to_string())
+        ConfigError::new(
+            ErrorKind::Unsupported,
+            format!("unsupported Python construct: {what}"),
+        )
+        .at(Location::from_offset(
+            self.path,
+            self.source,
+            usize::from(node.start()),
+        ))
+        .with_help(help.to_string())
     }
 
     fn statement(&mut self, stmt: &Stmt) -> Result<Option<String>> {
@@ -287,7 +303,11 @@ impl<'a> Translator<'a> {
     }
 
     fn unpack_error(&self, target: &Expr) -> ConfigError {
-        self.unsupported(target, "this loop or assignment target", "use plain names or tuples of names")
+        self.unsupported(
+            target,
+            "this loop or assignment target",
+            "use plain names or tuples of names",
+        )
     }
 
     /// Records which names now share objects, so that a later in-place
@@ -316,9 +336,46 @@ impl<'a> Translator<'a> {
             Expr::Dict(d) => self.dict_display(d)?,
             Expr::BinOp(b) => {
                 let func = binop_fn(&b.op).ok_or_else(|| {
-                    self.unsupported(e, &format!("the `{}` operator", binop_symbol(&b.op)), "use + - * / // % **")
+                    self.unsupported(
+                        e,
+                        &format!("the `{}` operator", binop_symbol(&b.op)),
+                        "use + - * / // % **",
+                    )
                 })?;
                 format!("{func}({}, {})", self.expr(&b.left)?, self.expr(&b.right)?)
+            }
+            Expr::UnaryOp(ast::ExprUnaryOp {
+                op: ast::UnaryOp::USub,
+                operand,
+                ..
+            }) if matches!(
+                operand.as_ref(),
+                Expr::Constant(ast::ExprConstant {
+                    value: Constant::Int(_),
+                    ..
+                })
+            ) =>
+            {
+                // A negative literal; `-9223372036854775808` must not overflow on the way.
+                let Expr::Constant(ast::ExprConstant {
+                    value: Constant::Int(i),
+                    ..
+                }) = operand.as_ref()
+                else {
+                    unreachable!("matched above")
+                };
+                let v: i64 = format!("-{i}").parse().map_err(|_| {
+                    ConfigError::new(
+                        ErrorKind::Limit,
+                        format!("integer -{i} does not fit in 64 bits"),
+                    )
+                    .at(self.location(e))
+                })?;
+                if v == i64::MIN {
+                    format!("({} - 1)", i64::MIN + 1)
+                } else {
+                    format!("({v})")
+                }
             }
             Expr::UnaryOp(u) => {
                 let func = match u.op {
@@ -338,41 +395,77 @@ impl<'a> Translator<'a> {
                 self.expr(&i.orelse)?
             ),
             Expr::Call(c) => self.call(e, c)?,
-            Expr::Attribute(a) => format!("py_getattr({}, {})", self.expr(&a.value)?, rhai_string(a.attr.as_str())),
+            Expr::Attribute(a) => format!(
+                "py_getattr({}, {})",
+                self.expr(&a.value)?,
+                rhai_string(a.attr.as_str())
+            ),
             Expr::Subscript(s) => match s.slice.as_ref() {
                 Expr::Slice(sl) => {
                     let bound = |t: &mut Self, b: &Option<Box<Expr>>| -> Result<String> {
                         b.as_deref().map_or(Ok("()".to_string()), |x| t.expr(x))
                     };
-                    let (lo, hi, step) = (bound(self, &sl.lower)?, bound(self, &sl.upper)?, bound(self, &sl.step)?);
+                    let (lo, hi, step) = (
+                        bound(self, &sl.lower)?,
+                        bound(self, &sl.upper)?,
+                        bound(self, &sl.step)?,
+                    );
                     format!("py_slice({}, {lo}, {hi}, {step})", self.expr(&s.value)?)
                 }
-                index => format!("py_getitem({}, {})", self.expr(&s.value)?, self.expr(index)?),
+                index => format!(
+                    "py_getitem({}, {})",
+                    self.expr(&s.value)?,
+                    self.expr(index)?
+                ),
             },
             Expr::ListComp(c) => {
                 let elt = &c.elt;
-                self.comprehension(&c.generators, |t, acc| Ok(format!("{acc}.push({});", t.expr(elt)?)), "[]")?
+                self.comprehension(
+                    &c.generators,
+                    |t, acc| Ok(format!("{acc}.push({});", t.expr(elt)?)),
+                    "[]",
+                )?
             }
             Expr::GeneratorExp(c) => {
                 let elt = &c.elt;
-                self.comprehension(&c.generators, |t, acc| Ok(format!("{acc}.push({});", t.expr(elt)?)), "[]")?
+                self.comprehension(
+                    &c.generators,
+                    |t, acc| Ok(format!("{acc}.push({});", t.expr(elt)?)),
+                    "[]",
+                )?
             }
             Expr::DictComp(c) => {
                 let (key, value) = (&c.key, &c.value);
                 self.comprehension(
                     &c.generators,
-                    |t, acc| Ok(format!("{acc}[py_key({})] = {};", t.expr(key)?, t.expr(value)?)),
+                    |t, acc| {
+                        Ok(format!(
+                            "{acc}[py_key({})] = {};",
+                            t.expr(key)?,
+                            t.expr(value)?
+                        ))
+                    },
                     "#{}",
                 )?
             }
             Expr::JoinedStr(j) => self.fstring(&j.values)?,
             Expr::FormattedValue(f) => self.formatted(f)?,
-            Expr::Lambda(_) => return Err(self.unsupported(e, "`lambda`", "configs hold values, not functions")),
-            Expr::Set(_) | Expr::SetComp(_) => {
-                return Err(self.unsupported(e, "set", "MMEngine configs cannot dump sets; use a list or tuple"))
+            Expr::Lambda(_) => {
+                return Err(self.unsupported(e, "`lambda`", "configs hold values, not functions"))
             }
-            Expr::Starred(_) => return Err(self.unsupported(e, "`*` unpacking", "write the items out or use `+`")),
-            Expr::NamedExpr(_) => return Err(self.unsupported(e, "`:=`", "bind the value with a plain assignment")),
+            Expr::Set(_) | Expr::SetComp(_) => {
+                return Err(self.unsupported(
+                    e,
+                    "set",
+                    "MMEngine configs cannot dump sets; use a list or tuple",
+                ))
+            }
+            Expr::Starred(_) => {
+                return Err(self.unsupported(e, "`*` unpacking", "write the items out or use `+`"))
+            }
+            Expr::NamedExpr(_) => {
+                return Err(self.unsupported(e, "`:=`", "bind the value with a plain assignment"))
+            }
             Expr::Await(_) | Expr::Yield(_) | Expr::YieldFrom(_) => {
                 return Err(self.unsupported(e, "`await`/`yield`", "configs hold values only"))
             }
@@ -392,14 +485,20 @@ impl<'a> Translator<'a> {
             Constant::Str(s) => rhai_string(s),
             Constant::Int(i) => {
                 let v: i64 = i.to_string().parse().map_err(|_| {
-                    ConfigError::new(ErrorKind::Limit, format!("integer {i} does not fit in 64 bits"))
-                        .at(self.location(node))
+                    ConfigError::new(
+                        ErrorKind::Limit,
+                        format!("integer {i} does not fit in 64 bits"),
+                    )
+                    .at(self.location(node))
                 })?;
                 v.to_string()
             }
             Constant::Float(f) => rhai_float(*f),
             Constant::Tuple(items) => {
-                let parts: Vec<String> = items.iter().map(|x| self.constant(node, x)).collect::<Result<_>>()?;
+                let parts: Vec<String> = items
+                    .iter()
+                    .map(|x| self.constant(node, x))
+                    .collect::<Result<_>>()?;
                 format!("tuple([{}])", parts.join(", "))
             }
             Constant::Bytes(_) => return Err(self.unsupported(node, "bytes literal", "use a str")),
@@ -413,14 +512,20 @@ impl<'a> Translator<'a> {
         let mut literal: Vec<(String, String)> = Vec::new();
         let flush = |literal: &mut Vec<(String, String)>, parts: &mut Vec<String>| {
             if !literal.is_empty() {
-                let body: Vec<String> = literal.drain(..).map(|(k, v)| format!("{k}: {v}")).collect();
+                let body: Vec<String> = literal
+                    .drain(..)
+                    .map(|(k, v)| format!("{k}: {v}"))
+                    .collect();
                 parts.push(format!("#{{{}}}", body.join(", ")));
             }
         };
         for (key, value) in d.keys.iter().zip(&d.values) {
             let v = self.expr(value)?;
             match key {
-                Some(Expr::Constant(ast::ExprConstant { value: Constant::Str(k), .. })) => {
+                Some(Expr::Constant(ast::ExprConstant {
+                    value: Constant::Str(k),
+                    ..
+                })) => {
                     let k = rhai_string(k);
                     // A repeated key: the last value wins, in the first position.
                     if let Some(slot) = literal.iter_mut().find(|(lk, _)| *lk == k) {
@@ -432,7 +537,9 @@ impl<'a> Translator<'a> {
                 Some(other) => {
                     flush(&mut literal, &mut parts);
                     let k = self.expr(other)?;
-                    parts.push(format!("{{ let __m = #{{}}; __m[py_key({k})] = {v}; __m }}"));
+                    parts.push(format!(
+                        "{{ let __m = #{{}}; __m[py_key({k})] = {v}; __m }}"
+                    ));
                 }
                 None => {
                     flush(&mut literal, &mut parts);
@@ -449,7 +556,9 @@ impl<'a> Translator<'a> {
     }
 
     fn bool_op(&mut self, op: &ast::BoolOp, values: &[Expr]) -> Result<String> {
-        let (first, rest) = values.split_first().expect("a BoolOp has at least two values");
+        let (first, rest) = values
+            .split_first()
+            .expect("a BoolOp has at least two values");
         if rest.is_empty() {
             return self.expr(first);
         }
@@ -457,8 +566,12 @@ impl<'a> Translator<'a> {
         let tail = self.bool_op(op, rest)?;
         let tmp = self.temp("b");
         Ok(match op {
-            ast::BoolOp::And => format!("{{ let {tmp} = {head}; if py_truthy({tmp}) {{ {tail} }} else {{ {tmp} }} }}"),
-            ast::BoolOp::Or => format!("{{ let {tmp} = {head}; if py_truthy({tmp}) {{ {tmp} }} else {{ {tail} }} }}"),
+            ast::BoolOp::And => format!(
+                "{{ let {tmp} = {head}; if py_truthy({tmp}) {{ {tail} }} else {{ {tmp} }} }}"
+            ),
+            ast::BoolOp::Or => format!(
+                "{{ let {tmp} = {head}; if py_truthy({tmp}) {{ {tmp} }} else {{ {tail} }} }}"
+            ),
         })
     }
 
@@ -527,7 +640,10 @@ impl<'a> Translator<'a> {
         let mut parts = Vec::new();
         for v in values {
             parts.push(match v {
-                Expr::Constant(ast::ExprConstant { value: Constant::Str(s), .. }) => rhai_string(s),
+                Expr::Constant(ast::ExprConstant {
+                    value: Constant::Str(s),
+                    ..
+                }) => rhai_string(s),
                 Expr::FormattedValue(f) => self.formatted(f)?,
                 other => self.expr(other)?,
             });
@@ -547,34 +663,57 @@ impl<'a> Translator<'a> {
             Some(Expr::JoinedStr(j)) => self.fstring(&j.values)?,
             Some(other) => self.expr(other)?,
         };
-        Ok(format!("py_format({}, \"{conversion}\", {spec})", self.expr(&f.value)?))
+        Ok(format!(
+            "py_format({}, \"{conversion}\", {spec})",
+            self.expr(&f.value)?
+        ))
     }
 
     fn call(&mut self, node: &Expr, c: &ast::ExprCall) -> Result<String> {
         match c.func.as_ref() {
-            Expr::Name(n) if n.id.as_str() == "dict" && !self.bound.contains("dict") => self.dict_call(c),
-            Expr::Name(n) if BUILTINS.contains(&n.id.as_str()) && !self.bound.contains(n.id.as_str()) => {
+            Expr::Name(n) if n.id.as_str() == "dict" && !self.bound.contains("dict") => {
+                self.dict_call(c)
+            }
+            Expr::Name(n)
+                if BUILTINS.contains(&n.id.as_str()) && !self.bound.contains(n.id.as_str()) =>
+            {
                 let name = n.id.as_str();
-                let mut args: Vec<String> = c.args.iter().map(|a| self.expr(a)).collect::<Result<_>>()?;
+                let mut args: Vec<String> =
+                    c.args.iter().map(|a| self.expr(a)).collect::<Result<_>>()?;
                 for kw in &c.keywords {
                     let allowed = matches!(
                         (name, kw.arg.as_ref().map(|a| a.as_str())),
                         ("enumerate" | "sum", Some("start")) | ("round", Some("ndigits"))
                     );
                     if !allowed || args.len() != 1 {
-                        return Err(self.unsupported(kw, &format!("this keyword argument of `{name}()`"), "pass it positionally"));
+                        return Err(self.unsupported(
+                            kw,
+                            &format!("this keyword argument of `{name}()`"),
+                            "pass it positionally",
+                        ));
                     }
                     args.push(self.expr(&kw.value)?);
                 }
-                Ok(format!("py_call({}, [{}])", rhai_string(name), args.join(", ")))
+                Ok(format!(
+                    "py_call({}, [{}])",
+                    rhai_string(name),
+                    args.join(", ")
+                ))
             }
             Expr::Attribute(a) => self.method_call(node, a, c),
             Expr::Name(n) => Err(self.unsupported(
                 node,
                 &format!("call of `{}`", n.id),
-                &format!("configs may call dict() and the builtins {}", BUILTINS.join(", ")),
+                &format!(
+                    "configs may call dict() and the builtins {}",
+                    BUILTINS.join(", ")
+                ),
             )),
-            _ => Err(self.unsupported(node, "this call", "configs may call dict(), builtins and dict/list/str methods")),
+            _ => Err(self.unsupported(
+                node,
+                "this call",
+                "configs may call dict(), builtins and dict/list/str methods",
+            )),
         }
     }
 
@@ -598,7 +737,10 @@ impl<'a> Translator<'a> {
                 None => spread.push(v),
             }
         }
-        let body: Vec<String> = named.into_iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        let body: Vec<String> = named
+            .into_iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
         Ok((format!("#{{{}}}", body.join(", ")), spread))
     }
 
@@ -608,11 +750,19 @@ impl<'a> Translator<'a> {
         Ok(match (c.args.is_empty(), spread.is_empty()) {
             (true, true) => map,
             (_, true) => format!("py_dict([{positional}], {map})"),
-            _ => format!("py_dict_chain([py_dict([{positional}], #{{}}), {}, {map}])", spread.join(", ")),
+            _ => format!(
+                "py_dict_chain([py_dict([{positional}], #{{}}), {}, {map}])",
+                spread.join(", ")
+            ),
         })
     }
 
-    fn method_call(&mut self, node: &Expr, a: &ast::ExprAttribute, c: &ast::ExprCall) -> Result<String> {
+    fn method_call(
+        &mut self,
+        node: &Expr,
+        a: &ast::ExprAttribute,
+        c: &ast::ExprCall,
+    ) -> Result<String> {
         let method = a.attr.as_str();
         let mutating = match method {
             "update" => Some("py_update"),
@@ -622,10 +772,18 @@ impl<'a> Translator<'a> {
         };
         let Some(func) = mutating else {
             if !c.keywords.is_empty() {
-                return Err(self.unsupported(&c.keywords[0], &format!("keyword arguments to `.{method}()`"), ""));
+                return Err(self.unsupported(
+                    &c.keywords[0],
+                    &format!("keyword arguments to `.{method}()`"),
+                    "",
+                ));
             }
             let recv = self.expr(&a.value)?;
-            return Ok(format!("py_method({recv}, {}, [{}])", rhai_string(method), self.exprs(&c.args)?));
+            return Ok(format!(
+                "py_method({recv}, {}, [{}])",
+                rhai_string(method),
+                self.exprs(&c.args)?
+            ));
         };
         let (place, root, depth) = self.place(&a.value)?;
         if self.stored.contains(root) || (depth > 0 && self.holders.contains(root)) {
@@ -637,8 +795,11 @@ impl<'a> Translator<'a> {
             ));
         }
         if !self.bound.contains(root) && root != BASE_KEY {
-            return Err(ConfigError::new(ErrorKind::Evaluation, format!("NameError: name '{root}' is not defined"))
-                .at(self.location(node)));
+            return Err(ConfigError::new(
+                ErrorKind::Evaluation,
+                format!("NameError: name '{root}' is not defined"),
+            )
+            .at(self.location(node)));
         }
         if method == "update" {
             let positional = self.exprs(&c.args)?;
@@ -646,13 +807,21 @@ impl<'a> Translator<'a> {
             let positional = if spread.is_empty() {
                 positional
             } else {
-                let pos = if positional.is_empty() { String::new() } else { format!("py_dict([{positional}], #{{}}), ") };
+                let pos = if positional.is_empty() {
+                    String::new()
+                } else {
+                    format!("py_dict([{positional}], #{{}}), ")
+                };
                 format!("py_dict_chain([{pos}{}])", spread.join(", "))
             };
             Ok(format!("{place}.{func}([{positional}], {map})"))
         } else {
             if c.args.len() != 1 || !c.keywords.is_empty() {
-                return Err(self.unsupported(node, &format!("`.{method}()` with other than one argument"), ""));
+                return Err(self.unsupported(
+                    node,
+                    &format!("`.{method}()` with other than one argument"),
+                    "",
+                ));
             }
             Ok(format!("{place}.{func}({})", self.expr(&c.args[0])?))
         }
@@ -666,18 +835,43 @@ impl<'a> Translator<'a> {
             Expr::Name(n) => Ok((mangle(n.id.as_str()), n.id.as_str(), 0)),
             Expr::Attribute(a) => {
                 let (inner, root, depth) = self.place(&a.value)?;
-                Ok((format!("{inner}[{}]", rhai_string(a.attr.as_str())), root, depth + 1))
+                Ok((
+                    format!("{inner}[{}]", rhai_string(a.attr.as_str())),
+                    root,
+                    depth + 1,
+                ))
             }
             Expr::Subscript(s) => {
                 let index = match s.slice.as_ref() {
-                    Expr::Constant(ast::ExprConstant { value: Constant::Str(k), .. }) => rhai_string(k),
-                    Expr::Constant(ast::ExprConstant { value: Constant::Int(i), .. }) => i.to_string(),
-                    Expr::UnaryOp(ast::ExprUnaryOp { op: ast::UnaryOp::USub, operand, .. })
-                        if matches!(operand.as_ref(), Expr::Constant(ast::ExprConstant { value: Constant::Int(_), .. })) =>
+                    Expr::Constant(ast::ExprConstant {
+                        value: Constant::Str(k),
+                        ..
+                    }) => rhai_string(k),
+                    Expr::Constant(ast::ExprConstant {
+                        value: Constant::Int(i),
+                        ..
+                    }) => i.to_string(),
+                    Expr::UnaryOp(ast::ExprUnaryOp {
+                        op: ast::UnaryOp::USub,
+                        operand,
+                        ..
+                    }) if matches!(
+                        operand.as_ref(),
+                        Expr::Constant(ast::ExprConstant {
+                            value: Constant::Int(_),
+                            ..
+                        })
+                    ) =>
                     {
                         format!("-{}", self.expr(operand)?)
                     }
-                    other => return Err(self.unsupported(other, "a computed index in front of a mutating method", "")),
+                    other => {
+                        return Err(self.unsupported(
+                            other,
+                            "a computed index in front of a mutating method",
+                            "",
+                        ))
+                    }
                 };
                 let (inner, root, depth) = self.place(&s.value)?;
                 Ok((format!("{inner}[{index}]"), root, depth + 1))

@@ -184,7 +184,11 @@ pub fn python_float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // Rust's `{:e}` gives the shortest round-trip digits, e.g. `1.5e-7`.
     let sci = format!("{:e}", x.abs());
@@ -199,7 +203,11 @@ pub fn python_float_repr(x: f64) -> String {
             if n <= int_len {
                 format!("{digits}{}.0", "0".repeat((int_len - n) as usize))
             } else {
-                format!("{}.{}", &digits[..int_len as usize], &digits[int_len as usize..])
+                format!(
+                    "{}.{}",
+                    &digits[..int_len as usize],
+                    &digits[int_len as usize..]
+                )
             }
         } else {
             format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
@@ -218,7 +226,11 @@ pub fn python_float_repr(x: f64) -> String {
 
 /// Python's `repr(str)`.
 pub fn python_str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -259,7 +271,11 @@ fn write_python_repr(v: &Value, out: &mut String) {
         Value::Float(f) => out.push_str(&python_float_repr(*f)),
         Value::Str(s) => out.push_str(&python_str_repr(s)),
         Value::List(items) | Value::Tuple(items) => {
-            let (open, close) = if matches!(v, Value::List(_)) { ('[', ']') } else { ('(', ')') };
+            let (open, close) = if matches!(v, Value::List(_)) {
+                ('[', ']')
+            } else {
+                ('(', ')')
+            };
             out.push(open);
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {

@@ -1,0 +1,13 @@
+# Sourced by scripts/segtune and scripts/test: runs scripts/setup, then
+# exports what the build and the tests need.
+#   LIBTORCH_USE_PYTORCH=1 + the torch venv's python first on PATH: tch links
+#   the libtorch inside torch==2.11.0.
+#   SEGTUNE_MMENGINE_PYTHON: the python with mmengine-lite for the tests.
+_segtune_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$_segtune_root/scripts/setup"
+_segtune_cache="${SEGTUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/segtune}"
+_segtune_torch="${SEGTUNE_TORCH_VENV:-$_segtune_cache/torch-2.11.0}"
+export LIBTORCH_USE_PYTORCH=1
+export PATH="$_segtune_torch/bin:$PATH"
+export SEGTUNE_MMENGINE_PYTHON="$_segtune_cache/mmengine-0.10.7/bin/python"
+unset _segtune_cache _segtune_torch

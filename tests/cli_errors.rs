@@ -1,0 +1,184 @@
+//! Every bad config input ends with exit code 2, a message on stderr that
+//! names the file:line (or the value), and nothing on stdout.
+
+use assert_cmd::Command;
+use std::path::PathBuf;
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Runs `segtune resolve FILE`; asserts exit 2, empty stdout; returns stderr.
+fn resolve_fails(file: &PathBuf) -> String {
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("resolve")
+        .arg(file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "exit code; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "stdout must be empty, got {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.lines().count() <= 24, "one screen at most:\n{err}");
+    err
+}
+
+#[test]
+fn syntax_error_points_at_line_and_column() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "syn.py", "a = 1\nb = dict(x=1,, y=2)\n");
+    let err = resolve_fails(&f);
+    assert!(err.contains("syntax error"), "{err}");
+    assert!(err.contains("syn.py:2:14"), "{err}");
+    assert!(err.contains("b = dict(x=1,, y=2)"), "{err}");
+}
+
+#[test]
+fn missing_base_names_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "child.py", "_base_ = ['./nope.py']\n");
+    let err = resolve_fails(&f);
+    assert!(err.contains("base config `./nope.py` not found"), "{err}");
+    assert!(err.contains("child.py:1:"), "{err}");
+}
+
+#[test]
+fn base_cycle_names_the_cycle() {
+    let d = tempfile::tempdir().unwrap();
+    let a = write(&d, "a.py", "_base_ = './b.py'\n");
+    write(&d, "b.py", "_base_ = './c.py'\n");
+    write(&d, "c.py", "_base_ = './a.py'\n");
+    let err = resolve_fails(&a);
+    assert!(err.contains("cycle"), "{err}");
+    let line = err.lines().next().unwrap();
+    let order: Vec<usize> = ["a.py", "b.py", "c.py"]
+        .iter()
+        .map(|n| line.find(n).expect(n))
+        .collect();
+    assert!(order[0] < order[1] && order[1] < order[2], "{line}");
+    assert!(line.trim_end().ends_with("a.py"), "{line}");
+}
+
+#[test]
+fn self_inheritance_is_a_cycle() {
+    let d = tempfile::tempdir().unwrap();
+    let a = write(&d, "a.py", "_base_ = './a.py'\n");
+    assert!(resolve_fails(&a).contains("cycle"));
+}
+
+#[test]
+fn duplicate_keys_across_bases_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    write(&d, "b1.py", "a = 1\nnorm_cfg = dict(type='BN')\n");
+    write(&d, "b2.py", "norm_cfg = dict(type='SyncBN')\nz = 2\n");
+    let f = write(&d, "child.py", "_base_ = ['./b1.py', './b2.py']\n");
+    let err = resolve_fails(&f);
+    assert!(
+        err.contains("Duplicate key") && err.contains("`norm_cfg`"),
+        "{err}"
+    );
+    assert!(!err.contains("`a`") && !err.contains("`z`"), "{err}");
+}
+
+#[test]
+fn dict_over_base_list_names_the_key() {
+    let d = tempfile::tempdir().unwrap();
+    write(
+        &d,
+        "base.py",
+        "train_pipeline = [dict(type='LoadImageFromFile')]\n",
+    );
+    let f = write(
+        &d,
+        "child.py",
+        "_base_ = './base.py'\nx = 1\ntrain_pipeline = dict(type='Resize')\n",
+    );
+    let err = resolve_fails(&f);
+    assert!(
+        err.contains("`train_pipeline` is a dict in the child config but a list"),
+        "{err}"
+    );
+    assert!(err.contains("child.py:3:1"), "{err}");
+    assert!(err.contains("_delete_=True"), "{err}");
+}
+
+#[test]
+fn unsupported_construct_is_named_with_its_line() {
+    let d = tempfile::tempdir().unwrap();
+    for (src, what, line) in [
+        ("x = 1\ny = lambda: 2\n", "`lambda`", 2),
+        ("import os\n", "`import`", 1),
+        ("a = 1\nif a:\n    b = 2\n", "`if` statement", 2),
+        ("a = dict()\na.b = 1\n", "assignment to an attribute", 2),
+        ("a = {1, 2}\n", "set", 1),
+    ] {
+        let f = write(&d, "u.py", src);
+        let err = resolve_fails(&f);
+        assert!(
+            err.contains("unsupported Python construct") && err.contains(what),
+            "{src}: {err}"
+        );
+        assert!(err.contains(&format!("u.py:{line}:")), "{src}: {err}");
+    }
+}
+
+#[test]
+fn rhai_limits_stop_runaway_configs() {
+    let d = tempfile::tempdir().unwrap();
+    let endless = write(&d, "loop.rhai", "let x = 0;\nloop { x += 1; }\n");
+    let err = resolve_fails(&endless);
+    assert!(err.contains("operation limit"), "{err}");
+    assert!(err.contains("loop.rhai:2:"), "{err}");
+    let deep = write(&d, "deep.rhai", "fn f(n) { f(n + 1) }\nlet x = f(0);\n");
+    assert!(resolve_fails(&deep).contains("limit"));
+    let huge = write(&d, "huge.py", "x = [0] * 10**9\n");
+    let err = resolve_fails(&huge);
+    assert!(
+        err.contains("limit exceeded") && err.contains("huge.py:1:"),
+        "{err}"
+    );
+    let long = write(
+        &d,
+        "long.rhai",
+        "let s = \"x\";\nfor i in 0..40 { s += s; }\n",
+    );
+    assert!(resolve_fails(&long).contains("limit"));
+}
+
+#[test]
+fn bad_cfg_option_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "a.py", "a = [1]\n");
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve"])
+        .arg(&f)
+        .args(["--cfg-options", "novalue"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=VALUE"));
+}
+
+#[test]
+fn missing_config_file_is_an_error() {
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "/nonexistent/x.py"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.py"));
+}
