@@ -197,10 +197,10 @@ fn numeric(op: BinOp, a: Num, b: Num) -> PyResult {
         }
         (BinOp::Mod, I(_), I(0)) => Err(PyError::zero_division("integer modulo by zero")),
         (BinOp::FloorDiv, I(x), I(y)) => {
-            let q = x.checked_div_euclid(*y).ok_or(overflow(op))?;
-            // Euclidean division rounds differently from floor when y < 0.
-            let r = x - q * y;
-            Ok(Value::Int(if r != 0 && *y < 0 { q + 1 } else { q }))
+            let q = x.checked_div(*y).ok_or(overflow(op))?;
+            // Truncation rounds towards zero; Python floors.
+            let floor = if x % y != 0 && ((*x < 0) != (*y < 0)) { q - 1 } else { q };
+            Ok(Value::Int(floor))
         }
         (BinOp::Mod, I(x), I(y)) => {
             let r = x.checked_rem(*y).ok_or(overflow(op))?;
