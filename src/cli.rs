@@ -35,8 +35,128 @@ pub enum Command {
         #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
         cfg_options: Vec<String>,
     },
+    /// Run a short real training trial of the config's model and measure
+    /// peak memory and speed (CPU or CUDA).
+    Trial(TrialArgs),
+    /// Show the config's model: type, whether segtune supports it, parameters.
+    Inspect(InspectArgs),
     /// List the shipped GPU presets (for --preset and `import` in .rhai configs).
     Presets,
+}
+
+/// Mixed precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AmpArg {
+    Off,
+    Fp16,
+    Bf16,
+}
+
+/// A crop size `HxW` (or one number for a square).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crop(pub (i64, i64));
+
+impl std::str::FromStr for Crop {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Crop, String> {
+        let parse = |t: &str| t.trim().parse::<i64>().ok().filter(|v| *v > 0);
+        let dims = match s.split_once(['x', 'X']) {
+            Some((h, w)) => parse(h).zip(parse(w)),
+            None => parse(s).map(|v| (v, v)),
+        };
+        dims.map(Crop)
+            .ok_or_else(|| format!("`{s}` is not a crop size; write HxW, e.g. 512x512"))
+    }
+}
+
+/// `segtune trial` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrialArgs {
+    /// The config (.py or .rhai).
+    pub config: PathBuf,
+    #[arg(long, default_value_t = 2)]
+    pub batch_size: i64,
+    /// Crop HxW (also sets data_preprocessor.size, as changing the crop does).
+    #[arg(long, default_value = "512x512")]
+    pub crop: Crop,
+    #[arg(long, value_enum, default_value = "off")]
+    pub amp: AmpArg,
+    /// accumulative_counts (default: the config's).
+    #[arg(long)]
+    pub accum: Option<i64>,
+    /// Measured steps.
+    #[arg(long, default_value_t = 2)]
+    pub steps: usize,
+    /// Warm-up steps before the measured ones (optimizer state is created in the first step).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: i64,
+    /// Fraction of label pixels set to ignore_index in the synthetic batch.
+    #[arg(long, default_value_t = 0.05)]
+    pub ignore_fraction: f64,
+    /// CPU threads for libtorch (default: libtorch's choice).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Cap on live CPU tensor bytes; an allocation beyond it fails as out of memory.
+    #[arg(long, value_name = "BYTES")]
+    pub cpu_cap: Option<u64>,
+    /// Include every CPU allocation and free of the measured steps in the JSON.
+    #[arg(long)]
+    pub trace: bool,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub cfg_options: Vec<String>,
+}
+
+/// `segtune inspect` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct InspectArgs {
+    pub config: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub cfg_options: Vec<String>,
+}
+
+/// `cpu` -> `None`, `cuda` -> `Some(0)`, `cuda:N` -> `Some(N)`.
+pub fn parse_device(s: &str) -> Result<Option<usize>, String> {
+    match s {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(0)),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Some)
+            .ok_or_else(|| format!("error: `--device {other}`: write cpu, cuda or cuda:N")),
+    }
+}
+
+/// Runs `segtune-torch` (next to this executable) with the same arguments.
+fn run_worker() -> i32 {
+    let exe = std::env::current_exe().ok();
+    let worker = exe
+        .as_ref()
+        .and_then(|e| e.parent())
+        .map(|d| d.join("segtune-torch"));
+    let Some(worker) = worker.filter(|w| w.is_file()) else {
+        eprintln!("error: segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`");
+        return EXIT_INPUT_ERROR;
+    };
+    match std::process::Command::new(&worker)
+        .args(std::env::args_os().skip(1))
+        .status()
+    {
+        Ok(status) => status.code().unwrap_or(EXIT_INPUT_ERROR),
+        Err(e) => {
+            eprintln!("error: cannot run {}: {e}", worker.display());
+            EXIT_INPUT_ERROR
+        }
+    }
 }
 
 /// Runs the command line; returns the process exit code.
@@ -49,6 +169,9 @@ pub fn main() -> i32 {
             return code;
         }
     };
+    if matches!(cli.command, Command::Trial(_) | Command::Inspect(_)) {
+        return run_worker();
+    }
     match run(cli) {
         Ok(text) => {
             let mut stdout = std::io::stdout().lock();
@@ -76,6 +199,7 @@ pub fn run(cli: Cli) -> Result<String, ConfigError> {
             let cfg = config::resolve(&config, &cfg_options)?;
             dump::render(&cfg, format)
         }
+        Command::Trial(_) | Command::Inspect(_) => unreachable!("run by the segtune-torch worker"),
         Command::Presets => {
             let mut out = String::new();
             for name in presets::names() {

@@ -7,3 +7,5 @@
 
 pub mod cli;
 pub mod config;
+pub mod models;
+pub mod trial;

@@ -199,7 +199,11 @@ fn numeric(op: BinOp, a: Num, b: Num) -> PyResult {
         (BinOp::FloorDiv, I(x), I(y)) => {
             let q = x.checked_div(*y).ok_or(overflow(op))?;
             // Truncation rounds towards zero; Python floors.
-            let floor = if x % y != 0 && ((*x < 0) != (*y < 0)) { q - 1 } else { q };
+            let floor = if x % y != 0 && ((*x < 0) != (*y < 0)) {
+                q - 1
+            } else {
+                q
+            };
             Ok(Value::Int(floor))
         }
         (BinOp::Mod, I(x), I(y)) => {

@@ -1,0 +1,320 @@
+//! Memory measurement through the C++ shim (`shim.cpp`): a counting CPU
+//! allocator installed in libtorch (current and peak bytes, an optional trace
+//! of every allocation and free, an optional cap that raises out-of-memory),
+//! and the CUDA caching allocator's statistics via `at::accelerator`.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+/// One allocator event: an allocation (`bytes > 0`) or a free (`bytes < 0`)
+/// of the allocation numbered `id`, during `phase`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TraceEvent {
+    pub id: u64,
+    pub bytes: i64,
+    pub phase: u32,
+    #[serde(skip)]
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct RawDeviceStats {
+    allocated_current: i64,
+    allocated_peak: i64,
+    reserved_current: i64,
+    reserved_peak: i64,
+    requested_peak: i64,
+    num_alloc_retries: i64,
+    num_ooms: i64,
+    free_bytes: i64,
+    total_bytes: i64,
+}
+
+extern "C" {
+    fn segtune_cpu_alloc_install();
+    fn segtune_cpu_alloc_current() -> i64;
+    fn segtune_cpu_alloc_peak() -> i64;
+    fn segtune_cpu_alloc_reset_peak();
+    fn segtune_cpu_alloc_count() -> i64;
+    fn segtune_cpu_alloc_set_cap(bytes: i64);
+    fn segtune_cpu_alloc_set_phase(phase: u32);
+    fn segtune_cpu_alloc_trace(on: bool);
+    fn segtune_cpu_alloc_trace_take(out: *mut TraceEvent, capacity: usize) -> usize;
+    fn segtune_cpu_alloc_trace_len() -> usize;
+    fn segtune_last_error() -> *const c_char;
+    fn segtune_device_stats(device: c_int, out: *mut RawDeviceStats) -> c_int;
+    fn segtune_device_reset_peak(device: c_int) -> c_int;
+    fn segtune_device_empty_cache() -> c_int;
+    fn segtune_device_synchronize(device: c_int) -> c_int;
+    fn segtune_autocast_enter(device_type: c_int, dtype: c_int) -> c_int;
+    fn segtune_autocast_exit(device_type: c_int) -> c_int;
+}
+
+fn check(rc: c_int) -> Result<(), String> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string.
+        Err(unsafe { CStr::from_ptr(segtune_last_error()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+}
+
+/// The counting CPU allocator. Installing it is process-wide and permanent;
+/// tensors allocated before installation are not counted.
+pub struct CpuCounter;
+
+impl CpuCounter {
+    pub fn install() -> CpuCounter {
+        // SAFETY: plain calls into the shim; installation is idempotent.
+        unsafe { segtune_cpu_alloc_install() };
+        CpuCounter
+    }
+    pub fn current(&self) -> i64 {
+        unsafe { segtune_cpu_alloc_current() }
+    }
+    pub fn peak(&self) -> i64 {
+        unsafe { segtune_cpu_alloc_peak() }
+    }
+    /// Sets the peak to the current count.
+    pub fn reset_peak(&self) {
+        unsafe { segtune_cpu_alloc_reset_peak() }
+    }
+    pub fn allocations(&self) -> i64 {
+        unsafe { segtune_cpu_alloc_count() }
+    }
+    /// Makes any allocation that would exceed `bytes` live bytes fail with
+    /// an out-of-memory error (0 removes the cap).
+    pub fn set_cap(&self, bytes: i64) {
+        unsafe { segtune_cpu_alloc_set_cap(bytes) }
+    }
+    pub fn set_phase(&self, phase: Phase) {
+        unsafe { segtune_cpu_alloc_set_phase(phase as u32) }
+    }
+    pub fn trace(&self, on: bool) {
+        unsafe { segtune_cpu_alloc_trace(on) }
+    }
+    /// Takes every trace event recorded so far.
+    pub fn take_trace(&self) -> Vec<TraceEvent> {
+        let n = unsafe { segtune_cpu_alloc_trace_len() };
+        let mut out = vec![
+            TraceEvent {
+                id: 0,
+                bytes: 0,
+                phase: 0,
+                pad: 0
+            };
+            n
+        ];
+        // SAFETY: `out` has room for `n` events.
+        let got = unsafe { segtune_cpu_alloc_trace_take(out.as_mut_ptr(), n) };
+        out.truncate(got);
+        out
+    }
+}
+
+/// The phases of a training step, as recorded in a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[repr(u32)]
+pub enum Phase {
+    Setup = 0,
+    Forward = 1,
+    Backward = 2,
+    Optimizer = 3,
+}
+
+/// Statistics of the CUDA caching allocator for one device.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct DeviceStats {
+    pub allocated_current: i64,
+    pub allocated_peak: i64,
+    pub reserved_current: i64,
+    pub reserved_peak: i64,
+    pub requested_peak: i64,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    pub free_bytes: i64,
+    pub total_bytes: i64,
+}
+
+pub fn device_stats(device: usize) -> Result<DeviceStats, String> {
+    let mut raw = RawDeviceStats::default();
+    check(unsafe { segtune_device_stats(device as c_int, &mut raw) })?;
+    Ok(DeviceStats {
+        allocated_current: raw.allocated_current,
+        allocated_peak: raw.allocated_peak,
+        reserved_current: raw.reserved_current,
+        reserved_peak: raw.reserved_peak,
+        requested_peak: raw.requested_peak,
+        num_alloc_retries: raw.num_alloc_retries,
+        num_ooms: raw.num_ooms,
+        free_bytes: raw.free_bytes,
+        total_bytes: raw.total_bytes,
+    })
+}
+
+pub fn device_reset_peak(device: usize) -> Result<(), String> {
+    check(unsafe { segtune_device_reset_peak(device as c_int) })
+}
+
+pub fn device_empty_cache() -> Result<(), String> {
+    check(unsafe { segtune_device_empty_cache() })
+}
+
+pub fn device_synchronize(device: usize) -> Result<(), String> {
+    check(unsafe { segtune_device_synchronize(device as c_int) })
+}
+
+/// c10's `ScalarType` number of a kind.
+fn scalar_type(kind: tch::Kind) -> c_int {
+    match kind {
+        tch::Kind::Half => 5,
+        tch::Kind::Float => 6,
+        tch::Kind::Double => 7,
+        tch::Kind::BFloat16 => 15,
+        other => panic!("autocast to {other:?} is not a floating-point kind"),
+    }
+}
+
+/// Autocast on `device` (CPU or CUDA) to `dtype` while the guard lives, as
+/// `torch.autocast` does (weight-cast cache cleared on exit).
+pub struct AutocastGuard {
+    device_type: c_int,
+}
+
+impl AutocastGuard {
+    pub fn new(device: tch::Device, dtype: tch::Kind) -> Result<AutocastGuard, String> {
+        let device_type = if device.is_cuda() { 1 } else { 0 };
+        check(unsafe { segtune_autocast_enter(device_type, scalar_type(dtype)) })?;
+        Ok(AutocastGuard { device_type })
+    }
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        let _ = check(unsafe { segtune_autocast_exit(self.device_type) });
+    }
+}
+
+extern "C" {
+    fn segtune_addcmul_(
+        s: *mut torch_sys::C_tensor,
+        t1: *const torch_sys::C_tensor,
+        t2: *const torch_sys::C_tensor,
+        value: f64,
+    ) -> c_int;
+    fn segtune_addcdiv_(
+        s: *mut torch_sys::C_tensor,
+        t1: *const torch_sys::C_tensor,
+        t2: *const torch_sys::C_tensor,
+        value: f64,
+    ) -> c_int;
+}
+
+/// `t.addcmul_(t1, t2, value=value)`.
+pub fn addcmul_(t: &mut tch::Tensor, t1: &tch::Tensor, t2: &tch::Tensor, value: f64) {
+    // SAFETY: tch tensors wrap `at::Tensor*`, which the shim takes as such.
+    let rc = unsafe { segtune_addcmul_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) };
+    check(rc).expect("addcmul_ on tensors of matching shapes");
+}
+
+/// `t.addcdiv_(t1, t2, value=value)`.
+pub fn addcdiv_(t: &mut tch::Tensor, t1: &tch::Tensor, t2: &tch::Tensor, value: f64) {
+    // SAFETY: as in `addcmul_`.
+    let rc = unsafe { segtune_addcdiv_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) };
+    check(rc).expect("addcdiv_ on tensors of matching shapes");
+}
+
+extern "C" {
+    fn segtune_clip_grad_norm_(
+        grads: *const *mut torch_sys::C_tensor,
+        n: usize,
+        max_norm: f64,
+        norm_type: f64,
+    ) -> f64;
+    fn segtune_amp_unscale_(
+        grads: *const *mut torch_sys::C_tensor,
+        n: usize,
+        found_inf: *mut torch_sys::C_tensor,
+        inv_scale: *const torch_sys::C_tensor,
+    ) -> c_int;
+}
+
+/// `torch.nn.utils.clip_grad_norm_(grads, max_norm, norm_type)` (foreach path); returns the total norm.
+pub fn clip_grad_norm_(
+    grads: &mut [tch::Tensor],
+    max_norm: f64,
+    norm_type: f64,
+) -> Result<f64, String> {
+    let ptrs: Vec<*mut torch_sys::C_tensor> = grads.iter_mut().map(|g| g.as_mut_ptr()).collect();
+    // SAFETY: every pointer is a live tensor for the duration of the call.
+    let total = unsafe { segtune_clip_grad_norm_(ptrs.as_ptr(), ptrs.len(), max_norm, norm_type) };
+    if total < 0.0 {
+        Err(unsafe { CStr::from_ptr(segtune_last_error()) }
+            .to_string_lossy()
+            .into_owned())
+    } else {
+        Ok(total)
+    }
+}
+
+/// `torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)`.
+pub fn amp_unscale_(
+    grads: &mut [tch::Tensor],
+    found_inf: &mut tch::Tensor,
+    inv_scale: &tch::Tensor,
+) -> Result<(), String> {
+    let ptrs: Vec<*mut torch_sys::C_tensor> = grads.iter_mut().map(|g| g.as_mut_ptr()).collect();
+    // SAFETY: as in `clip_grad_norm_`.
+    check(unsafe {
+        segtune_amp_unscale_(
+            ptrs.as_ptr(),
+            ptrs.len(),
+            found_inf.as_mut_ptr(),
+            inv_scale.as_ptr(),
+        )
+    })
+}
+
+extern "C" {
+    fn segtune_add_alpha_(
+        s: *mut torch_sys::C_tensor,
+        other: *const torch_sys::C_tensor,
+        alpha: f64,
+    ) -> c_int;
+    fn segtune_add_alpha(
+        s: *const torch_sys::C_tensor,
+        other: *const torch_sys::C_tensor,
+        alpha: f64,
+    ) -> *mut torch_sys::C_tensor;
+    fn segtune_grad_set_none(s: *mut torch_sys::C_tensor) -> c_int;
+}
+
+/// `t.add_(other, alpha=alpha)`.
+pub fn add_alpha_(t: &mut tch::Tensor, other: &tch::Tensor, alpha: f64) {
+    // SAFETY: live tensors.
+    check(unsafe { segtune_add_alpha_(t.as_mut_ptr(), other.as_ptr(), alpha) })
+        .expect("add_ of matching shapes");
+}
+
+/// `t.add(other, alpha=alpha)`.
+pub fn add_alpha(t: &tch::Tensor, other: &tch::Tensor, alpha: f64) -> tch::Tensor {
+    // SAFETY: the shim returns a new heap tensor (or null on error), which tch then owns.
+    let p = unsafe { segtune_add_alpha(t.as_ptr(), other.as_ptr(), alpha) };
+    if p.is_null() {
+        panic!(
+            "{}",
+            unsafe { CStr::from_ptr(segtune_last_error()) }.to_string_lossy()
+        );
+    }
+    unsafe { tch::Tensor::from_ptr(p) }
+}
+
+/// `param.grad = None`.
+pub fn grad_set_none(t: &mut tch::Tensor) {
+    // SAFETY: a live tensor.
+    check(unsafe { segtune_grad_set_none(t.as_mut_ptr()) }).expect("clearing a gradient");
+}

@@ -1,0 +1,219 @@
+//! What a trial reports, as text and as JSON.
+
+use super::memory::{DeviceStats, TraceEvent};
+use super::optim::Amp;
+use super::TrialSpec;
+use crate::models::EncoderDecoder;
+
+/// How a trial ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialStatus {
+    Ok,
+    Oom,
+    Error,
+    NonFiniteLoss,
+}
+
+/// One training step's figures (bytes relative to the allocator count
+/// before the model was built).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepRecord {
+    pub step: usize,
+    pub measured: bool,
+    pub seconds: f64,
+    pub bytes_before: i64,
+    pub peak_bytes: i64,
+    pub bytes_after: i64,
+    pub forward_peak: i64,
+    pub backward_peak: i64,
+    pub optimizer_peak: i64,
+    pub loss: Option<f64>,
+    pub cuda: Option<DeviceStats>,
+}
+
+/// Parameter counts of one top-level module.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct PrefixCount {
+    pub total: i64,
+    pub trainable: i64,
+}
+
+/// A trial's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrialReport {
+    pub status: TrialStatus,
+    pub message: Option<String>,
+    pub device: String,
+    pub batch_size: i64,
+    pub crop: [i64; 2],
+    pub amp: Amp,
+    pub accumulative_counts: i64,
+    pub optimizer: String,
+    pub params_total: i64,
+    pub params_trainable: i64,
+    pub params_by_prefix: indexmap::IndexMap<String, PrefixCount>,
+    pub param_bytes: i64,
+    pub buffer_bytes: i64,
+    pub bytes_after_model_build: i64,
+    pub batch_bytes: i64,
+    pub bytes_before_step1: i64,
+    /// CPU: the counting allocator's high-water mark over the measured
+    /// steps (the oracle's `peak_steps2_3_bytes`).
+    pub peak_bytes: Option<i64>,
+    /// CUDA: `max_memory_allocated` over the measured steps.
+    pub cuda_peak_allocated_bytes: Option<i64>,
+    /// CUDA: `max_memory_reserved` over the measured steps.
+    pub cuda_peak_reserved_bytes: Option<i64>,
+    pub optimizer_state_bytes: i64,
+    pub step_time_median_s: Option<f64>,
+    pub images_per_s: Option<f64>,
+    pub steps: Vec<StepRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Vec<TraceEvent>>,
+}
+
+impl TrialReport {
+    pub fn new(spec: &TrialSpec) -> TrialReport {
+        TrialReport {
+            status: TrialStatus::Ok,
+            message: None,
+            device: format!("{:?}", spec.device).to_lowercase(),
+            batch_size: spec.batch_size,
+            crop: [spec.crop.0, spec.crop.1],
+            amp: spec.amp,
+            accumulative_counts: spec.accumulative_counts.unwrap_or(1),
+            optimizer: String::new(),
+            params_total: 0,
+            params_trainable: 0,
+            params_by_prefix: indexmap::IndexMap::new(),
+            param_bytes: 0,
+            buffer_bytes: 0,
+            bytes_after_model_build: 0,
+            batch_bytes: 0,
+            bytes_before_step1: 0,
+            peak_bytes: None,
+            cuda_peak_allocated_bytes: None,
+            cuda_peak_reserved_bytes: None,
+            optimizer_state_bytes: 0,
+            step_time_median_s: None,
+            images_per_s: None,
+            steps: Vec::new(),
+            trace: None,
+        }
+    }
+
+    pub fn set_params(&mut self, model: &EncoderDecoder) {
+        self.params_total = model.params.total();
+        self.params_trainable = model.params.trainable();
+        self.params_by_prefix = model
+            .params
+            .by_prefix()
+            .into_iter()
+            .map(|(k, total, trainable)| (k, PrefixCount { total, trainable }))
+            .collect();
+        self.param_bytes = model.params.param_bytes();
+        self.buffer_bytes = model.params.buffer_bytes();
+    }
+
+    pub fn failed(mut self, status: TrialStatus, message: String) -> TrialReport {
+        self.status = status;
+        self.message = Some(message);
+        self.finish();
+        self
+    }
+
+    /// A failure that libtorch raised (tch turns C++ exceptions into panics).
+    pub fn failed_from_panic(self, panic: Box<dyn std::any::Any + Send>) -> TrialReport {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "libtorch failed".into());
+        let status = if is_out_of_memory(&message) {
+            TrialStatus::Oom
+        } else {
+            TrialStatus::Error
+        };
+        let first_line = message
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        self.failed(status, first_line)
+    }
+
+    pub fn push_step(&mut self, record: StepRecord) {
+        self.steps.push(record);
+    }
+
+    /// Aggregates the measured steps.
+    pub fn finish(&mut self) {
+        let measured: Vec<&StepRecord> = self.steps.iter().filter(|s| s.measured).collect();
+        if measured.is_empty() {
+            return;
+        }
+        self.peak_bytes = measured.iter().map(|s| s.peak_bytes).max();
+        self.cuda_peak_allocated_bytes = measured
+            .iter()
+            .filter_map(|s| s.cuda.map(|c| c.allocated_peak))
+            .max();
+        self.cuda_peak_reserved_bytes = measured
+            .iter()
+            .filter_map(|s| s.cuda.map(|c| c.reserved_peak))
+            .max();
+        let mut times: Vec<f64> = measured.iter().map(|s| s.seconds).collect();
+        times.sort_by(f64::total_cmp);
+        let median = if times.len() % 2 == 1 {
+            times[times.len() / 2]
+        } else {
+            (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
+        };
+        self.step_time_median_s = Some(median);
+        self.images_per_s = Some(self.batch_size as f64 / median);
+    }
+
+    /// A short human-readable summary.
+    pub fn to_text(&self) -> String {
+        let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
+        let mut out = format!(
+            "status: {:?}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {:?}, accumulation {}, device {}\n",
+            self.status, self.params_total, self.params_trainable, self.batch_size, self.crop[0], self.crop[1], self.amp, self.accumulative_counts, self.device
+        );
+        if let Some(m) = &self.message {
+            out.push_str(&format!("message: {m}\n"));
+        }
+        if let Some(p) = self.peak_bytes {
+            out.push_str(&format!(
+                "peak bytes (CPU tensors, measured steps): {p} ({:.1} MiB)\n",
+                mib(p)
+            ));
+        }
+        if let (Some(a), Some(r)) = (
+            self.cuda_peak_allocated_bytes,
+            self.cuda_peak_reserved_bytes,
+        ) {
+            out.push_str(&format!(
+                "CUDA peak allocated: {a} ({:.1} MiB), peak reserved: {r} ({:.1} MiB)\n",
+                mib(a),
+                mib(r)
+            ));
+        }
+        if let (Some(t), Some(ips)) = (self.step_time_median_s, self.images_per_s) {
+            out.push_str(&format!(
+                "step time (median): {t:.3} s, {ips:.2} images/s\n"
+            ));
+        }
+        out
+    }
+}
+
+/// Whether a libtorch error message is an out-of-memory error.
+pub fn is_out_of_memory(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("out of memory")
+        || m.contains("outofmemoryerror")
+        || m.contains("can't allocate memory")
+        || m.contains("failed to allocate")
+}
