@@ -40,6 +40,11 @@ pub enum Command {
     Trial(TrialArgs),
     /// Show the config's model: type, whether segtune supports it, parameters.
     Inspect(InspectArgs),
+    /// Predict the GPU memory of training without that GPU: an exact CPU
+    /// trace of one step replayed through a model of PyTorch's CUDA caching
+    /// allocator, plus the CUDA context and workspaces. Every figure is a
+    /// prediction.
+    Estimate(EstimateArgs),
     /// List the shipped GPU presets (for --preset and `import` in .rhai configs).
     Presets,
 }
@@ -104,9 +109,43 @@ pub struct TrialArgs {
     /// Cap on live CPU tensor bytes; an allocation beyond it fails as out of memory.
     #[arg(long, value_name = "BYTES")]
     pub cpu_cap: Option<u64>,
-    /// Include every CPU allocation and free of the measured steps in the JSON.
+    /// Write every CPU allocation and free (from the model build on) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
     #[arg(long)]
-    pub trace: bool,
+    pub json: bool,
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub cfg_options: Vec<String>,
+}
+
+/// `segtune estimate` arguments.
+#[derive(clap::Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("gpu").required(true).args(["preset", "vram"])))]
+pub struct EstimateArgs {
+    /// The config (.py or .rhai).
+    pub config: PathBuf,
+    /// A shipped GPU preset (see `segtune presets`).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
+    /// are binary (1G = 1024 MiB, as nvidia-smi's MiB).
+    #[arg(long)]
+    pub vram: Option<String>,
+    /// Compute capability for --vram (decides the CUDA context and cuBLAS workspace terms).
+    #[arg(long, default_value = "8.6")]
+    pub compute_capability: String,
+    /// Batch size per GPU (default: the recipe's train_dataloader.batch_size).
+    #[arg(long)]
+    pub batch_size: Option<i64>,
+    /// Crop HxW (default: the recipe's).
+    #[arg(long)]
+    pub crop: Option<Crop>,
+    /// Mixed precision (default: the recipe's; AmpOptimWrapper means its dtype).
+    #[arg(long, value_enum)]
+    pub amp: Option<AmpArg>,
+    /// CPU threads for the traced step.
+    #[arg(long, default_value_t = 1)]
+    pub threads: i32,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -136,16 +175,26 @@ pub fn parse_device(s: &str) -> Result<Option<usize>, String> {
     }
 }
 
-/// Runs `segtune-torch` (next to this executable) with the same arguments.
-fn run_worker() -> i32 {
+/// The `segtune-torch` worker next to this executable.
+pub fn worker_path() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().ok();
     let worker = exe
         .as_ref()
         .and_then(|e| e.parent())
         .map(|d| d.join("segtune-torch"));
-    let Some(worker) = worker.filter(|w| w.is_file()) else {
-        eprintln!("error: segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`");
-        return EXIT_INPUT_ERROR;
+    worker.filter(|w| w.is_file()).ok_or_else(|| {
+        "error: segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`".to_string()
+    })
+}
+
+/// Runs `segtune-torch` (next to this executable) with the same arguments.
+fn run_worker() -> i32 {
+    let worker = match worker_path() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{e}");
+            return EXIT_INPUT_ERROR;
+        }
     };
     match std::process::Command::new(&worker)
         .args(std::env::args_os().skip(1))
@@ -200,6 +249,8 @@ pub fn run(cli: Cli) -> Result<String, ConfigError> {
             dump::render(&cfg, format)
         }
         Command::Trial(_) | Command::Inspect(_) => unreachable!("run by the segtune-torch worker"),
+        Command::Estimate(args) => crate::predict::cli::estimate(args)
+            .map_err(|e| ConfigError::new(config::ErrorKind::Evaluation, e)),
         Command::Presets => {
             let mut out = String::new();
             for name in presets::names() {

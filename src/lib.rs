@@ -8,4 +8,5 @@
 pub mod cli;
 pub mod config;
 pub mod models;
+pub mod predict;
 pub mod trial;

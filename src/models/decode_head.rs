@@ -187,11 +187,13 @@ impl DecodeHeadBase {
 
     /// `loss_by_feat(seg_logits, data_samples)`; `labels` are the per-image
     /// `1 x H x W` label maps (`gt_sem_seg.data`).
-    pub fn loss_by_feat(&self, seg_logits: Tensor, labels: &[Tensor]) -> HeadLosses {
-        let seg_label = Tensor::stack(labels, 0);
+    pub fn loss_by_feat(&self, seg_logits: &Tensor, labels: &[Tensor]) -> HeadLosses {
+        // Python rebinds `seg_logits` and `seg_label`: the old tensors die at
+        // once (unless autograd saved them), so do the same here.
+        let mut seg_label = Tensor::stack(labels, 0);
         let size = (seg_label.size()[2], seg_label.size()[3]);
-        let seg_logits = resize_bilinear(&seg_logits, size, self.cfg.align_corners);
-        let seg_label = seg_label.squeeze_dim(1);
+        let seg_logits = resize_bilinear(seg_logits, size, self.cfg.align_corners);
+        seg_label = seg_label.squeeze_dim(1);
         let mut losses: Vec<(String, Tensor)> = Vec::new();
         for loss_cfg in &self.cfg.losses {
             let value = self.cross_entropy(&seg_logits, &seg_label, loss_cfg);
@@ -245,25 +247,33 @@ impl DecodeHeadBase {
     }
 }
 
-/// mmseg's `accuracy(pred, target, topk=1, ignore_index=...)`.
+/// mmseg's `accuracy(pred, target, topk=1, ignore_index=...)`, with its
+/// locals' lifetimes: `pred_value` and `pred_label` live to the end,
+/// rebinding `correct` frees the previous one.
 pub fn accuracy(pred: &Tensor, target: &Tensor, ignore_index: i64) -> Tensor {
     let (pred_value, pred_label) = pred.topk(1, 1, true, true);
     let pred_label = pred_label.transpose(0, 1);
-    let correct = pred_label.eq_tensor(&target.unsqueeze(0).expand_as(&pred_label));
-    drop(pred_label);
-    let keep = target.ne(ignore_index);
-    let correct = correct.index(&[None, Some(&keep)]);
-    drop(keep);
+    let mut correct = pred_label.eq_tensor(&target.unsqueeze(0).expand_as(&pred_label));
+    correct = {
+        let keep = target.ne(ignore_index);
+        correct.index(&[None, Some(&keep)])
+    };
     let eps = f32::EPSILON as f64;
-    let mut correct_k = correct
-        .narrow(0, 0, 1)
-        .reshape([-1])
-        .to_kind(Kind::Float)
-        .sum_dim_intlist(0, true, None::<Kind>)
-        + eps;
-    drop(correct);
-    let keep = target.ne(ignore_index);
-    let total = target.index(&[Some(&keep)]).numel() as f64 + eps;
-    drop(pred_value);
-    correct_k.g_mul_scalar_(100.0 / total)
+    let correct_k = {
+        let flat = correct.narrow(0, 0, 1).reshape([-1]);
+        let as_float = flat.to_kind(Kind::Float);
+        let summed = as_float.sum_dim_intlist(0, true, None::<Kind>);
+        drop(as_float);
+        summed + eps
+    };
+    let total = {
+        let keep = target.ne(ignore_index);
+        let kept = target.index(&[Some(&keep)]);
+        drop(keep);
+        kept.numel() as f64 + eps
+    };
+    let mut correct_k = correct_k;
+    let result = correct_k.g_mul_scalar_(100.0 / total);
+    drop((pred_value, pred_label, correct));
+    result
 }

@@ -80,16 +80,17 @@ impl SegformerHead {
             let y = conv.forward(x, training);
             outs.push(resize_bilinear(&y, size, self.base.cfg.align_corners));
         }
-        let cat = Tensor::cat(&outs, 1);
+        // `outs` lives until the function returns, as the Python list does.
+        let fused = self.fusion_conv.forward(&Tensor::cat(&outs, 1), training);
+        let logits = self.base.cls_seg(fused, training);
         drop(outs);
-        let fused = self.fusion_conv.forward(&cat, training);
-        drop(cat);
-        self.base.cls_seg(fused, training)
+        logits
     }
 
     pub fn loss(&self, features: &[Tensor], labels: &[Tensor], training: bool) -> HeadLosses {
+        // `seg_logits` stays alive in `loss()` while `loss_by_feat` runs.
         let logits = self.forward(features, training);
-        self.base.loss_by_feat(logits, labels)
+        self.base.loss_by_feat(&logits, labels)
     }
 
     pub fn num_classes(&self) -> i64 {

@@ -6,17 +6,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 
-/// One allocator event: an allocation (`bytes > 0`) or a free (`bytes < 0`)
-/// of the allocation numbered `id`, during `phase`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TraceEvent {
-    pub id: u64,
-    pub bytes: i64,
-    pub phase: u32,
-    #[serde(skip)]
-    pub pad: u32,
-}
+pub use crate::predict::trace::{Phase, TraceEvent};
 
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -91,8 +81,9 @@ impl CpuCounter {
     pub fn set_cap(&self, bytes: i64) {
         unsafe { segtune_cpu_alloc_set_cap(bytes) }
     }
-    pub fn set_phase(&self, phase: Phase) {
-        unsafe { segtune_cpu_alloc_set_phase(phase as u32) }
+    /// Tags the following trace events (see `trial::phase_code`).
+    pub fn set_phase_code(&self, code: u32) {
+        unsafe { segtune_cpu_alloc_set_phase(code) }
     }
     pub fn trace(&self, on: bool) {
         unsafe { segtune_cpu_alloc_trace(on) }
@@ -114,16 +105,6 @@ impl CpuCounter {
         out.truncate(got);
         out
     }
-}
-
-/// The phases of a training step, as recorded in a trace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[repr(u32)]
-pub enum Phase {
-    Setup = 0,
-    Forward = 1,
-    Backward = 2,
-    Optimizer = 3,
 }
 
 /// Statistics of the CUDA caching allocator for one device.

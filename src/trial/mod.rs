@@ -13,6 +13,7 @@ pub mod worker;
 
 use crate::config::Dict;
 use crate::models::EncoderDecoder;
+use crate::predict::trace::phase_code;
 use memory::{CpuCounter, Phase, TraceEvent};
 use optim::{Amp, OptimCfg, OptimWrapper};
 pub use report::{StepRecord, TrialReport, TrialStatus};
@@ -105,6 +106,11 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
         tch::set_num_threads(n);
     }
     let mut report = TrialReport::new(spec);
+    if spec.trace {
+        let _ = counter.take_trace();
+        counter.set_phase_code(0);
+        counter.trace(true);
+    }
     let base = counter.current();
     tch::manual_seed(spec.seed);
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -144,7 +150,9 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
     let mut trace: Vec<TraceEvent> = Vec::new();
     for step in 0..total_steps {
         let measured = step >= spec.warmup_steps;
+        counter.set_phase_code(phase_code(step + 1, Phase::Data));
         let batch = Batch::synthetic(spec, model.num_classes, model.ignore_index);
+        counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         if step == 0 {
             report.batch_bytes = batch.bytes();
             report.bytes_before_step1 = counter.current() - base;
@@ -154,24 +162,24 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
             let _ = memory::device_synchronize(i);
             let _ = memory::device_reset_peak(i);
         }
-        if measured && spec.trace {
-            let _ = counter.take_trace();
-            counter.trace(true);
-        }
         counter.reset_peak();
         let started = Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            train_step(&model, &mut optimizer, batch, spec, &counter, base)
+            train_step(
+                &model,
+                &mut optimizer,
+                batch,
+                spec,
+                &counter,
+                base,
+                step + 1,
+            )
         }));
         if let Some(i) = cuda_index {
             let _ = memory::device_synchronize(i);
         }
         let seconds = started.elapsed().as_secs_f64();
-        counter.trace(false);
-        counter.set_phase(Phase::Setup);
-        if measured && spec.trace {
-            trace.extend(counter.take_trace());
-        }
+        counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         let (phases, items) = match result {
             Ok(Ok(v)) => v,
             Ok(Err(message)) => return report.failed(TrialStatus::Error, message),
@@ -212,6 +220,10 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
     }
     drop(previous_items);
     counter.set_cap(0);
+    if spec.trace {
+        counter.trace(false);
+        trace.extend(counter.take_trace());
+    }
     report.optimizer_state_bytes = optimizer.state_bytes();
     if spec.trace {
         report.trace = Some(trace);
@@ -241,26 +253,29 @@ fn train_step(
     spec: &TrialSpec,
     counter: &CpuCounter,
     base: i64,
+    step: usize,
 ) -> Result<(Phases, Vec<(String, Tensor)>), String> {
     let Batch { images, labels } = batch;
-    counter.set_phase(Phase::Forward);
+    counter.set_phase_code(phase_code(step, Phase::Forward));
     let (inputs, padded_labels, losses) = {
         let _autocast = match spec.amp.kind() {
             Some(kind) => Some(memory::AutocastGuard::new(spec.device, kind)?),
             None => None,
         };
+        counter.set_phase_code(phase_code(step, Phase::Preprocess));
         let (inputs, padded_labels) = model.preprocess(&images, &labels);
+        counter.set_phase_code(phase_code(step, Phase::Forward));
         let items = model.loss(&inputs, &padded_labels);
         (inputs, padded_labels, items)
     };
     let losses = crate::models::parse_losses(losses);
     let forward_peak = counter.peak() - base;
     counter.reset_peak();
-    counter.set_phase(Phase::Backward);
+    counter.set_phase_code(phase_code(step, Phase::Backward));
     optimizer.backward(&losses.loss);
     let backward_peak = counter.peak() - base;
     counter.reset_peak();
-    counter.set_phase(Phase::Optimizer);
+    counter.set_phase_code(phase_code(step, Phase::Optimizer));
     optimizer.step_if_due()?;
     let optimizer_peak = counter.peak() - base;
     let items = losses.items;

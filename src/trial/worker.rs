@@ -95,10 +95,18 @@ fn trial(args: TrialArgs) -> i32 {
         seed: args.seed,
         ignore_fraction: args.ignore_fraction,
         cpu_cap_bytes: args.cpu_cap.map(|b| b as i64),
-        trace: args.trace,
+        trace: args.trace_out.is_some(),
         threads: args.threads,
     };
-    let report = super::run(&cfg, &spec);
+    let mut report = super::run(&cfg, &spec);
+    if let (Some(path), Some(trace)) = (&args.trace_out, report.trace.take()) {
+        if let Err(e) = std::fs::write(path, crate::predict::trace::to_text(&trace)) {
+            return fail(format!(
+                "error: cannot write the trace to {}: {e}",
+                path.display()
+            ));
+        }
+    }
     if args.json {
         println!(
             "{}",

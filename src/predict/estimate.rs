@@ -1,0 +1,276 @@
+//! `segtune estimate`: a training step's GPU memory predicted from an exact
+//! CPU trace of it, plus the terms a CPU cannot show. Every figure is a
+//! prediction and is labelled so.
+
+use super::replay::{replay, ReplayInputs, ReplayResult};
+use super::trace::TraceEvent;
+use crate::config::{Dict, Value};
+
+/// What the estimate is for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// A name for the GPU (preset name or "custom").
+    pub gpu: String,
+    /// Total device memory in bytes (nvidia-smi's total).
+    pub vram_bytes: u64,
+    /// Compute capability, e.g. "8.6" (decides the fixed terms).
+    pub compute_capability: String,
+}
+
+/// One fixed term of the estimate and where its figure comes from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FixedTerm {
+    pub name: &'static str,
+    pub bytes: u64,
+    /// Whether `max_memory_allocated` includes it.
+    pub in_allocated: bool,
+    pub source: &'static str,
+}
+
+/// cuBLAS workspace PyTorch takes from the caching allocator (one handle,
+/// one stream): `CUBLAS_WORKSPACE_CONFIG` defaults to `:4096:2:16:8`
+/// (8 MiB + 128 KiB), and to `:4096:8` (32 MiB) on Hopper (sm_90).
+pub fn cublas_workspace_bytes(compute_capability: &str) -> u64 {
+    if compute_capability.starts_with('9') {
+        4096 * 1024 * 8
+    } else {
+        4096 * 1024 * 2 + 16 * 1024 * 8
+    }
+}
+
+/// The CUDA context (driver, kernels of libtorch/cuDNN/cuBLAS loaded lazily,
+/// as CUDA 12/13 does by default): device memory nvidia-smi shows that the
+/// caching allocator never reports. An assumption per architecture, to be
+/// calibrated by `scripts/gpu-validate.sh` on real cards.
+pub fn cuda_context_bytes(compute_capability: &str) -> u64 {
+    let mib: u64 = match compute_capability {
+        cc if cc.starts_with('9') => 520,
+        "8.9" => 330,
+        cc if cc.starts_with('8') => 310,
+        _ => 290,
+    };
+    mib << 20
+}
+
+/// The estimate's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Estimate {
+    pub gpu: String,
+    pub vram_bytes: u64,
+    pub batch_size: i64,
+    pub crop: [i64; 2],
+    pub amp: String,
+    pub cudnn_benchmark: bool,
+    /// What `torch.cuda.max_memory_allocated()` would report (predicted).
+    pub predicted_peak_allocated_bytes: u64,
+    /// What `torch.cuda.max_memory_reserved()` would report (predicted).
+    pub predicted_peak_reserved_bytes: u64,
+    /// Reserved + CUDA context: what nvidia-smi would show at the peak (predicted).
+    pub predicted_device_bytes: u64,
+    pub predicted_peak_phase: String,
+    pub fixed_terms: Vec<FixedTerm>,
+    pub fits: bool,
+    /// The traced CPU step's peak (absent when the batch was extrapolated).
+    pub cpu_trace_peak_bytes: Option<i64>,
+    pub notes: Vec<String>,
+}
+
+/// Predicts from a trace of a trial (`trace`: from the model build through
+/// a warm-up and a measured step).
+pub fn estimate(
+    trace: &[TraceEvent],
+    target: &Target,
+    batch_size: i64,
+    crop: (i64, i64),
+    amp: &str,
+    cudnn_benchmark: bool,
+    cpu_trace_peak_bytes: Option<i64>,
+) -> Estimate {
+    let (h, w) = crop;
+    let image = 3 * h * w * 4;
+    let label = h * w * 8;
+    let batch_copies = batch_tensors(batch_size, crop);
+    let workspace = cublas_workspace_bytes(&target.compute_capability);
+    let context = cuda_context_bytes(&target.compute_capability);
+    let unlimited = replay(
+        trace,
+        &ReplayInputs {
+            batch_copies: batch_copies.clone(),
+            cublas_workspace: workspace,
+            capacity: None,
+        },
+    );
+    let capacity = target.vram_bytes.saturating_sub(context);
+    let limited: ReplayResult = replay(
+        trace,
+        &ReplayInputs {
+            batch_copies,
+            cublas_workspace: workspace,
+            capacity: Some(capacity),
+        },
+    );
+    let fixed_terms = vec![
+        FixedTerm {
+            name: "cuda_context",
+            bytes: context,
+            in_allocated: false,
+            source: "assumed per architecture (CUDA lazy module loading); calibrate with scripts/gpu-validate.sh",
+        },
+        FixedTerm {
+            name: "cublas_workspace",
+            bytes: workspace,
+            in_allocated: true,
+            source: "PyTorch CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), taken from the caching allocator",
+        },
+        FixedTerm {
+            name: "cudnn_workspace",
+            bytes: 0,
+            in_allocated: true,
+            source: if cudnn_benchmark {
+                "cudnn_benchmark=True: algorithm search may briefly take workspace up to the free memory; not predicted"
+            } else {
+                "cudnn_benchmark=False: heuristic algorithms; their transient workspaces are not predicted"
+            },
+        },
+        FixedTerm {
+            name: "batch_on_device",
+            bytes: 2 * (batch_size * (image + label)) as u64,
+            in_allocated: true,
+            source: "cast_data's device copies of the images (float32) and label maps (int64), and the preprocessor's stacked images and padded labels",
+        },
+    ];
+    let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
+    if amp != "off" {
+        notes.push(format!(
+            "amp={amp}: the trace follows CPU autocast's op lists, which differ from CUDA autocast's; expect a larger error than fp32"
+        ));
+    }
+    let predicted_device_bytes = limited
+        .peak_reserved
+        .max(unlimited.peak_reserved.min(capacity))
+        + context;
+    Estimate {
+        gpu: target.gpu.clone(),
+        vram_bytes: target.vram_bytes,
+        batch_size,
+        crop: [h, w],
+        amp: amp.to_string(),
+        cudnn_benchmark,
+        predicted_peak_allocated_bytes: unlimited.peak_allocated,
+        predicted_peak_reserved_bytes: unlimited.peak_reserved,
+        predicted_device_bytes,
+        predicted_peak_phase: format!("{:?}", unlimited.peak_phase).to_lowercase(),
+        fixed_terms,
+        fits: !limited.out_of_memory,
+        cpu_trace_peak_bytes,
+        notes,
+    }
+}
+
+/// The batch tensors alive on the device during a step, in allocation
+/// order (see [`ReplayInputs::batch_copies`]).
+pub fn batch_tensors(batch_size: i64, crop: (i64, i64)) -> Vec<u64> {
+    let (h, w) = crop;
+    let image = (3 * h * w * 4) as u64;
+    let label = (h * w * 8) as u64;
+    let n = batch_size as usize;
+    let mut out = vec![image; n];
+    out.extend(std::iter::repeat_n(label, n));
+    out.push(image * n as u64);
+    out.extend(std::iter::repeat_n(label, n));
+    out
+}
+
+/// The recipe's training batch size per GPU (`train_dataloader.batch_size`).
+pub fn recipe_batch_size(cfg: &Dict) -> Option<i64> {
+    cfg.get("train_dataloader")
+        .and_then(|d| d.get_path("batch_size"))
+        .and_then(Value::as_i64)
+}
+
+/// The recipe's training crop: `crop_size`, else the `RandomCrop` of the
+/// train pipeline, else `data_preprocessor.size`.
+pub fn recipe_crop(cfg: &Dict) -> Option<(i64, i64)> {
+    let pair = |v: &Value| match v.as_seq() {
+        Some([h, w]) => h.as_i64().zip(w.as_i64()),
+        _ => None,
+    };
+    if let Some(c) = cfg.get("crop_size").and_then(pair) {
+        return Some(c);
+    }
+    let pipeline = cfg.get("train_pipeline").or_else(|| {
+        cfg.get("train_dataloader")
+            .and_then(|d| d.get_path("dataset.pipeline"))
+    });
+    if let Some(steps) = pipeline.and_then(Value::as_seq) {
+        for step in steps {
+            if step.get_path("type").and_then(Value::as_str) == Some("RandomCrop") {
+                if let Some(c) = step.get_path("crop_size").and_then(pair) {
+                    return Some(c);
+                }
+            }
+        }
+    }
+    cfg.get("model")
+        .and_then(|m| m.get_path("data_preprocessor.size"))
+        .and_then(pair)
+}
+
+/// `env_cfg.cudnn_benchmark` (MMSeg's default runtime sets True).
+pub fn cudnn_benchmark(cfg: &Dict) -> bool {
+    cfg.get("env_cfg")
+        .and_then(|e| e.get_path("cudnn_benchmark"))
+        .is_some_and(Value::truthy)
+}
+
+/// Parses a VRAM size. All units are binary (1G = 1 GiB = 1024 MiB, as
+/// nvidia-smi's MiB are): `4G`, `4GB`, `4GiB`, `3.5G`, `4096M`, `4096MiB`,
+/// `512K`, or plain bytes.
+pub fn parse_vram(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a memory size; write e.g. 4G, 4096MiB or 3.5GB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (use K, M, G or T; all binary)"
+            ))
+        }
+    };
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("`{text}` must be a positive size"));
+    }
+    Ok((value * scale as f64).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vram_sizes() {
+        for (t, want) in [
+            ("4G", 4u64 << 30),
+            ("4GB", 4 << 30),
+            ("4GiB", 4 << 30),
+            ("3.5G", 7 << 29),
+            ("4096M", 4 << 30),
+            ("4096MiB", 4 << 30),
+            ("1073741824", 1 << 30),
+        ] {
+            assert_eq!(parse_vram(t).unwrap(), want, "{t}");
+        }
+        for bad in ["", "G", "-1G", "4X", "four"] {
+            assert!(parse_vram(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Replaying a CPU trace as the CUDA caching allocator would see the same
+//! training run: the CPU-only data loading is left out, the device copies of
+//! the batch that `cast_data` makes are added, and the cuBLAS workspace that
+//! PyTorch takes from the caching allocator on the first matmul is added.
+
+use super::allocator::{CachingAllocator, Stats};
+use super::trace::{phase_of, Phase, TraceEvent};
+
+/// What to add to the CPU trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayInputs {
+    /// Bytes of each batch tensor alive on the device for the whole step, in
+    /// allocation order: the images and labels `cast_data` copies to the
+    /// device, then the data preprocessor's outputs (the stacked, normalised
+    /// images and the padded labels). The trace's own preprocessing events
+    /// are left out: its per-image temporaries are short-lived and do not
+    /// scale with the batch the way the rest of the step does.
+    pub batch_copies: Vec<u64>,
+    /// cuBLAS workspace taken on the first matmul and kept (0: none).
+    pub cublas_workspace: u64,
+    /// Device bytes the allocator may reserve (`None`: unlimited).
+    pub capacity: Option<u64>,
+}
+
+/// The replay's result for the last step of the trace.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ReplayResult {
+    /// `max_memory_allocated()` during the last step.
+    pub peak_allocated: u64,
+    /// `max_memory_reserved()` during the last step.
+    pub peak_reserved: u64,
+    /// The phase in which allocated memory peaked.
+    pub peak_phase: Phase,
+    /// Allocated bytes after the last step.
+    pub allocated_after: u64,
+    /// Whether some request could not be served within the capacity.
+    pub out_of_memory: bool,
+    pub num_alloc_retries: u64,
+}
+
+const INJECTED: u64 = 1 << 62;
+
+/// Replays `events`; peaks are those of the trace's last step.
+pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
+    let last_step = events
+        .iter()
+        .map(|e| phase_of(e.phase).0)
+        .max()
+        .unwrap_or(0);
+    let mut alloc = CachingAllocator::new(inputs.capacity);
+    let mut current_step = 0usize;
+    let mut injected_for_step: Vec<u64> = Vec::new();
+    let mut next_injected = INJECTED;
+    let mut workspace_done = inputs.cublas_workspace == 0;
+    let mut out_of_memory = false;
+    let mut peak_phase = Phase::Setup;
+    let mut best = 0u64;
+    let mut skipped: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let track = |alloc: &CachingAllocator,
+                 phase: Phase,
+                 measuring: bool,
+                 best: &mut u64,
+                 peak_phase: &mut Phase| {
+        if measuring && alloc.stats().allocated > *best {
+            *best = alloc.stats().allocated;
+            *peak_phase = phase;
+        }
+    };
+    for e in events {
+        let (step, phase) = phase_of(e.phase);
+        if phase == Phase::Data || phase == Phase::Preprocess {
+            if e.bytes > 0 {
+                skipped.insert(e.id);
+            }
+            continue;
+        }
+        if step != current_step && phase != Phase::Setup {
+            // A new step starts: free the last step's batch copies, copy this one's.
+            for id in injected_for_step.drain(..) {
+                alloc.free(id);
+            }
+            current_step = step;
+            if step == last_step {
+                alloc.reset_peaks();
+                best = alloc.stats().allocated;
+            }
+            for bytes in &inputs.batch_copies {
+                out_of_memory |= alloc.malloc(next_injected, *bytes).is_err();
+                injected_for_step.push(next_injected);
+                next_injected += 1;
+            }
+            if !workspace_done {
+                out_of_memory |= alloc
+                    .malloc(next_injected, inputs.cublas_workspace)
+                    .is_err();
+                next_injected += 1;
+                workspace_done = true;
+            }
+            track(&alloc, phase, step == last_step, &mut best, &mut peak_phase);
+        }
+        if e.bytes > 0 {
+            out_of_memory |= alloc.malloc(e.id, e.bytes as u64).is_err();
+            track(
+                &alloc,
+                phase,
+                current_step == last_step && step == last_step,
+                &mut best,
+                &mut peak_phase,
+            );
+        } else if !skipped.contains(&e.id) {
+            alloc.free(e.id);
+        }
+    }
+    for id in injected_for_step {
+        alloc.free(id);
+    }
+    let s: Stats = alloc.stats();
+    ReplayResult {
+        peak_allocated: s.allocated_peak,
+        peak_reserved: s.reserved_peak,
+        peak_phase,
+        allocated_after: s.allocated,
+        out_of_memory,
+        num_alloc_retries: s.num_alloc_retries,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::predict::trace::phase_code;
+
+    fn ev(id: u64, bytes: i64, step: usize, phase: Phase) -> TraceEvent {
+        TraceEvent {
+            id,
+            bytes,
+            phase: phase_code(step, phase),
+            pad: 0,
+        }
+    }
+
+    #[test]
+    fn data_loading_is_left_out_and_batch_copies_added() {
+        const MIB: i64 = 1 << 20;
+        let events = vec![
+            ev(0, 4 * MIB, 0, Phase::Setup),    // a parameter
+            ev(1, 30 * MIB, 1, Phase::Data),    // the CPU batch: not on the GPU
+            ev(2, 16 * MIB, 1, Phase::Forward), // an activation
+            ev(2, -16 * MIB, 1, Phase::Backward),
+            ev(1, -30 * MIB, 1, Phase::Setup),
+            ev(3, 30 * MIB, 2, Phase::Data),
+            ev(4, 16 * MIB, 2, Phase::Forward),
+            ev(4, -16 * MIB, 2, Phase::Backward),
+        ];
+        let inputs = ReplayInputs {
+            batch_copies: vec![12 << 20],
+            cublas_workspace: 8 << 20,
+            capacity: None,
+        };
+        // (the batch tensor stands for the device copies and the preprocessor's outputs)
+        let r = replay(&events, &inputs);
+        // step 2: parameter 4 MiB (in a 20 MiB segment) + workspace 8 MiB + batch 12 MiB + activation 16 MiB
+        assert_eq!(r.peak_allocated, (4 + 8 + 12 + 16) << 20);
+        assert_eq!(r.peak_phase, Phase::Forward);
+        assert!(!r.out_of_memory);
+        // After the step: the parameter and the workspace remain.
+        assert_eq!(r.allocated_after, (4 + 8) << 20);
+    }
+}

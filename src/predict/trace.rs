@@ -1,0 +1,120 @@
+//! Allocation traces of a training trial: every CPU tensor allocation and
+//! free, in order, tagged with the step and phase it happened in, and a
+//! compact text form to pass them between processes.
+
+use std::fmt::Write as _;
+
+/// One allocator event: an allocation (`bytes > 0`) or a free (`bytes < 0`)
+/// of the allocation numbered `id`, during `phase` (see [`phase_of`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TraceEvent {
+    pub id: u64,
+    pub bytes: i64,
+    pub phase: u32,
+    #[serde(skip)]
+    pub pad: u32,
+}
+
+/// The phases of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[repr(u32)]
+pub enum Phase {
+    Setup = 0,
+    Forward = 1,
+    Backward = 2,
+    Optimizer = 3,
+    /// Building the synthetic batch on the CPU (the data loader's work).
+    Data = 4,
+    /// The data preprocessor (part of the forward pass).
+    Preprocess = 5,
+}
+
+/// The phase code recorded in traces: `step * 8 + phase` (step 0 is the
+/// model build).
+pub fn phase_code(step: usize, phase: Phase) -> u32 {
+    (step as u32) * 8 + phase as u32
+}
+
+/// `(step, phase)` of a phase code.
+pub fn phase_of(code: u32) -> (usize, Phase) {
+    let phase = match code % 8 {
+        0 => Phase::Setup,
+        1 => Phase::Forward,
+        2 => Phase::Backward,
+        3 => Phase::Optimizer,
+        4 => Phase::Data,
+        _ => Phase::Preprocess,
+    };
+    ((code / 8) as usize, phase)
+}
+
+/// Writes events as text: a header line, then `id bytes phase` per line.
+pub fn to_text(events: &[TraceEvent]) -> String {
+    let mut out = String::with_capacity(events.len() * 24 + 32);
+    out.push_str("# segtune trace v1: id bytes phase\n");
+    for e in events {
+        let _ = writeln!(out, "{} {} {}", e.id, e.bytes, e.phase);
+    }
+    out
+}
+
+/// Parses [`to_text`]'s output.
+pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, String> {
+    let mut lines = text.lines();
+    if lines.next() != Some("# segtune trace v1: id bytes phase") {
+        return Err("not a segtune trace (v1)".into());
+    }
+    lines
+        .enumerate()
+        .map(|(i, line)| {
+            let mut parts = line.split_ascii_whitespace();
+            let mut next = || {
+                parts
+                    .next()
+                    .ok_or_else(|| format!("trace line {}: too short", i + 2))
+            };
+            let id = next()?
+                .parse()
+                .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+            let bytes = next()?
+                .parse()
+                .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+            let phase = next()?
+                .parse()
+                .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+            Ok(TraceEvent {
+                id,
+                bytes,
+                phase,
+                pad: 0,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_round_trip() {
+        let events = vec![
+            TraceEvent {
+                id: 0,
+                bytes: 100,
+                phase: 0,
+                pad: 0,
+            },
+            TraceEvent {
+                id: 0,
+                bytes: -100,
+                phase: 5,
+                pad: 0,
+            },
+        ];
+        assert_eq!(from_text(&to_text(&events)).unwrap(), events);
+        assert_eq!(phase_of(phase_code(1, Phase::Forward)), (1, Phase::Forward));
+        assert_eq!(phase_of(phase_code(2, Phase::Data)), (2, Phase::Data));
+    }
+}
