@@ -45,6 +45,15 @@ pub enum Command {
     /// allocator, plus the CUDA context and workspaces. Every figure is a
     /// prediction.
     Estimate(EstimateArgs),
+    /// Find the best feasible training config for a GPU budget: batch x crop
+    /// x AMP (x accumulation keeping the recipe's effective batch), ranked;
+    /// the winner is written as an MMSeg config.
+    Search(SearchArgs),
+    /// Print a JSON schema: `search` (the search settings) or `result` (`search --json`).
+    Schema {
+        #[arg(value_parser = ["search", "result"])]
+        which: String,
+    },
     /// List the shipped GPU presets (for --preset and `import` in .rhai configs).
     Presets,
 }
@@ -152,6 +161,52 @@ pub struct EstimateArgs {
     pub cfg_options: Vec<String>,
 }
 
+/// `segtune search` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SearchArgs {
+    /// The config (.py or .rhai); a `segtune` dict in it may carry these settings.
+    pub config: PathBuf,
+    /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
+    /// are binary (1G = 1 GiB = 1024 MiB, as nvidia-smi's MiB).
+    #[arg(long)]
+    pub vram: Option<String>,
+    /// A shipped GPU preset (see `segtune presets`).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Compute capability for --vram (CUDA context, cuBLAS workspace, bf16).
+    #[arg(long, default_value = "8.6")]
+    pub compute_capability: String,
+    /// Fraction of the VRAM kept free (default 0.05).
+    #[arg(long)]
+    pub margin: Option<f64>,
+    /// auto (a CUDA device if there is one, else predict), cpu (predict), cuda:N (measure).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Where the journal (trials.jsonl) and the emitted config go.
+    #[arg(long, default_value = "segtune-out")]
+    pub out: PathBuf,
+    /// keep-crop (default: the recipe's crop if anything fits at it, then
+    /// throughput) or throughput.
+    #[arg(long)]
+    pub objective: Option<String>,
+    /// Also list the infeasible candidates with their reason.
+    #[arg(long)]
+    pub all: bool,
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// CPU threads for the traced steps (predicted mode).
+    #[arg(long, default_value_t = 1)]
+    pub threads: i32,
+    /// Seconds before a CUDA trial counts as timed out.
+    #[arg(long, default_value_t = 600)]
+    pub trial_timeout: u64,
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub cfg_options: Vec<String>,
+}
+
 /// `segtune inspect` arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct InspectArgs {
@@ -236,6 +291,14 @@ pub fn main() -> i32 {
     }
 }
 
+/// An error message from a command as a config error (without a doubled `error:`).
+fn plain_error(e: String) -> ConfigError {
+    ConfigError::new(
+        config::ErrorKind::Evaluation,
+        e.trim_start_matches("error: ").trim_end().to_string(),
+    )
+}
+
 /// Runs one command and returns everything it prints on success, so that
 /// nothing reaches stdout when it fails half-way.
 pub fn run(cli: Cli) -> Result<String, ConfigError> {
@@ -251,6 +314,22 @@ pub fn run(cli: Cli) -> Result<String, ConfigError> {
         Command::Trial(_) | Command::Inspect(_) => unreachable!("run by the segtune-torch worker"),
         Command::Estimate(args) => crate::predict::cli::estimate(args)
             .map_err(|e| ConfigError::new(config::ErrorKind::Evaluation, e)),
+        Command::Search(args) => {
+            let result = crate::search::command::search(&args).map_err(plain_error)?;
+            Ok(if args.json {
+                serde_json::to_string_pretty(&result).expect("results serialise") + "\n"
+            } else {
+                crate::search::command::render(&result, args.all)
+            })
+        }
+        Command::Schema { which } => {
+            let schema = if which == "search" {
+                schemars::schema_for!(crate::search::SearchSpec)
+            } else {
+                schemars::schema_for!(crate::search::SearchResult)
+            };
+            Ok(serde_json::to_string_pretty(&schema).expect("schemas serialise") + "\n")
+        }
         Command::Presets => {
             let mut out = String::new();
             for name in presets::names() {

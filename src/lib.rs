@@ -9,4 +9,5 @@ pub mod cli;
 pub mod config;
 pub mod models;
 pub mod predict;
+pub mod search;
 pub mod trial;

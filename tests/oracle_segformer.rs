@@ -21,6 +21,23 @@ const SEGFORMER_CONFIGS: &[&str] = &[
     "segformer_mit-b0_8xb1-160k_cityscapes-1024x1024",
 ];
 
+/// bf16 on the CPU takes hardware-specific oneDNN paths: the shared oracle
+/// was measured on a CPU with AMX; on one without it (like CI's), MMSeg's own
+/// bf16 peaks differ (by up to 2.2% at batch 1), so they are compared with
+/// the same oracle script's figures from such a CPU
+/// (tests/fixtures/oracle_cpu_no_amx_bf16.json, command inside).
+fn local_bf16_oracle() -> Option<serde_json::Value> {
+    let has_amx = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" amx_bf16"));
+    if has_amx {
+        return None;
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_no_amx_bf16.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
 fn worker(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .args(args)
@@ -44,6 +61,14 @@ fn segformer_matches_the_mmseg_cpu_oracle() {
         serde_json::from_str(&std::fs::read_to_string(shared.join("oracle/results.json")).unwrap())
             .unwrap();
     let configs = shared.join("mmseg-configs/configs");
+    let local = local_bf16_oracle();
+    let local_peak = |name: &str, batch: &str, crop: i64| -> Option<i64> {
+        local.as_ref()?["records"].as_array()?.iter().find_map(|r| {
+            (r["config"] == name && r["batch"].as_i64()?.to_string() == batch && r["crop"] == crop)
+                .then(|| r["peak_steps2_3_bytes"].as_i64())
+                .flatten()
+        })
+    };
     let mut failures = Vec::new();
     println!(
         "{:<48} {:>5} {:>5} {:>13} {:>13} {:>8} {:>9} {:>9}",
@@ -101,7 +126,12 @@ fn segformer_matches_the_mmseg_cpu_oracle() {
                 "{name} {batch}x{crop} {precision}: {}",
                 report["message"]
             );
-            let want = rec["peak_steps2_3_bytes"].as_i64().unwrap();
+            let shared_want = rec["peak_steps2_3_bytes"].as_i64().unwrap();
+            let want = if precision == "bf16" {
+                local_peak(name, &batch, crop).unwrap_or(shared_want)
+            } else {
+                shared_want
+            };
             let got = report["peak_bytes"].as_i64().unwrap();
             let error = 100.0 * (got - want) as f64 / want as f64;
             println!(

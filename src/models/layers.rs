@@ -4,7 +4,24 @@
 //! exactly what the Python model does.
 
 use super::params::ParamScope;
+use std::cell::Cell;
 use tch::{Kind, Tensor};
+
+thread_local! {
+    static FORWARD_FLOPS: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// Adds to the forward FLOP count of the current thread (multiply-adds
+/// count two).
+fn count_flops(flops: f64) {
+    FORWARD_FLOPS.with(|f| f.set(f.get() + flops));
+}
+
+/// Takes (and resets) the forward FLOPs counted by convolutions, linear
+/// layers and attention matmuls on this thread.
+pub fn take_forward_flops() -> f64 {
+    FORWARD_FLOPS.with(|f| f.replace(0.0))
+}
 
 /// `nn.Conv2d` (mmcv `Conv2d` behaves the same on non-empty input).
 pub struct Conv2d {
@@ -90,6 +107,14 @@ impl Conv2d {
     }
 
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        let (b, h, w) = (x.size()[0], x.size()[2], x.size()[3]);
+        let ws = self.weight.size();
+        let out =
+            |n: i64, k: i64| (n + 2 * self.padding - self.dilation * (k - 1) - 1) / self.stride + 1;
+        count_flops(
+            2.0 * (b * ws[0] * ws[1] * ws[2] * ws[3]) as f64
+                * (out(h, ws[2]) * out(w, ws[3])) as f64,
+        );
         x.conv2d(
             &self.weight,
             self.bias.as_ref(),
@@ -114,6 +139,8 @@ impl Linear {
         Linear { weight, bias }
     }
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        let rows: i64 = x.size()[..x.dim() - 1].iter().product();
+        count_flops(2.0 * (rows * self.weight.size()[0] * self.weight.size()[1]) as f64);
         x.linear(&self.weight, self.bias.as_ref())
     }
 }
@@ -333,6 +360,9 @@ impl MultiheadAttention {
         let q = q.view([tgt_len, bsz * heads, head_dim]).transpose(0, 1);
         let k = k.view([src_len, bsz * heads, head_dim]).transpose(0, 1);
         let v = v.view([src_len, bsz * heads, head_dim]).transpose(0, 1);
+        // in-projections, the two attention matmuls (the out-projection counts itself)
+        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        count_flops(2.0 * 2.0 * (bsz * heads * tgt_len * src_len * head_dim) as f64);
         let q_scaled = q * (1.0 / head_dim as f64).sqrt();
         let weights = q_scaled.bmm(&k.transpose(-2, -1)).softmax(-1, None::<Kind>);
         let out = weights.bmm(&v);

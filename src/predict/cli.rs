@@ -9,7 +9,7 @@ use super::trace;
 use crate::cli::{worker_path, AmpArg, EstimateArgs};
 use crate::config::{self, presets, Value};
 
-fn amp_name(a: AmpArg) -> &'static str {
+pub fn amp_name(a: AmpArg) -> &'static str {
     match a {
         AmpArg::Off => "off",
         AmpArg::Fp16 => "fp16",
@@ -78,8 +78,8 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         });
     let amp = args.amp.or(recipe_amp).unwrap_or(AmpArg::Off);
     let benchmark = cudnn_benchmark(&cfg);
-    let (events, cpu_peak) = if batch <= 2 {
-        let (events, peak) = trace_step(
+    let (events, cpu_peak) = if batch <= 3 {
+        let (events, peak, _) = trace_step(
             &args.config,
             &args.cfg_options,
             batch,
@@ -89,8 +89,9 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         )?;
         (events, Some(peak))
     } else {
-        let (one, _) = trace_step(&args.config, &args.cfg_options, 1, crop, amp, args.threads)?;
-        let (two, _) = trace_step(&args.config, &args.cfg_options, 2, crop, amp, args.threads)?;
+        let (ba, bb) = super::extrapolate::TRACED_BATCHES;
+        let (one, _, _) = trace_step(&args.config, &args.cfg_options, ba, crop, amp, args.threads)?;
+        let (two, _, _) = trace_step(&args.config, &args.cfg_options, bb, crop, amp, args.threads)?;
         (
             super::extrapolate::extrapolate(&one, &two, batch)
                 .map_err(|e| format!("error: {e}"))?,
@@ -107,7 +108,7 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         cpu_peak,
     );
     if cpu_peak.is_none() {
-        e.notes.push(format!("batch {batch} was extrapolated from traces at batch 1 and 2 (every step tensor is affine in the batch)"));
+        e.notes.push(format!("batch {batch} was extrapolated from traces at batch 2 and 3 (every step tensor is affine in the batch)"));
     }
     Ok(e)
 }
@@ -121,7 +122,7 @@ pub fn trace_step(
     crop: (i64, i64),
     amp: AmpArg,
     threads: i32,
-) -> Result<(Vec<trace::TraceEvent>, i64), String> {
+) -> Result<(Vec<trace::TraceEvent>, i64, f64), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("error: no temporary directory: {e}"))?;
     let trace_path = dir.path().join("step.trace");
     let mut cmd = std::process::Command::new(worker_path()?);
@@ -166,6 +167,7 @@ pub fn trace_step(
     Ok((
         trace::from_text(&text)?,
         report["peak_bytes"].as_i64().unwrap_or(0),
+        report["forward_flops"].as_f64().unwrap_or(0.0),
     ))
 }
 

@@ -163,6 +163,7 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
             let _ = memory::device_reset_peak(i);
         }
         counter.reset_peak();
+        let _ = crate::models::layers::take_forward_flops();
         let started = Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             train_step(
@@ -178,6 +179,7 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
         if let Some(i) = cuda_index {
             let _ = memory::device_synchronize(i);
         }
+        report.forward_flops = crate::models::layers::take_forward_flops();
         let seconds = started.elapsed().as_secs_f64();
         counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         let (phases, items) = match result {

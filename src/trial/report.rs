@@ -66,6 +66,9 @@ pub struct TrialReport {
     /// CUDA: `max_memory_reserved` over the measured steps.
     pub cuda_peak_reserved_bytes: Option<i64>,
     pub optimizer_state_bytes: i64,
+    /// Forward FLOPs of one step (convolutions, linear layers, attention);
+    /// a training step is about three times this.
+    pub forward_flops: f64,
     pub step_time_median_s: Option<f64>,
     pub images_per_s: Option<f64>,
     pub steps: Vec<StepRecord>,
@@ -96,6 +99,7 @@ impl TrialReport {
             cuda_peak_allocated_bytes: None,
             cuda_peak_reserved_bytes: None,
             optimizer_state_bytes: 0,
+            forward_flops: 0.0,
             step_time_median_s: None,
             images_per_s: None,
             steps: Vec::new(),

@@ -25,6 +25,8 @@ struct WorkerCli {
 enum WorkerCommand {
     Trial(TrialArgs),
     Inspect(InspectArgs),
+    /// Print the number of CUDA devices libtorch sees.
+    Devices,
 }
 
 fn amp_of(a: AmpArg) -> Amp {
@@ -49,6 +51,15 @@ pub fn main() -> i32 {
     match cli.command {
         WorkerCommand::Trial(args) => trial(args),
         WorkerCommand::Inspect(args) => inspect(args),
+        WorkerCommand::Devices => {
+            let n = if tch::Cuda::is_available() {
+                tch::Cuda::device_count()
+            } else {
+                0
+            };
+            println!("{n}");
+            0
+        }
     }
 }
 

@@ -1,0 +1,287 @@
+//! Writing the winner as an MMSeg config: a child of the original (relative
+//! `_base_`) that overrides exactly what changed — batch size, the crop
+//! everywhere the recipe uses it (lists rewritten whole, since every file is
+//! evaluated eagerly), the optimizer wrapper (AMP, accumulation) and
+//! `auto_scale_lr` when the effective batch cannot be kept — plus the
+//! equivalent `--cfg-options` line for `tools/train.py`. For a `.rhai`
+//! recipe, a `.rhai` override and a standalone resolved `.py` (MMSeg cannot
+//! read Rhai). Files are written to a temporary name, checked by resolving
+//! them, then renamed: nothing is left half-written, the input never touched.
+
+use super::space::{Candidate, Precision};
+use crate::config::{self, dump, Dict, Value};
+use std::path::{Component, Path, PathBuf};
+
+fn tuple(c: (i64, i64)) -> Value {
+    Value::Tuple(vec![Value::Int(c.0), Value::Int(c.1)])
+}
+
+/// A pipeline with every `RandomCrop.crop_size` set to `crop`.
+fn with_crop(pipeline: &Value, crop: (i64, i64)) -> Option<Value> {
+    let steps = pipeline.as_seq()?;
+    let mut changed = false;
+    let out: Vec<Value> = steps
+        .iter()
+        .map(|s| match s {
+            Value::Dict(d) if d.get("type").and_then(Value::as_str) == Some("RandomCrop") => {
+                let mut d = d.clone();
+                d.insert("crop_size".into(), tuple(crop));
+                changed = true;
+                Value::Dict(d)
+            }
+            other => other.clone(),
+        })
+        .collect();
+    changed.then_some(Value::List(out))
+}
+
+fn dict(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Dict(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+/// The overrides that turn the recipe into the candidate.
+pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict {
+    let mut o = Dict::new();
+    if cfg.contains_key("crop_size") {
+        o.insert("crop_size".into(), tuple(c.crop));
+    }
+    if let Some(Value::Dict(_)) = cfg.get("data_preprocessor") {
+        o.insert(
+            "data_preprocessor".into(),
+            dict(vec![("size", tuple(c.crop))]),
+        );
+    }
+    if let Some(p) = cfg.get("train_pipeline").and_then(|p| with_crop(p, c.crop)) {
+        o.insert("train_pipeline".into(), p);
+    }
+    let mut loader = vec![("batch_size", Value::Int(c.batch_size))];
+    if let Some(p) = cfg
+        .get("train_dataloader")
+        .and_then(|d| d.get_path("dataset.pipeline"))
+        .and_then(|p| with_crop(p, c.crop))
+    {
+        loader.push(("dataset", dict(vec![("pipeline", p)])));
+    }
+    o.insert("train_dataloader".into(), dict(loader));
+    o.insert(
+        "model".into(),
+        dict(vec![(
+            "data_preprocessor",
+            dict(vec![("size", tuple(c.crop))]),
+        )]),
+    );
+    let mut ow = cfg
+        .get("optim_wrapper")
+        .and_then(Value::as_dict)
+        .cloned()
+        .unwrap_or_default();
+    for k in ["dtype", "loss_scale", "accumulative_counts"] {
+        ow.shift_remove(k);
+    }
+    match c.amp {
+        Precision::Off => {
+            ow.insert("type".into(), Value::Str("OptimWrapper".into()));
+        }
+        half => {
+            ow.insert("type".into(), Value::Str("AmpOptimWrapper".into()));
+            ow.insert(
+                "dtype".into(),
+                Value::Str(
+                    if half == Precision::Bf16 {
+                        "bfloat16"
+                    } else {
+                        "float16"
+                    }
+                    .into(),
+                ),
+            );
+            ow.insert("loss_scale".into(), Value::Str("dynamic".into()));
+        }
+    }
+    if c.accumulation > 1 {
+        ow.insert("accumulative_counts".into(), Value::Int(c.accumulation));
+    }
+    let mut ow_full = Dict::new();
+    ow_full.insert("_delete_".into(), Value::Bool(true));
+    ow_full.extend(ow);
+    o.insert("optim_wrapper".into(), Value::Dict(ow_full));
+    if let Some(base) = auto_scale_lr {
+        o.insert(
+            "auto_scale_lr".into(),
+            dict(vec![
+                ("enable", Value::Bool(true)),
+                ("base_batch_size", Value::Int(base)),
+            ]),
+        );
+    }
+    o
+}
+
+/// The `--cfg-options` line for `tools/train.py`.
+pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> String {
+    let crop = format!("({},{})", c.crop.0, c.crop.1);
+    let mut items = vec![format!("train_dataloader.batch_size={}", c.batch_size)];
+    if let Some(steps) = cfg
+        .get("train_dataloader")
+        .and_then(|d| d.get_path("dataset.pipeline"))
+        .and_then(Value::as_seq)
+    {
+        for (i, s) in steps.iter().enumerate() {
+            if s.get_path("type").and_then(Value::as_str) == Some("RandomCrop") {
+                items.push(format!(
+                    "train_dataloader.dataset.pipeline.{i}.crop_size={crop}"
+                ));
+            }
+        }
+    }
+    items.push(format!("model.data_preprocessor.size={crop}"));
+    match c.amp {
+        Precision::Off => items.push("optim_wrapper.type=OptimWrapper".into()),
+        half => {
+            items.push("optim_wrapper.type=AmpOptimWrapper".into());
+            items.push(format!(
+                "optim_wrapper.dtype={}",
+                if half == Precision::Bf16 {
+                    "bfloat16"
+                } else {
+                    "float16"
+                }
+            ));
+            items.push("optim_wrapper.loss_scale=dynamic".into());
+        }
+    }
+    if c.accumulation > 1 {
+        items.push(format!(
+            "optim_wrapper.accumulative_counts={}",
+            c.accumulation
+        ));
+    }
+    if let Some(base) = auto_scale_lr {
+        items.push("auto_scale_lr.enable=True".into());
+        items.push(format!("auto_scale_lr.base_batch_size={base}"));
+    }
+    format!("--cfg-options {}", items.join(" "))
+}
+
+/// `target` relative to directory `from` (both made absolute).
+pub fn relative_path(target: &Path, from: &Path) -> PathBuf {
+    let t = config::absolute(target);
+    let f = config::absolute(from);
+    let tc: Vec<Component> = t.components().collect();
+    let fc: Vec<Component> = f.components().collect();
+    let common = tc.iter().zip(&fc).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..fc.len() {
+        out.push("..");
+    }
+    for c in &tc[common..] {
+        out.push(c.as_os_str());
+    }
+    out
+}
+
+fn check(path: &Path, c: &Candidate) -> Result<(), String> {
+    let cfg = config::resolve(path, &[])
+        .map_err(|e| format!("the emitted config does not resolve:\n{e}"))?;
+    let v = Value::Dict(cfg);
+    let want_crop = tuple(c.crop);
+    let ok = v.get_path("train_dataloader.batch_size") == Some(&Value::Int(c.batch_size))
+        && v.get_path("model.data_preprocessor.size") == Some(&want_crop);
+    if !ok {
+        return Err(format!(
+            "the emitted config {} does not read back the winner",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+fn write_checked(path: &Path, text: &str, c: &Candidate, input: &Path) -> Result<(), String> {
+    if config::absolute(path) == config::absolute(input) {
+        return Err(format!(
+            "error: refusing to overwrite the input config {}",
+            input.display()
+        ));
+    }
+    let tmp = path.with_extension(format!(
+        "{}.tmp",
+        path.extension().and_then(|e| e.to_str()).unwrap_or("")
+    ));
+    let tmp = tmp.with_file_name(format!(
+        ".{}",
+        tmp.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("segtune.tmp")
+    ));
+    // The temporary keeps the real extension last so the config loader accepts it.
+    let tmp = tmp.with_file_name(format!(
+        ".{}.tmp.{}",
+        path.file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or("segtune"),
+        path.extension().and_then(|e| e.to_str()).unwrap_or("py")
+    ));
+    std::fs::write(&tmp, text)
+        .map_err(|e| format!("error: cannot write {}: {e}", tmp.display()))?;
+    if let Err(e) = check(&tmp, c) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).map_err(|e| format!("error: cannot write {}: {e}", path.display()))
+}
+
+/// Writes the winner next to `out_dir`; returns the written paths.
+pub fn emit(
+    input: &Path,
+    cfg: &Dict,
+    c: &Candidate,
+    auto_scale_lr: Option<i64>,
+    out_dir: &Path,
+    header: &str,
+) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| format!("error: cannot create {}: {e}", out_dir.display()))?;
+    let stem = input
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("config");
+    let base = relative_path(input, out_dir);
+    let o = overrides(cfg, c, auto_scale_lr);
+    let is_rhai = input.extension().is_some_and(|e| e == "rhai");
+    let mut written = Vec::new();
+    if is_rhai {
+        let path = out_dir.join(format!("{stem}_segtune.rhai"));
+        let mut text = format!(
+            "// {header}\nlet _base_ = {};\n",
+            crate::config::translate::rhai_string(&base.to_string_lossy())
+        );
+        for (k, v) in &o {
+            text.push_str(&format!(
+                "let {} = {};\n",
+                crate::config::eval::mangle(k),
+                dump::rhai_value(v, 0)
+            ));
+        }
+        write_checked(&path, &text, c, input)?;
+        written.push(path.clone());
+        // MMSeg cannot read Rhai: a standalone, fully resolved Python config too.
+        let resolved = config::resolve(&path, &[]).map_err(|e| e.to_string())?;
+        let py = out_dir.join(format!("{stem}_segtune_resolved.py"));
+        let text = format!(
+            "# {header}\n# Fully resolved (no _base_): MMSeg's tools/train.py reads it as is.\n{}",
+            dump::to_python(&resolved).map_err(|e| e.to_string())?
+        );
+        write_checked(&py, &text, c, input)?;
+        written.push(py);
+    } else {
+        let path = out_dir.join(format!("{stem}_segtune.py"));
+        let text = format!(
+            "# {header}\n_base_ = {}\n{}",
+            crate::config::value::python_str_repr(&base.to_string_lossy()),
+            dump::to_python(&o).map_err(|e| e.to_string())?
+        );
+        write_checked(&path, &text, c, input)?;
+        written.push(path);
+    }
+    Ok(written)
+}

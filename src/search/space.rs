@@ -1,0 +1,214 @@
+//! The search space of a recipe: batch sizes, crops, mixed precision and
+//! the gradient accumulation that keeps the recipe's effective batch.
+
+use crate::config::{Dict, Value};
+use regex::Regex;
+
+/// Mixed precision of a candidate.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Off,
+    Fp16,
+    Bf16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Off => "off",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// One configuration to try.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+pub struct Candidate {
+    pub batch_size: i64,
+    pub crop: (i64, i64),
+    pub amp: Precision,
+    pub accumulation: i64,
+}
+
+impl Candidate {
+    pub fn key(&self) -> String {
+        format!(
+            "b{}-{}x{}-{}-acc{}",
+            self.batch_size,
+            self.crop.0,
+            self.crop.1,
+            self.amp.name(),
+            self.accumulation
+        )
+    }
+    pub fn effective_batch(&self, gpus: i64) -> i64 {
+        self.batch_size * self.accumulation * gpus
+    }
+}
+
+/// What the recipe trains with.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+pub struct Recipe {
+    pub batch_size: i64,
+    pub crop: (i64, i64),
+    /// GPUs x batch per GPU (x accumulation) of the recipe.
+    pub effective_batch: i64,
+    /// Where the effective batch comes from.
+    pub effective_batch_source: String,
+}
+
+impl Recipe {
+    /// Reads the recipe from a resolved config and its file name (`NxbB`).
+    pub fn of(cfg: &Dict, file_name: &str) -> Result<Recipe, String> {
+        let batch_size = crate::predict::estimate::recipe_batch_size(cfg)
+            .ok_or("the config has no train_dataloader.batch_size")?;
+        let crop = crate::predict::estimate::recipe_crop(cfg).ok_or(
+            "the config has no crop size (crop_size, RandomCrop or data_preprocessor.size)",
+        )?;
+        let accumulation = cfg
+            .get("optim_wrapper")
+            .and_then(|o| o.get_path("accumulative_counts"))
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let from_name = Regex::new(r"_(\d+)xb(\d+)[-_]")
+            .expect("static regex")
+            .captures(file_name)
+            .and_then(|c| Some(c[1].parse::<i64>().ok()? * c[2].parse::<i64>().ok()?));
+        let (effective_batch, source) = match from_name {
+            Some(n) => (
+                n * accumulation,
+                format!("the config name ({n} = GPUs x batch, x accumulation {accumulation})"),
+            ),
+            None => match cfg
+                .get("auto_scale_lr")
+                .and_then(|a| a.get_path("base_batch_size"))
+                .and_then(Value::as_i64)
+            {
+                Some(n) => (n, "auto_scale_lr.base_batch_size".to_string()),
+                None => (
+                    batch_size * accumulation,
+                    "train_dataloader.batch_size x accumulation (one GPU)".to_string(),
+                ),
+            },
+        };
+        Ok(Recipe {
+            batch_size,
+            crop,
+            effective_batch,
+            effective_batch_source: source,
+        })
+    }
+}
+
+/// Crops to try: the recipe's, then smaller multiples of 32 with the same
+/// aspect ratio, down to half the recipe's side.
+pub fn crops(recipe: (i64, i64)) -> Vec<(i64, i64)> {
+    let (h, w) = recipe;
+    let mut out = vec![(h, w)];
+    let long = h.max(w);
+    let mut side = (long / 32) * 32;
+    if side == long {
+        side -= 32;
+    }
+    while side * 2 >= long && side > 0 {
+        let scale = side as f64 / long as f64;
+        let round32 = |x: i64| (((x as f64 * scale) / 32.0).round() as i64 * 32).max(32);
+        let c = if h >= w {
+            (side, round32(w))
+        } else {
+            (round32(h), side)
+        };
+        if !out.contains(&c) {
+            out.push(c);
+        }
+        side -= 32;
+    }
+    out
+}
+
+/// Batch sizes to try: powers of two and the recipe's own, up to the
+/// effective batch (a larger per-GPU batch would change the recipe).
+pub fn batch_sizes(recipe: &Recipe, gpus: i64) -> Vec<i64> {
+    let limit = (recipe.effective_batch / gpus).max(1);
+    let mut out: Vec<i64> = std::iter::successors(Some(1i64), |b| Some(b * 2))
+        .take_while(|b| *b <= limit)
+        .collect();
+    if recipe.batch_size <= limit && !out.contains(&recipe.batch_size) {
+        out.push(recipe.batch_size);
+    }
+    out.sort();
+    out
+}
+
+/// The accumulation that keeps the effective batch, or `None` when the
+/// batch does not divide it (then `auto_scale_lr` must compensate).
+pub fn accumulation_for(batch: i64, gpus: i64, effective: i64) -> Option<i64> {
+    let per_step = batch * gpus;
+    (effective % per_step == 0).then(|| effective / per_step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crops_keep_the_aspect_ratio_down_to_half() {
+        assert_eq!(
+            crops((512, 512)),
+            vec![
+                (512, 512),
+                (480, 480),
+                (448, 448),
+                (416, 416),
+                (384, 384),
+                (352, 352),
+                (320, 320),
+                (288, 288),
+                (256, 256)
+            ]
+        );
+        let c = crops((512, 1024));
+        assert_eq!(c[0], (512, 1024));
+        assert_eq!(c[1], (480, 992));
+        assert_eq!(*c.last().unwrap(), (256, 512));
+    }
+
+    #[test]
+    fn batches_and_accumulation() {
+        let r = Recipe {
+            batch_size: 2,
+            crop: (512, 512),
+            effective_batch: 16,
+            effective_batch_source: String::new(),
+        };
+        assert_eq!(batch_sizes(&r, 1), vec![1, 2, 4, 8, 16]);
+        assert_eq!(accumulation_for(4, 1, 16), Some(4));
+        assert_eq!(accumulation_for(3, 1, 16), None);
+    }
+}
