@@ -173,9 +173,9 @@ pub struct SearchArgs {
     /// A shipped GPU preset (see `segtune presets`).
     #[arg(long)]
     pub preset: Option<String>,
-    /// Compute capability for --vram (CUDA context, cuBLAS workspace, bf16).
-    #[arg(long, default_value = "8.6")]
-    pub compute_capability: String,
+    /// Compute capability for --vram (CUDA context, cuBLAS workspace, bf16; default 8.6).
+    #[arg(long)]
+    pub compute_capability: Option<String>,
     /// Fraction of the VRAM kept free (default 0.05).
     #[arg(long)]
     pub margin: Option<f64>,
@@ -200,6 +200,9 @@ pub struct SearchArgs {
     /// CPU threads for the traced steps (predicted mode).
     #[arg(long, default_value_t = 1)]
     pub threads: i32,
+    /// Evaluate every candidate of the grid, without pruning (for benchmarks).
+    #[arg(long, hide = true)]
+    pub exhaustive: bool,
     /// Seconds before a CUDA trial counts as timed out.
     #[arg(long, default_value_t = 600)]
     pub trial_timeout: u64,

@@ -15,7 +15,12 @@ fn rhai_segformer_example_equals_the_mmseg_python_config() {
     };
     let example = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai");
-    let got = Value::Dict(config::resolve(&example, &[]).unwrap_or_else(|e| panic!("{e}")));
+    let mut resolved = config::resolve(&example, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let search = resolved
+        .shift_remove("segtune")
+        .expect("the example carries segtune's search settings");
+    assert_eq!(search.get_path("vram"), Some(&Value::Str("4096MiB".into())));
+    let got = Value::Dict(resolved);
     let json = shared
         .join("mmseg-configs/resolved/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.json");
     let want =

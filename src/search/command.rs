@@ -23,6 +23,7 @@ fn spec_from_config(cfg: &config::Dict) -> SearchSpec {
         margin: d.and_then(|d| d.get("margin")).and_then(Value::as_f64),
         objective: s("objective"),
         device: s("device"),
+        compute_capability: s("compute_capability"),
     }
 }
 
@@ -114,8 +115,12 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
         margin: args.margin.or(from_cfg.margin),
         objective: args.objective.clone().or(from_cfg.objective.clone()),
         device: args.device.clone().or(from_cfg.device.clone()),
+        compute_capability: args
+            .compute_capability
+            .clone()
+            .or(from_cfg.compute_capability.clone()),
     };
-    let budget = budget(&spec, &args.compute_capability)?;
+    let budget = budget(&spec, spec.compute_capability.as_deref().unwrap_or("8.6"))?;
     let objective = spec.objective.clone().unwrap_or_else(|| "keep-crop".into());
     if !matches!(objective.as_str(), "keep-crop" | "throughput") {
         return Err(format!(
@@ -228,6 +233,7 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
         &batches,
         &accumulation,
         keep_crop,
+        args.exhaustive,
         evaluator.as_mut(),
         &mut journal,
         &progress,

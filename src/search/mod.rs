@@ -37,6 +37,8 @@ pub struct SearchSpec {
     pub objective: Option<String>,
     /// `auto` (default), `cpu` (predict) or `cuda:N` (measure).
     pub device: Option<String>,
+    /// Compute capability of a `vram` budget (e.g. "8.6").
+    pub compute_capability: Option<String>,
 }
 
 /// One evaluated candidate.
@@ -457,18 +459,24 @@ pub fn run_search(
     batches: &[i64],
     accumulation: &dyn Fn(i64) -> (i64, bool),
     keep_crop: bool,
+    exhaustive: bool,
     evaluator: &mut dyn Evaluator,
     journal: &mut Journal,
     progress: &dyn Fn(&Candidate, &TrialRecord),
 ) -> Result<(Vec<Outcome>, usize, usize), String> {
     let mut outcomes = Vec::new();
     let (mut ran, mut resumed) = (0usize, 0usize);
-    for (ci, crop) in crops.iter().enumerate() {
+    for crop in crops {
         for amp in precisions {
             // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
             let (mut lo, mut hi) = (0usize, batches.len());
+            let mut next_exhaustive = 0usize;
             while lo < hi {
-                let mid = (lo + hi) / 2;
+                let mid = if exhaustive {
+                    next_exhaustive
+                } else {
+                    (lo + hi) / 2
+                };
                 let (acc, _) = accumulation(batches[mid]);
                 let c = Candidate {
                     batch_size: batches[mid],
@@ -495,20 +503,23 @@ pub fn run_search(
                     record,
                     ran_now: now,
                 });
-                if fits {
+                if exhaustive {
+                    next_exhaustive += 1;
+                    if next_exhaustive == batches.len() {
+                        break;
+                    }
+                } else if fits {
                     lo = mid + 1;
                 } else {
                     hi = mid;
                 }
             }
         }
+        // keep-crop: the largest crop where anything fits wins; smaller crops need no trial.
         let any_fit_here = outcomes
             .iter()
             .any(|o| o.candidate.crop == *crop && o.record.fits());
-        if keep_crop && ci == 0 && any_fit_here {
-            break;
-        }
-        if keep_crop && any_fit_here {
+        if keep_crop && any_fit_here && !exhaustive {
             break;
         }
     }
