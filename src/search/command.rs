@@ -6,7 +6,7 @@ use super::journal::{hash_text, Journal};
 use super::space::{self, Candidate, Precision, Recipe};
 use super::{
     rank, run_search, Budget, CudaEvaluator, Evaluator, FailEvery, Outcome, PredictedEvaluator,
-    SearchResult, SearchSpec,
+    SearchResult, SearchSpace, SearchSpec,
 };
 use crate::cli::{AmpArg, SearchArgs};
 use crate::config::{self, dump, presets, Value};
@@ -227,11 +227,14 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
             r.status
         ));
     };
+    let space = SearchSpace {
+        crops: &crops,
+        precisions: &precisions,
+        batches: &batches,
+        accumulation: &accumulation,
+    };
     let (outcomes, ran, resumed) = run_search(
-        &crops,
-        &precisions,
-        &batches,
-        &accumulation,
+        &space,
         keep_crop,
         args.exhaustive,
         evaluator.as_mut(),

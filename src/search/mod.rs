@@ -398,7 +398,7 @@ impl<E: Evaluator> Evaluator for FailEvery<E> {
     }
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         self.count += 1;
-        if self.every > 0 && self.count % self.every == 0 {
+        if self.every > 0 && self.count.is_multiple_of(self.every) {
             return TrialRecord {
                 status: "error".into(),
                 reason: Some(
@@ -452,22 +452,36 @@ pub struct SearchResult {
     pub journal: String,
 }
 
+/// The candidates' axes.
+pub struct SearchSpace<'a> {
+    /// The recipe's crop first.
+    pub crops: &'a [(i64, i64)],
+    pub precisions: &'a [Precision],
+    /// Ascending.
+    pub batches: &'a [i64],
+    /// Accumulation for a batch size, and whether it keeps the effective batch.
+    pub accumulation: &'a dyn Fn(i64) -> (i64, bool),
+}
+
 /// The search loop: binary search of the batch per (crop, precision).
 pub fn run_search(
-    crops: &[(i64, i64)],
-    precisions: &[Precision],
-    batches: &[i64],
-    accumulation: &dyn Fn(i64) -> (i64, bool),
+    space: &SearchSpace,
     keep_crop: bool,
     exhaustive: bool,
     evaluator: &mut dyn Evaluator,
     journal: &mut Journal,
     progress: &dyn Fn(&Candidate, &TrialRecord),
 ) -> Result<(Vec<Outcome>, usize, usize), String> {
+    let SearchSpace {
+        crops,
+        precisions,
+        batches,
+        accumulation,
+    } = space;
     let mut outcomes = Vec::new();
     let (mut ran, mut resumed) = (0usize, 0usize);
-    for crop in crops {
-        for amp in precisions {
+    for crop in crops.iter() {
+        for amp in precisions.iter() {
             // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
             let (mut lo, mut hi) = (0usize, batches.len());
             let mut next_exhaustive = 0usize;
