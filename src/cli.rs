@@ -152,9 +152,9 @@ pub struct EstimateArgs {
     /// Mixed precision (default: the recipe's; AmpOptimWrapper means its dtype).
     #[arg(long, value_enum)]
     pub amp: Option<AmpArg>,
-    /// CPU threads for the traced step.
-    #[arg(long, default_value_t = 1)]
-    pub threads: i32,
+    /// CPU threads for the traced step (default: every core).
+    #[arg(long)]
+    pub threads: Option<i32>,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -197,9 +197,10 @@ pub struct SearchArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// CPU threads for the traced steps (predicted mode).
-    #[arg(long, default_value_t = 1)]
-    pub threads: i32,
+    /// CPU threads for each traced step (predicted mode; two run side by
+    /// side; default: half the cores each).
+    #[arg(long)]
+    pub threads: Option<i32>,
     /// Evaluate every candidate of the grid, without pruning (for benchmarks).
     #[arg(long, hide = true)]
     pub exhaustive: bool,
@@ -218,6 +219,11 @@ pub struct InspectArgs {
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     pub cfg_options: Vec<String>,
+}
+
+/// The machine's cores (at least 1).
+pub fn cores() -> i32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as i32)
 }
 
 /// `cpu` -> `None`, `cuda` -> `Some(0)`, `cuda:N` -> `Some(N)`.

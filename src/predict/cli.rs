@@ -78,20 +78,15 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         });
     let amp = args.amp.or(recipe_amp).unwrap_or(AmpArg::Off);
     let benchmark = cudnn_benchmark(&cfg);
+    let threads = args.threads.unwrap_or_else(crate::cli::cores);
     let (events, cpu_peak) = if batch <= 3 {
-        let (events, peak, _) = trace_step(
-            &args.config,
-            &args.cfg_options,
-            batch,
-            crop,
-            amp,
-            args.threads,
-        )?;
+        let (events, peak, _) =
+            trace_step(&args.config, &args.cfg_options, batch, crop, amp, threads)?;
         (events, Some(peak))
     } else {
         let (ba, bb) = super::extrapolate::TRACED_BATCHES;
-        let (one, _, _) = trace_step(&args.config, &args.cfg_options, ba, crop, amp, args.threads)?;
-        let (two, _, _) = trace_step(&args.config, &args.cfg_options, bb, crop, amp, args.threads)?;
+        let (one, _, _) = trace_step(&args.config, &args.cfg_options, ba, crop, amp, threads)?;
+        let (two, _, _) = trace_step(&args.config, &args.cfg_options, bb, crop, amp, threads)?;
         (
             super::extrapolate::extrapolate(&one, &two, batch)
                 .map_err(|e| format!("error: {e}"))?,

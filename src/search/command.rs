@@ -174,7 +174,9 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
         None => {
             let config_path = args.config.clone();
             let options = args.cfg_options.clone();
-            let threads = args.threads;
+            let threads = args
+                .threads
+                .unwrap_or_else(|| (crate::cli::cores() / 2).max(1));
             let tracer = Box::new(move |b: i64, crop: (i64, i64), amp: Precision| {
                 let amp = match amp {
                     Precision::Off => AmpArg::Off,

@@ -11,6 +11,8 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <malloc.h>
+
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -109,6 +111,12 @@ extern "C" {
 void segtune_cpu_alloc_install() {
   std::lock_guard<std::mutex> lk(g_mu);
   if (!g_installed) {
+    // Keep freed tensor memory in the heap instead of returning large blocks
+    // to the kernel after every op: the same bytes are counted either way,
+    // but glibc's per-op mmap/munmap (and page zeroing) of big activations
+    // costs as much system time as the maths on a 2-core machine.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     // Priority 255 beats libtorch's default CPU allocator (priority 0).
     c10::SetCPUAllocator(&g_alloc, /*priority=*/255);
     g_installed = true;
