@@ -131,19 +131,16 @@ impl Recipe {
 pub fn crops(recipe: (i64, i64)) -> Vec<(i64, i64)> {
     let (h, w) = recipe;
     let mut out = vec![(h, w)];
-    let long = h.max(w);
-    let mut side = (long / 32) * 32;
-    if side == long {
+    let short = h.min(w);
+    // Step the shorter side down by 32; the longer side follows the ratio.
+    let mut side = (short / 32) * 32;
+    if side == short {
         side -= 32;
     }
-    while side * 2 >= long && side > 0 {
-        let scale = side as f64 / long as f64;
-        let round32 = |x: i64| (((x as f64 * scale) / 32.0).round() as i64 * 32).max(32);
-        let c = if h >= w {
-            (side, round32(w))
-        } else {
-            (round32(h), side)
-        };
+    while side * 2 >= short && side > 0 {
+        let other =
+            (((side as f64 * h.max(w) as f64 / short as f64) / 32.0).round() as i64 * 32).max(32);
+        let c = if h <= w { (side, other) } else { (other, side) };
         if !out.contains(&c) {
             out.push(c);
         }
@@ -195,7 +192,7 @@ mod tests {
         );
         let c = crops((512, 1024));
         assert_eq!(c[0], (512, 1024));
-        assert_eq!(c[1], (480, 992));
+        assert_eq!(c[1], (480, 960));
         assert_eq!(*c.last().unwrap(), (256, 512));
     }
 
