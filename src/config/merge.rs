@@ -167,10 +167,19 @@ pub fn parse_option_value(raw: &str) -> Result<Value> {
             format!("imbalanced brackets in --cfg-options value `{raw}`"),
         ));
     }
-    Ok(parse_iterable(raw))
+    parse_iterable(raw, 0).ok_or_else(|| {
+        ConfigError::new(
+            ErrorKind::CfgOption,
+            format!("--cfg-options value `{raw}` cannot be parsed (a comma list runs into brackets); quote it differently"),
+        )
+    })
 }
 
-fn parse_iterable(raw: &str) -> Value {
+/// `None` where MMEngine recurses without end (a value like `[1,2]x`).
+fn parse_iterable(raw: &str, depth: usize) -> Option<Value> {
+    if depth > 64 {
+        return None;
+    }
     let stripped: String = raw
         .trim_matches(|c| c == '\'' || c == '"')
         .chars()
@@ -182,7 +191,7 @@ fn parse_iterable(raw: &str) -> Value {
     } else if val.starts_with('[') && val.ends_with(']') && val.len() >= 2 {
         (false, &val[1..val.len() - 1])
     } else if !val.contains(',') {
-        return parse_scalar(val);
+        return Some(parse_scalar(val));
     } else {
         (false, val)
     };
@@ -190,14 +199,14 @@ fn parse_iterable(raw: &str) -> Value {
     let mut rest = inner;
     while !rest.is_empty() {
         let end = find_next_comma(rest);
-        items.push(parse_iterable(&rest[..end]));
+        items.push(parse_iterable(&rest[..end], depth + 1)?);
         rest = rest.get(end + 1..).unwrap_or("");
     }
-    if is_tuple {
+    Some(if is_tuple {
         Value::Tuple(items)
     } else {
         Value::List(items)
-    }
+    })
 }
 
 /// Index of the first comma whose prefix has balanced `()` and `[]` (or the length).
@@ -290,6 +299,7 @@ mod tests {
 
     #[test]
     fn option_values_follow_dict_action() {
+        assert!(parse_option_value("[1,2]x").is_err());
         assert_eq!(parse_option_value_ok("1"), I(1));
         assert_eq!(parse_option_value_ok("1e-3"), Value::Float(1e-3));
         assert_eq!(parse_option_value_ok("True"), Value::Bool(true));

@@ -60,6 +60,19 @@ impl TrialRecord {
     pub fn fits(&self) -> bool {
         self.status == "fits"
     }
+
+    /// An infeasible candidate without figures.
+    pub fn failed(status: &str, reason: String, mode: &str) -> TrialRecord {
+        TrialRecord {
+            status: status.into(),
+            reason: Some(reason),
+            peak_allocated_bytes: None,
+            peak_reserved_bytes: None,
+            device_bytes: None,
+            images_per_s: None,
+            mode: mode.into(),
+        }
+    }
 }
 
 /// How candidates are evaluated.
@@ -193,15 +206,8 @@ impl Evaluator for PredictedEvaluator {
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         let budget = self.budget.clone();
-        let failed = |status: &str, reason: String| TrialRecord {
-            status: status.into(),
-            reason: Some(reason),
-            peak_allocated_bytes: None,
-            peak_reserved_bytes: None,
-            device_bytes: None,
-            images_per_s: None,
-            mode: "predicted".into(),
-        };
+        let failed =
+            |status: &str, reason: String| TrialRecord::failed(status, reason, "predicted");
         let (events, flops, bytes) = match self.pair(c.crop, c.amp) {
             Err(e) => return failed("error", e.clone()),
             Ok(p) => {
@@ -269,15 +275,7 @@ impl Evaluator for CudaEvaluator {
     }
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
-        let failed = |status: &str, reason: String| TrialRecord {
-            status: status.into(),
-            reason: Some(reason),
-            peak_allocated_bytes: None,
-            peak_reserved_bytes: None,
-            device_bytes: None,
-            images_per_s: None,
-            mode: "measured".into(),
-        };
+        let failed = |status: &str, reason: String| TrialRecord::failed(status, reason, "measured");
         let worker = match crate::cli::worker_path() {
             Ok(w) => w,
             Err(e) => return failed("error", e),
@@ -399,17 +397,11 @@ impl<E: Evaluator> Evaluator for FailEvery<E> {
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         self.count += 1;
         if self.every > 0 && self.count.is_multiple_of(self.every) {
-            return TrialRecord {
-                status: "error".into(),
-                reason: Some(
-                    "the trial process crashed (injected by SEGTUNE_TEST_FAIL_EVERY)".into(),
-                ),
-                peak_allocated_bytes: None,
-                peak_reserved_bytes: None,
-                device_bytes: None,
-                images_per_s: None,
-                mode: self.inner.mode().into(),
-            };
+            return TrialRecord::failed(
+                "error",
+                "the trial process crashed (injected by SEGTUNE_TEST_FAIL_EVERY)".into(),
+                self.inner.mode(),
+            );
         }
         self.inner.evaluate(c)
     }
