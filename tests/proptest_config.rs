@@ -41,10 +41,18 @@ fn value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// Python keywords: no Python config can bind them at the top level.
+const PY_KEYWORDS: &[&str] = &[
+    "and", "as", "assert", "async", "await", "break", "class", "continue", "def", "del", "elif",
+    "else", "except", "finally", "for", "from", "global", "if", "import", "in", "is", "lambda",
+    "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
+];
+
 fn top_level() -> impl Strategy<Value = Dict> {
     prop::collection::vec(("[a-z][a-z0-9_]{0,8}", value()), 0..6).prop_map(|kv| {
         kv.into_iter()
             .filter(|(k, _)| !config::RESERVED_KEYS.contains(&k.as_str()))
+            .filter(|(k, _)| !PY_KEYWORDS.contains(&k.as_str()))
             .collect()
     })
 }
