@@ -2,6 +2,7 @@
 //! Every bad input ends with a message on stderr and exit code 2.
 
 use crate::config::{self, dump, presets, ConfigError};
+pub use crate::trial::optim::Amp;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -58,14 +59,6 @@ pub enum Command {
     Presets,
 }
 
-/// Mixed precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AmpArg {
-    Off,
-    Fp16,
-    Bf16,
-}
-
 /// A crop size `HxW` (or one number for a square).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crop(pub (i64, i64));
@@ -94,7 +87,7 @@ pub struct TrialArgs {
     #[arg(long, default_value = "512x512")]
     pub crop: Crop,
     #[arg(long, value_enum, default_value = "off")]
-    pub amp: AmpArg,
+    pub amp: Amp,
     /// accumulative_counts (default: the config's).
     #[arg(long)]
     pub accum: Option<i64>,
@@ -151,7 +144,7 @@ pub struct EstimateArgs {
     pub crop: Option<Crop>,
     /// Mixed precision (default: the recipe's; AmpOptimWrapper means its dtype).
     #[arg(long, value_enum)]
-    pub amp: Option<AmpArg>,
+    pub amp: Option<Amp>,
     /// CPU threads for the traced step (default: every core).
     #[arg(long)]
     pub threads: Option<i32>,

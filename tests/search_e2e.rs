@@ -11,55 +11,35 @@ fn b0(shared: &Path) -> PathBuf {
     shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py")
 }
 
+/// Runs the search twice, as a table and as JSON (the second run resumes).
 fn search(config: &Path, out: &Path, extra: &[&str]) -> (String, serde_json::Value) {
-    let text = Command::cargo_bin("segtune")
-        .unwrap()
-        .arg("search")
-        .arg(config)
-        .args([
-            "--preset",
-            "rtx3050ti",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--all",
-            "--out",
-        ])
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        text.status.success(),
-        "{}",
-        String::from_utf8_lossy(&text.stderr)
-    );
-    let json = Command::cargo_bin("segtune")
-        .unwrap()
-        .arg("search")
-        .arg(config)
-        .args([
-            "--preset",
-            "rtx3050ti",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--json",
-            "--out",
-        ])
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        json.status.success(),
-        "{}",
-        String::from_utf8_lossy(&json.stderr)
-    );
-    (
-        String::from_utf8(text.stdout).unwrap(),
-        serde_json::from_slice(&json.stdout).unwrap(),
-    )
+    let run = |format: &str| {
+        let output = Command::cargo_bin("segtune")
+            .unwrap()
+            .arg("search")
+            .arg(config)
+            .args([
+                "--preset",
+                "rtx3050ti",
+                "--device",
+                "cpu",
+                "--quiet",
+                format,
+                "--out",
+            ])
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    };
+    let table = String::from_utf8(run("--all")).unwrap();
+    (table, serde_json::from_slice(&run("--json")).unwrap())
 }
 
 #[test]

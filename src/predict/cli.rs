@@ -6,16 +6,8 @@ use super::estimate::{
     self as model, cudnn_benchmark, parse_vram, recipe_batch_size, recipe_crop, Estimate, Target,
 };
 use super::trace;
-use crate::cli::{worker_path, AmpArg, EstimateArgs};
+use crate::cli::{worker_path, Amp, EstimateArgs};
 use crate::config::{self, presets, Value};
-
-pub fn amp_name(a: AmpArg) -> &'static str {
-    match a {
-        AmpArg::Off => "off",
-        AmpArg::Fp16 => "fp16",
-        AmpArg::Bf16 => "bf16",
-    }
-}
 
 /// Resolves the GPU target from `--preset` or `--vram`.
 pub fn target_of(
@@ -71,12 +63,12 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         .filter(|o| o.get_path("type").and_then(Value::as_str) == Some("AmpOptimWrapper"))
         .map(|o| {
             if o.get_path("dtype").and_then(Value::as_str) == Some("bfloat16") {
-                AmpArg::Bf16
+                Amp::Bf16
             } else {
-                AmpArg::Fp16
+                Amp::Fp16
             }
         });
-    let amp = args.amp.or(recipe_amp).unwrap_or(AmpArg::Off);
+    let amp = args.amp.or(recipe_amp).unwrap_or(Amp::Off);
     let benchmark = cudnn_benchmark(&cfg);
     let threads = args.threads.unwrap_or_else(crate::cli::cores);
     let (events, cpu_peak) = if batch <= 3 {
@@ -98,7 +90,7 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         &target,
         batch,
         crop,
-        amp_name(amp),
+        amp.name(),
         benchmark,
         cpu_peak,
     );
@@ -115,7 +107,7 @@ pub fn trace_step(
     cfg_options: &[String],
     batch: i64,
     crop: (i64, i64),
-    amp: AmpArg,
+    amp: Amp,
     threads: i32,
 ) -> Result<(Vec<trace::TraceEvent>, i64, f64), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("error: no temporary directory: {e}"))?;
@@ -131,7 +123,7 @@ pub fn trace_step(
         ])
         .args([
             "--amp",
-            amp_name(amp),
+            amp.name(),
             "--warmup",
             "1",
             "--steps",

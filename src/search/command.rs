@@ -3,12 +3,12 @@
 
 use super::emit;
 use super::journal::{hash_text, Journal};
-use super::space::{self, Candidate, Precision, Recipe};
+use super::space::{self, Amp, Candidate, Recipe};
 use super::{
     rank, run_search, Budget, CudaEvaluator, Evaluator, FailEvery, Outcome, PredictedEvaluator,
     SearchResult, SearchSpace, SearchSpec,
 };
-use crate::cli::{AmpArg, SearchArgs};
+use crate::cli::SearchArgs;
 use crate::config::{self, dump, presets, Value};
 use crate::predict::estimate::parse_vram;
 use std::path::PathBuf;
@@ -137,9 +137,9 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
     let gpus = 1;
     let batches = space::batch_sizes(&recipe, gpus);
     let crops = space::crops(recipe.crop);
-    let mut precisions = vec![Precision::Off, Precision::Fp16];
+    let mut precisions = vec![Amp::Off, Amp::Fp16];
     if budget.bf16 {
-        precisions.push(Precision::Bf16);
+        precisions.push(Amp::Bf16);
     }
     let effective = recipe.effective_batch;
     let accumulation = move |b: i64| match space::accumulation_for(b, gpus, effective) {
@@ -177,12 +177,7 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
             let threads = args
                 .threads
                 .unwrap_or_else(|| (crate::cli::cores() / 2).max(1));
-            let tracer = Box::new(move |b: i64, crop: (i64, i64), amp: Precision| {
-                let amp = match amp {
-                    Precision::Off => AmpArg::Off,
-                    Precision::Fp16 => AmpArg::Fp16,
-                    Precision::Bf16 => AmpArg::Bf16,
-                };
+            let tracer = Box::new(move |b: i64, crop: (i64, i64), amp: Amp| {
                 crate::predict::cli::trace_step(&config_path, &options, b, crop, amp, threads)
                     .map(|(e, _, f)| (e, f))
             });

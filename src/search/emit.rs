@@ -8,7 +8,7 @@
 //! read Rhai). Files are written to a temporary name, checked by resolving
 //! them, then renamed: nothing is left half-written, the input never touched.
 
-use super::space::{Candidate, Precision};
+use super::space::{Amp, Candidate};
 use crate::config::{self, dump, Dict, Value};
 use std::path::{Component, Path, PathBuf};
 
@@ -79,7 +79,7 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
         ow.shift_remove(k);
     }
     match c.amp {
-        Precision::Off => {
+        Amp::Off => {
             ow.insert("type".into(), Value::Str("OptimWrapper".into()));
         }
         half => {
@@ -87,7 +87,7 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
             ow.insert(
                 "dtype".into(),
                 Value::Str(
-                    if half == Precision::Bf16 {
+                    if half == Amp::Bf16 {
                         "bfloat16"
                     } else {
                         "float16"
@@ -136,12 +136,12 @@ pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -
     }
     items.push(format!("model.data_preprocessor.size={crop}"));
     match c.amp {
-        Precision::Off => items.push("optim_wrapper.type=OptimWrapper".into()),
+        Amp::Off => items.push("optim_wrapper.type=OptimWrapper".into()),
         half => {
             items.push("optim_wrapper.type=AmpOptimWrapper".into());
             items.push(format!(
                 "optim_wrapper.dtype={}",
-                if half == Precision::Bf16 {
+                if half == Amp::Bf16 {
                     "bfloat16"
                 } else {
                     "float16"

@@ -20,7 +20,7 @@ use crate::predict::extrapolate::extrapolate;
 use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::trace::{phase_of, Phase, TraceEvent};
 use journal::Journal;
-use space::{Candidate, Precision};
+use space::{Amp, Candidate};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -126,14 +126,13 @@ fn step_bytes(events: &[TraceEvent]) -> f64 {
 }
 
 /// Function that traces a step: (batch, crop, precision) -> (events, forward FLOPs).
-pub type Tracer =
-    Box<dyn FnMut(i64, (i64, i64), Precision) -> Result<(Vec<TraceEvent>, f64), String>>;
+pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp) -> Result<(Vec<TraceEvent>, f64), String>>;
 
 /// Predicts candidates from CPU traces (two per crop and precision).
 pub struct PredictedEvaluator {
     budget: Budget,
     tracer: Tracer,
-    pairs: HashMap<((i64, i64), Precision), Result<TracePair, String>>,
+    pairs: HashMap<((i64, i64), Amp), Result<TracePair, String>>,
     pub traces_run: usize,
 }
 
@@ -147,14 +146,10 @@ impl PredictedEvaluator {
         }
     }
 
-    fn pair(&mut self, crop: (i64, i64), amp: Precision) -> &Result<TracePair, String> {
+    fn pair(&mut self, crop: (i64, i64), amp: Amp) -> &Result<TracePair, String> {
         // fp16 and bf16 keep the same tensors in half precision (2 bytes):
         // one CPU trace (bf16 autocast) stands for both.
-        let traced = if amp == Precision::Off {
-            Precision::Off
-        } else {
-            Precision::Bf16
-        };
+        let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
         if !self.pairs.contains_key(&(crop, traced)) {
             let mut run = |b: i64| -> Result<(Vec<TraceEvent>, f64), String> {
                 self.traces_run += 1;
@@ -180,9 +175,9 @@ impl PredictedEvaluator {
     /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth).
     fn images_per_s(&self, c: &Candidate, flops: f64, bytes: f64) -> f64 {
         let tflops = match c.amp {
-            Precision::Off => self.budget.fp32_tflops,
-            Precision::Fp16 => self.budget.fp16_tflops,
-            Precision::Bf16 => self.budget.bf16_tflops,
+            Amp::Off => self.budget.fp32_tflops,
+            Amp::Fp16 => self.budget.fp16_tflops,
+            Amp::Bf16 => self.budget.bf16_tflops,
         };
         let compute = 3.0 * flops / (tflops.max(0.1) * 1e12 * 0.4);
         let memory = 2.0 * bytes / (self.budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
@@ -448,7 +443,7 @@ pub struct SearchResult {
 pub struct SearchSpace<'a> {
     /// The recipe's crop first.
     pub crops: &'a [(i64, i64)],
-    pub precisions: &'a [Precision],
+    pub precisions: &'a [Amp],
     /// Ascending.
     pub batches: &'a [i64],
     /// Accumulation for a batch size, and whether it keeps the effective batch.

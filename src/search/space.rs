@@ -4,36 +4,7 @@
 use crate::config::{Dict, Value};
 use regex::Regex;
 
-/// Mixed precision of a candidate.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    Off,
-    Fp16,
-    Bf16,
-}
-
-impl Precision {
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Off => "off",
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-        }
-    }
-}
+pub use crate::trial::optim::Amp;
 
 /// One configuration to try.
 #[derive(
@@ -52,7 +23,7 @@ impl Precision {
 pub struct Candidate {
     pub batch_size: i64,
     pub crop: (i64, i64),
-    pub amp: Precision,
+    pub amp: Amp,
     pub accumulation: i64,
 }
 

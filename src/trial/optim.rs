@@ -9,9 +9,20 @@ use crate::config::{Dict, Value};
 use crate::models::params::ParamStore;
 use tch::{Kind, Tensor};
 
-/// Mixed precision of a trial.
+/// Mixed precision (of a trial, a prediction, a search candidate).
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Amp {
@@ -21,6 +32,15 @@ pub enum Amp {
 }
 
 impl Amp {
+    /// The name on the command line and in reports (`off`, `fp16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Amp::Off => "off",
+            Amp::Fp16 => "fp16",
+            Amp::Bf16 => "bf16",
+        }
+    }
+
     pub fn kind(self) -> Option<Kind> {
         match self {
             Amp::Off => None,

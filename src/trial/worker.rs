@@ -3,9 +3,8 @@
 //! starts in milliseconds (libtorch takes ~0.4 s to load); `segtune trial`
 //! and `segtune inspect` run this binary.
 
-use super::optim::Amp;
 use super::{TrialSpec, TrialStatus};
-use crate::cli::{parse_device, AmpArg, InspectArgs, TrialArgs, EXIT_INPUT_ERROR};
+use crate::cli::{parse_device, InspectArgs, TrialArgs, EXIT_INPUT_ERROR};
 use crate::config;
 use crate::models::{check_supported, EncoderDecoder};
 use clap::{Parser, Subcommand};
@@ -27,14 +26,6 @@ enum WorkerCommand {
     Inspect(InspectArgs),
     /// Print the number of CUDA devices libtorch sees.
     Devices,
-}
-
-fn amp_of(a: AmpArg) -> Amp {
-    match a {
-        AmpArg::Off => Amp::Off,
-        AmpArg::Fp16 => Amp::Fp16,
-        AmpArg::Bf16 => Amp::Bf16,
-    }
 }
 
 /// Runs the worker's command line; returns the exit code.
@@ -98,7 +89,7 @@ fn trial(args: TrialArgs) -> i32 {
     let spec = TrialSpec {
         batch_size: args.batch_size,
         crop: args.crop.0,
-        amp: amp_of(args.amp),
+        amp: args.amp,
         accumulative_counts: args.accum,
         warmup_steps: args.warmup,
         measured_steps: args.steps,
