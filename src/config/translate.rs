@@ -328,6 +328,21 @@ impl<'a> Translator<'a> {
     }
 
     fn expr(&mut self, e: &Expr) -> Result<String> {
+        if let Some(i) = negative_int_literal(e) {
+            // Parsed as one number so that `-9223372036854775808` does not overflow on the way.
+            let v: i64 = format!("-{i}").parse().map_err(|_| {
+                ConfigError::new(
+                    ErrorKind::Limit,
+                    format!("integer -{i} does not fit in 64 bits"),
+                )
+                .at(self.location(e))
+            })?;
+            return Ok(if v == i64::MIN {
+                format!("({} - 1)", i64::MIN + 1)
+            } else {
+                format!("({v})")
+            });
+        }
         Ok(match e {
             Expr::Constant(c) => self.constant(e, &c.value)?,
             Expr::Name(n) => mangle(n.id.as_str()),
@@ -343,39 +358,6 @@ impl<'a> Translator<'a> {
                     )
                 })?;
                 format!("{func}({}, {})", self.expr(&b.left)?, self.expr(&b.right)?)
-            }
-            Expr::UnaryOp(ast::ExprUnaryOp {
-                op: ast::UnaryOp::USub,
-                operand,
-                ..
-            }) if matches!(
-                operand.as_ref(),
-                Expr::Constant(ast::ExprConstant {
-                    value: Constant::Int(_),
-                    ..
-                })
-            ) =>
-            {
-                // A negative literal; `-9223372036854775808` must not overflow on the way.
-                let Expr::Constant(ast::ExprConstant {
-                    value: Constant::Int(i),
-                    ..
-                }) = operand.as_ref()
-                else {
-                    unreachable!("matched above")
-                };
-                let v: i64 = format!("-{i}").parse().map_err(|_| {
-                    ConfigError::new(
-                        ErrorKind::Limit,
-                        format!("integer -{i} does not fit in 64 bits"),
-                    )
-                    .at(self.location(e))
-                })?;
-                if v == i64::MIN {
-                    format!("({} - 1)", i64::MIN + 1)
-                } else {
-                    format!("({v})")
-                }
             }
             Expr::UnaryOp(u) => {
                 let func = match u.op {
@@ -851,19 +833,8 @@ impl<'a> Translator<'a> {
                         value: Constant::Int(i),
                         ..
                     }) => i.to_string(),
-                    Expr::UnaryOp(ast::ExprUnaryOp {
-                        op: ast::UnaryOp::USub,
-                        operand,
-                        ..
-                    }) if matches!(
-                        operand.as_ref(),
-                        Expr::Constant(ast::ExprConstant {
-                            value: Constant::Int(_),
-                            ..
-                        })
-                    ) =>
-                    {
-                        format!("-{}", self.expr(operand)?)
+                    other if negative_int_literal(other).is_some() => {
+                        format!("-{}", negative_int_literal(other).expect("checked"))
                     }
                     other => {
                         return Err(self.unsupported(
@@ -878,6 +849,24 @@ impl<'a> Translator<'a> {
             }
             other => Err(self.unsupported(other, "a mutating method on a temporary value", "")),
         }
+    }
+}
+
+/// The `N` of a literal `-N` (an int).
+fn negative_int_literal(e: &Expr) -> Option<&ast::bigint::BigInt> {
+    match e {
+        Expr::UnaryOp(ast::ExprUnaryOp {
+            op: ast::UnaryOp::USub,
+            operand,
+            ..
+        }) => match operand.as_ref() {
+            Expr::Constant(ast::ExprConstant {
+                value: Constant::Int(i),
+                ..
+            }) => Some(i),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

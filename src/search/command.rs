@@ -11,7 +11,6 @@ use super::{
 use crate::cli::SearchArgs;
 use crate::config::{self, dump, presets, Value};
 use crate::predict::estimate::parse_vram;
-use std::path::PathBuf;
 use tabled::builder::Builder;
 
 fn spec_from_config(cfg: &config::Dict) -> SearchSpec {
@@ -56,7 +55,7 @@ fn budget(spec: &SearchSpec, compute_capability: &str) -> Result<Budget, String>
         }
         (None, None) => return Err("error: give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into()),
     };
-    let context = super::context_for(&cc);
+    let context = crate::predict::estimate::cuda_context_bytes(&cc);
     let usable = (vram as f64 * (1.0 - margin)) as u64;
     if usable <= context {
         return Err(format!(
@@ -403,9 +402,4 @@ pub fn render(r: &SearchResult, all: bool) -> String {
         }
     }
     out
-}
-
-/// The directory `--out` defaults to.
-pub fn default_out() -> PathBuf {
-    PathBuf::from("segtune-out")
 }

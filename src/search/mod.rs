@@ -15,7 +15,7 @@ pub mod emit;
 pub mod journal;
 pub mod space;
 
-use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes, cuda_context_bytes};
+use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes};
 use crate::predict::extrapolate::extrapolate;
 use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::trace::{phase_of, Phase, TraceEvent};
@@ -542,9 +542,4 @@ pub fn rank(mut feasible: Vec<Outcome>, keep_crop: bool) -> Vec<Outcome> {
         }
     });
     feasible
-}
-
-/// Default CUDA context for a compute capability (see `predict::estimate`).
-pub fn context_for(cc: &str) -> u64 {
-    cuda_context_bytes(cc)
 }
