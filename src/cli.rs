@@ -3,6 +3,7 @@
 
 use crate::config::{self, dump, presets, ConfigError};
 pub use crate::trial::optim::Amp;
+pub use crate::trial::Stack;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -114,10 +115,40 @@ pub struct TrialArgs {
     /// Write every CPU allocation and free (from the model build on) to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub setup: TrainingSetup,
+    /// On the CPU, stand in for a CUDA run where CUDA's PyTorch does
+    /// otherwise: CUDA's autocast rules (half precision held as bf16),
+    /// fp16's GradScaler, the optimizers' foreach implementation.
+    #[arg(long)]
+    pub as_cuda: bool,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     pub cfg_options: Vec<String>,
+}
+
+/// The training run around the step: how many GPUs, which software stack.
+#[derive(clap::Args, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrainingSetup {
+    /// GPUs training data-parallel (DDP): each also holds DDP's gradient
+    /// buckets, one more copy of the trainable parameters.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
+    pub gpus: i64,
+    /// Whose memory behaviour to reproduce: `current` (PyTorch 2.x +
+    /// MMEngine) or `zoo-2021` (PyTorch <= 1.10 + mmcv 1.x, as MMSeg's
+    /// model-zoo memory was measured; CPU traces only).
+    #[arg(long, value_enum, default_value = "current")]
+    pub stack: Stack,
+}
+
+impl Default for TrainingSetup {
+    fn default() -> TrainingSetup {
+        TrainingSetup {
+            gpus: 1,
+            stack: Stack::Current,
+        }
+    }
 }
 
 /// `segtune estimate` arguments.
@@ -148,6 +179,8 @@ pub struct EstimateArgs {
     /// CPU threads for the traced step (default: every core).
     #[arg(long)]
     pub threads: Option<i32>,
+    #[command(flatten)]
+    pub setup: TrainingSetup,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]

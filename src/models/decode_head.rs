@@ -214,13 +214,27 @@ impl DecodeHeadBase {
                 .to_kind(pred.kind())
                 .to_device(pred.device())
         });
-        let loss = pred.cross_entropy_loss(
-            label,
-            class_weight.as_ref(),
-            Reduction::None,
-            self.cfg.ignore_index,
-            0.0,
-        );
+        let loss = if super::layers::softmax_keeps_input() {
+            // F.cross_entropy = nll_loss(log_softmax(pred, 1)), as ATen composes
+            // it; spelled out to reach the log_softmax.
+            let log_probs = pred.log_softmax(1, pred.kind());
+            super::layers::softmax_saved(pred, &log_probs);
+            log_probs.nll_loss_nd(
+                label,
+                class_weight.as_ref(),
+                Reduction::None,
+                self.cfg.ignore_index,
+            )
+        } else {
+            // One op, as CPU autocast has its own rule for it.
+            pred.cross_entropy_loss(
+                label,
+                class_weight.as_ref(),
+                Reduction::None,
+                self.cfg.ignore_index,
+                0.0,
+            )
+        };
         let eps = f32::EPSILON as f64;
         let avg_factor = match &class_weight {
             None if c.avg_non_ignore => {

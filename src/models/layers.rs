@@ -5,7 +5,37 @@
 
 use super::params::ParamScope;
 use std::cell::Cell;
+use std::sync::OnceLock;
 use tch::{Kind, Tensor};
+
+/// Keeps a softmax's input alive as long as its output (see
+/// [`emulate_softmax_saving_input`]).
+type KeepInputHook = fn(input: &Tensor, output: &Tensor);
+
+static SOFTMAX_KEEPS_INPUT: OnceLock<KeepInputHook> = OnceLock::new();
+
+/// Makes `softmax` and `log_softmax` keep their input for backward next to
+/// their output, as autograd did up to PyTorch 1.10 (pytorch/pytorch#64000,
+/// fixed in 1.11): what MMSeg's model-zoo memory figures were measured with.
+/// `hook` ties the input's lifetime to the output's. Process-wide; PyTorch
+/// 2.x behaviour (output only) is the default.
+pub fn emulate_softmax_saving_input(hook: KeepInputHook) {
+    let _ = SOFTMAX_KEEPS_INPUT.set(hook);
+}
+
+/// Whether softmax inputs are being kept (see [`emulate_softmax_saving_input`]).
+pub fn softmax_keeps_input() -> bool {
+    SOFTMAX_KEEPS_INPUT.get().is_some()
+}
+
+/// Called after every softmax / log_softmax whose backward may run.
+pub fn softmax_saved(input: &Tensor, output: &Tensor) {
+    if let Some(hook) = SOFTMAX_KEEPS_INPUT.get() {
+        if input.requires_grad() {
+            hook(input, output);
+        }
+    }
+}
 
 thread_local! {
     static FORWARD_FLOPS: Cell<f64> = const { Cell::new(0.0) };
@@ -364,7 +394,10 @@ impl MultiheadAttention {
         count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
         count_flops(2.0 * 2.0 * (bsz * heads * tgt_len * src_len * head_dim) as f64);
         let q_scaled = q * (1.0 / head_dim as f64).sqrt();
-        let weights = q_scaled.bmm(&k.transpose(-2, -1)).softmax(-1, None::<Kind>);
+        let logits = q_scaled.bmm(&k.transpose(-2, -1));
+        let weights = logits.softmax(-1, None::<Kind>);
+        softmax_saved(&logits, &weights);
+        drop(logits);
         let out = weights.bmm(&v);
         let out = out.transpose(0, 1).contiguous().view([tgt_len * bsz, e]);
         let out = self.out_proj.forward(&out).view([tgt_len, bsz, e]);

@@ -6,7 +6,7 @@ use super::estimate::{
     self as model, cudnn_benchmark, parse_vram, recipe_batch_size, recipe_crop, Estimate, Target,
 };
 use super::trace;
-use crate::cli::{worker_path, Amp, EstimateArgs};
+use crate::cli::{worker_path, Amp, EstimateArgs, TrainingSetup};
 use crate::config::{self, presets, Value};
 
 /// Resolves the GPU target from `--preset` or `--vram`.
@@ -72,13 +72,31 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
     let benchmark = cudnn_benchmark(&cfg);
     let threads = args.threads.unwrap_or_else(crate::cli::cores);
     let (events, cpu_peak) = if batch <= 3 {
-        let (events, peak, _) =
-            trace_step(&args.config, &args.cfg_options, batch, crop, amp, threads)?;
+        let (events, peak, _) = trace_step(
+            &args.config,
+            &args.cfg_options,
+            batch,
+            crop,
+            amp,
+            threads,
+            args.setup,
+        )?;
         (events, Some(peak))
     } else {
         let (ba, bb) = super::extrapolate::TRACED_BATCHES;
-        let (one, _, _) = trace_step(&args.config, &args.cfg_options, ba, crop, amp, threads)?;
-        let (two, _, _) = trace_step(&args.config, &args.cfg_options, bb, crop, amp, threads)?;
+        let trace = |b| {
+            trace_step(
+                &args.config,
+                &args.cfg_options,
+                b,
+                crop,
+                amp,
+                threads,
+                args.setup,
+            )
+        };
+        let (one, _, _) = trace(ba)?;
+        let (two, _, _) = trace(bb)?;
         (
             super::extrapolate::extrapolate(&one, &two, batch)
                 .map_err(|e| format!("error: {e}"))?,
@@ -94,6 +112,15 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
         benchmark,
         cpu_peak,
     );
+    if args.setup.gpus > 1 {
+        e.notes.push(format!(
+            "per GPU of {} training data-parallel: includes DDP's gradient buckets (one more copy of the trainable parameters)",
+            args.setup.gpus
+        ));
+    }
+    if args.setup.stack == crate::cli::Stack::Zoo2021 {
+        e.notes.push("stack zoo-2021: PyTorch <= 1.10 with the mmcv 1.x runner (softmax and log_softmax keep their input for backward; gradients are zeroed, not freed), as MMSeg's model-zoo memory was measured".into());
+    }
     if cpu_peak.is_none() {
         e.notes.push(format!("batch {batch} was extrapolated from traces at batch 2 and 3 (every step tensor is affine in the batch)"));
     }
@@ -109,6 +136,7 @@ pub fn trace_step(
     crop: (i64, i64),
     amp: Amp,
     threads: i32,
+    setup: TrainingSetup,
 ) -> Result<(Vec<trace::TraceEvent>, i64, f64), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("error: no temporary directory: {e}"))?;
     let trace_path = dir.path().join("step.trace");
@@ -132,7 +160,14 @@ pub fn trace_step(
             "0",
         ])
         .args(["--threads", &threads.to_string(), "--json", "--trace-out"])
-        .arg(&trace_path);
+        .arg(&trace_path)
+        .args([
+            "--gpus",
+            &setup.gpus.to_string(),
+            "--stack",
+            setup.stack.name(),
+        ])
+        .arg("--as-cuda");
     if !cfg_options.is_empty() {
         cmd.arg("--cfg-options").args(cfg_options);
     }

@@ -142,7 +142,8 @@ pub fn estimate(
     let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
     if amp != "off" {
         notes.push(format!(
-            "amp={amp}: the trace follows CPU autocast's op lists, which differ from CUDA autocast's; expect a larger error than fp32"
+            "amp={amp}: the traced step casts by CUDA's autocast rules (which ops run in half precision, which in fp32, the cached half copies of weights{}); half precision is held as bf16 on the CPU (the same two bytes). Not in the trace: temporaries inside CUDA's half-precision kernels",
+            if amp == "fp16" { ", fp16's GradScaler" } else { "" }
         ));
     }
     let predicted_device_bytes = limited

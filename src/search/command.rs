@@ -177,8 +177,16 @@ pub fn search(args: &SearchArgs) -> Result<SearchResult, String> {
                 .threads
                 .unwrap_or_else(|| (crate::cli::cores() / 2).max(1));
             let tracer = Box::new(move |b: i64, crop: (i64, i64), amp: Amp| {
-                crate::predict::cli::trace_step(&config_path, &options, b, crop, amp, threads)
-                    .map(|(e, _, f)| (e, f))
+                crate::predict::cli::trace_step(
+                    &config_path,
+                    &options,
+                    b,
+                    crop,
+                    amp,
+                    threads,
+                    crate::cli::TrainingSetup::default(),
+                )
+                .map(|(e, _, f)| (e, f))
             });
             (
                 Box::new(PredictedEvaluator::new(budget.clone(), tracer)),

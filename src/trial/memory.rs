@@ -174,6 +174,18 @@ impl AutocastGuard {
     }
 }
 
+extern "C" {
+    fn segtune_autocast_cuda_policy(on: bool) -> c_int;
+}
+
+/// While on, CPU autocast casts as CUDA's autocast does (CUDA's op lists
+/// and rules; see `shim.cpp`), so that a CPU trace keeps the tensors a CUDA
+/// run would keep in half precision. Process-wide.
+pub fn autocast_cuda_policy(on: bool) -> Result<(), String> {
+    // SAFETY: a plain call; the shim registers or drops dispatcher kernels.
+    check(unsafe { segtune_autocast_cuda_policy(on) })
+}
+
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
         let _ = check(unsafe { segtune_autocast_exit(self.device_type) });
@@ -298,4 +310,18 @@ pub fn add_alpha(t: &tch::Tensor, other: &tch::Tensor, alpha: f64) -> tch::Tenso
 pub fn grad_set_none(t: &mut tch::Tensor) {
     // SAFETY: a live tensor.
     check(unsafe { segtune_grad_set_none(t.as_mut_ptr()) }).expect("clearing a gradient");
+}
+
+extern "C" {
+    fn segtune_hold_until_freed(
+        keep: *const torch_sys::C_tensor,
+        until: *const torch_sys::C_tensor,
+    ) -> c_int;
+}
+
+/// Keeps `keep` alive until the storage of `until` is freed (both counted
+/// CPU tensors): what an autograd node that saved both would do.
+pub fn hold_until_freed(keep: &tch::Tensor, until: &tch::Tensor) -> Result<(), String> {
+    // SAFETY: live tensors; the shim copies `keep` (a new reference).
+    check(unsafe { segtune_hold_until_freed(keep.as_ptr(), until.as_ptr()) })
 }

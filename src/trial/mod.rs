@@ -6,6 +6,7 @@
 //! step times. Out-of-memory and other failures become a status, never a
 //! crash.
 
+pub mod ddp;
 pub mod memory;
 pub mod optim;
 pub mod report;
@@ -40,6 +41,53 @@ pub struct TrialSpec {
     pub trace: bool,
     /// Threads for CPU ops (the oracle used 1).
     pub threads: Option<i32>,
+    /// Whose memory behaviour to reproduce.
+    pub stack: Stack,
+    /// GPUs of a data-parallel (DDP) run: each holds DDP's gradient buckets.
+    pub gpus: i64,
+    /// The CPU trial stands in for a CUDA run: where CUDA's PyTorch does
+    /// otherwise, do as it does (CUDA's autocast rules with half precision
+    /// held as bf16, the same two bytes; fp16's GradScaler; the optimizers'
+    /// foreach implementation). For traces that predict a GPU.
+    pub as_cuda: bool,
+}
+
+/// The training software whose memory behaviour a trial reproduces.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
+pub enum Stack {
+    /// PyTorch 2.x with MMEngine (MMSeg 1.x): what segtune trains with.
+    #[default]
+    #[value(name = "current")]
+    #[serde(rename = "current")]
+    Current,
+    /// PyTorch <= 1.10 with the mmcv 1.x runner (MMSeg 0.x), the stack that
+    /// measured MMSeg's published model-zoo memory: softmax and log_softmax
+    /// keep their input for backward (pytorch/pytorch#64000, fixed in 1.11),
+    /// and `optimizer.zero_grad()` zeroes gradients instead of freeing them
+    /// (`set_to_none=False` before PyTorch 2.0). CPU trials only.
+    #[value(name = "zoo-2021")]
+    #[serde(rename = "zoo-2021")]
+    Zoo2021,
+}
+
+impl Stack {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::Current => "current",
+            Stack::Zoo2021 => "zoo-2021",
+        }
+    }
 }
 
 impl Default for TrialSpec {
@@ -57,6 +105,9 @@ impl Default for TrialSpec {
             cpu_cap_bytes: None,
             trace: false,
             threads: None,
+            stack: Stack::Current,
+            gpus: 1,
+            as_cuda: false,
         }
     }
 }
@@ -134,6 +185,38 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
     report.optimizer = optim_cfg.type_name.clone();
     report.accumulative_counts = optim_cfg.accumulative_counts;
     let mut optimizer = OptimWrapper::new(optim_cfg, &model.params, spec.amp);
+    if spec.stack == Stack::Zoo2021 {
+        if spec.device != Device::Cpu {
+            return report.failed(
+                TrialStatus::Error,
+                "--stack zoo-2021 is reproduced on the CPU only (for `segtune estimate`)".into(),
+            );
+        }
+        crate::models::layers::emulate_softmax_saving_input(|input, output| {
+            memory::hold_until_freed(input, output)
+                .expect("softmax outputs are counted CPU tensors");
+        });
+        optimizer.zero_grad_in_place(true);
+    }
+    if spec.as_cuda {
+        if spec.device != Device::Cpu {
+            return report.failed(
+                TrialStatus::Error,
+                "--as-cuda makes a CPU trial stand in for a GPU; on CUDA, leave it out".into(),
+            );
+        }
+        if spec.amp != Amp::Off {
+            if let Err(e) = memory::autocast_cuda_policy(true) {
+                return report.failed(TrialStatus::Error, e);
+            }
+        }
+        if spec.amp == Amp::Fp16 {
+            optimizer.use_grad_scaler();
+        }
+        optimizer.use_foreach();
+    }
+    // DistributedDataParallel wraps the model before training starts.
+    let ddp_buckets = ddp::allocate_buckets(&model.params, spec.gpus, spec.device);
     if spec.amp == Amp::Bf16 && spec.device.is_cuda() && !bf16_supported(spec.device) {
         return report.failed(TrialStatus::Error, "this GPU does not support bf16".into());
     }
@@ -221,6 +304,7 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
         report.push_step(record);
     }
     drop(previous_items);
+    drop(ddp_buckets);
     counter.set_cap(0);
     if spec.trace {
         counter.trace(false);
@@ -261,6 +345,10 @@ fn train_step(
     counter.set_phase_code(phase_code(step, Phase::Forward));
     let (inputs, padded_labels, losses) = {
         let _autocast = match spec.amp.kind() {
+            // Half precision stands in as bf16 (same size) under CUDA's rules on the CPU.
+            Some(_) if spec.as_cuda => {
+                Some(memory::AutocastGuard::new(spec.device, Kind::BFloat16)?)
+            }
             Some(kind) => Some(memory::AutocastGuard::new(spec.device, kind)?),
             None => None,
         };

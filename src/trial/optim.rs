@@ -1,6 +1,6 @@
 //! The optimizer wrapper of a config (`optim_wrapper`), reproduced op for op
-//! on libtorch: PyTorch's single-tensor AdamW/Adam/SGD (what
-//! `torch.optim` runs on CPU), mmengine's per-parameter groups from
+//! on libtorch: PyTorch's AdamW/Adam/SGD, single-tensor (what `torch.optim`
+//! runs on CPU) or foreach (its default on CUDA), mmengine's param groups from
 //! `paramwise_cfg`, `clip_grad`, `accumulative_counts`, and
 //! `AmpOptimWrapper` (autocast to fp16 with dynamic loss scaling, or bf16).
 
@@ -78,6 +78,10 @@ pub struct OptimCfg {
     norm_decay_mult: f64,
     pub clip_grad: Option<(f64, f64)>,
     pub accumulative_counts: i64,
+    /// mmengine makes one param group per parameter when `paramwise_cfg`
+    /// is set (and non-empty), else one group of all parameters; the
+    /// foreach optimizers work a group at a time.
+    pub per_param_groups: bool,
 }
 
 fn num(d: &Dict, k: &str, default: f64) -> Result<f64, String> {
@@ -181,6 +185,7 @@ impl OptimCfg {
             norm_decay_mult: pw_num("norm_decay_mult")?,
             clip_grad,
             accumulative_counts,
+            per_param_groups: pw.is_some_and(|p| !p.is_empty()),
         })
     }
 
@@ -215,6 +220,7 @@ struct ParamState {
     step: Option<Tensor>,
     exp_avg: Option<Tensor>,
     exp_avg_sq: Option<Tensor>,
+    max_exp_avg_sq: Option<Tensor>,
     momentum_buffer: Option<Tensor>,
 }
 
@@ -231,6 +237,8 @@ pub struct OptimWrapper {
     params: Vec<ParamState>,
     scaler: Option<LossScaler>,
     calls: i64,
+    zero_in_place: bool,
+    foreach: bool,
 }
 
 impl OptimWrapper {
@@ -248,6 +256,7 @@ impl OptimWrapper {
                     step: None,
                     exp_avg: None,
                     exp_avg_sq: None,
+                    max_exp_avg_sq: None,
                     momentum_buffer: None,
                 }
             })
@@ -266,7 +275,35 @@ impl OptimWrapper {
             params,
             scaler,
             calls: 0,
+            zero_in_place: false,
+            // torch.optim defaults to the foreach implementation for CUDA tensors.
+            foreach: device.is_cuda(),
         }
+    }
+
+    /// Scales the loss and unscales gradients as fp16's GradScaler does on
+    /// CUDA, on whatever device (a CPU trace standing in for a CUDA run).
+    pub fn use_grad_scaler(&mut self) {
+        let device = self
+            .params
+            .first()
+            .map_or(tch::Device::Cpu, |p| p.param.device());
+        self.scaler = Some(LossScaler {
+            scale: Tensor::full([1], 65536.0, (Kind::Float, device)),
+            growth_tracker: Tensor::zeros([1], (Kind::Int, device)),
+        });
+    }
+
+    /// Runs the foreach (multi-tensor) implementation that `torch.optim`
+    /// takes on CUDA, on whatever device (a CPU trace standing in for CUDA).
+    pub fn use_foreach(&mut self) {
+        self.foreach = true;
+    }
+
+    /// `zero_grad()` zeroes the gradients in place and keeps them (PyTorch
+    /// < 2.0's `set_to_none=False`) instead of freeing them.
+    pub fn zero_grad_in_place(&mut self, on: bool) {
+        self.zero_in_place = on;
     }
 
     /// Backward of `loss`, then the optimizer step when due; returns whether
@@ -340,85 +377,84 @@ impl OptimWrapper {
             }
             Ok(())
         })?;
-        // zero_grad(set_to_none=True)
         for p in &mut self.params {
-            memory::grad_set_none(&mut p.param);
+            if self.zero_in_place {
+                let mut grad = p.param.grad();
+                if grad.defined() {
+                    let _ = grad.zero_();
+                }
+            } else {
+                // zero_grad(set_to_none=True)
+                memory::grad_set_none(&mut p.param);
+            }
         }
         Ok(stepped)
     }
 
     /// One optimizer step over every parameter with a gradient, the
     /// single-tensor way (`foreach=False`, PyTorch's choice for CPU tensors).
+    /// `optimizer.step()`: param group by param group (mmengine's groups,
+    /// see [`OptimCfg::per_param_groups`]), each as `torch.optim` steps it:
+    /// lazy state for the whole group first, then the single-tensor or the
+    /// foreach update.
     fn apply(&mut self) {
-        let algorithm = self.cfg.algorithm.clone();
-        for p in &mut self.params {
-            let grad = p.param.grad();
-            if !grad.defined() {
-                continue;
-            }
-            match algorithm {
+        let with_grad: Vec<usize> = (0..self.params.len())
+            .filter(|&i| self.params[i].param.grad().defined())
+            .collect();
+        let groups: Vec<Vec<usize>> = if self.cfg.per_param_groups {
+            with_grad.into_iter().map(|i| vec![i]).collect()
+        } else {
+            vec![with_grad]
+        };
+        for group in groups.iter().filter(|g| !g.is_empty()) {
+            match self.cfg.algorithm.clone() {
                 Algorithm::Adam {
-                    betas: (beta1, beta2),
+                    betas,
                     eps,
                     decoupled,
                     amsgrad,
                 } => {
-                    if p.step.is_none() {
-                        p.step = Some(Tensor::from(0.0f32));
-                        p.exp_avg = Some(p.param.zeros_like());
-                        p.exp_avg_sq = Some(p.param.zeros_like());
-                    }
-                    let step_t = p.step.as_mut().expect("initialised");
-                    let _ = step_t.g_add_scalar_(1.0);
-                    let step = step_t.double_value(&[]);
-                    let mut grad = grad;
-                    if p.weight_decay != 0.0 {
-                        if decoupled {
-                            let _ = p.param.g_mul_scalar_(1.0 - p.lr * p.weight_decay);
-                        } else {
-                            grad = memory::add_alpha(&grad, &p.param, p.weight_decay);
+                    let adam = AdamStep {
+                        betas,
+                        eps,
+                        decoupled,
+                    };
+                    for &i in group {
+                        let p = &mut self.params[i];
+                        if p.step.is_none() {
+                            p.step = Some(Tensor::from(0.0f32));
+                            p.exp_avg = Some(p.param.zeros_like());
+                            p.exp_avg_sq = Some(p.param.zeros_like());
+                            if amsgrad {
+                                p.max_exp_avg_sq = Some(p.param.zeros_like());
+                            }
                         }
                     }
-                    let exp_avg = p.exp_avg.as_mut().expect("initialised");
-                    let _ = exp_avg.lerp_(&grad, 1.0 - beta1);
-                    let exp_avg_sq = p.exp_avg_sq.as_mut().expect("initialised");
-                    let _ = exp_avg_sq.g_mul_scalar_(beta2);
-                    memory::addcmul_(exp_avg_sq, &grad, &grad, 1.0 - beta2);
-                    let _ = amsgrad;
-                    let bias_correction1 = 1.0 - beta1.powf(step);
-                    let bias_correction2 = 1.0 - beta2.powf(step);
-                    let step_size = p.lr / bias_correction1;
-                    let sqrt = exp_avg_sq.sqrt();
-                    let mut denom = sqrt / bias_correction2.sqrt();
-                    let _ = denom.g_add_scalar_(eps);
-                    let exp_avg = p.exp_avg.as_ref().expect("initialised");
-                    memory::addcdiv_(&mut p.param, exp_avg, &denom, -step_size);
+                    if self.foreach {
+                        adam.foreach(&mut self.params, group);
+                    } else {
+                        for &i in group {
+                            adam.single(&mut self.params[i]);
+                        }
+                    }
                 }
                 Algorithm::Sgd {
                     momentum,
                     dampening,
                     nesterov,
                 } => {
-                    let mut grad = grad;
-                    if p.weight_decay != 0.0 {
-                        grad = memory::add_alpha(&grad, &p.param, p.weight_decay);
-                    }
-                    if momentum != 0.0 {
-                        match &mut p.momentum_buffer {
-                            None => p.momentum_buffer = Some(grad.detach().copy()),
-                            Some(buf) => {
-                                let _ = buf.g_mul_scalar_(momentum);
-                                memory::add_alpha_(buf, &grad, 1.0 - dampening);
-                            }
+                    let sgd = SgdStep {
+                        momentum,
+                        dampening,
+                        nesterov,
+                    };
+                    if self.foreach {
+                        sgd.foreach(&mut self.params, group);
+                    } else {
+                        for &i in group {
+                            sgd.single(&mut self.params[i]);
                         }
-                        let buf = p.momentum_buffer.as_ref().expect("set above");
-                        grad = if nesterov {
-                            memory::add_alpha(&grad, buf, momentum)
-                        } else {
-                            buf.shallow_clone()
-                        };
                     }
-                    memory::add_alpha_(&mut p.param, &grad, -p.lr);
                 }
             }
         }
@@ -437,8 +473,179 @@ impl OptimWrapper {
                 bytes(&p.step)
                     + bytes(&p.exp_avg)
                     + bytes(&p.exp_avg_sq)
+                    + bytes(&p.max_exp_avg_sq)
                     + bytes(&p.momentum_buffer)
             })
             .sum()
+    }
+}
+
+/// One Adam/AdamW update with `torch.optim`'s arithmetic.
+struct AdamStep {
+    betas: (f64, f64),
+    eps: f64,
+    decoupled: bool,
+}
+
+impl AdamStep {
+    /// `step += 1`; returns `(step_size, sqrt(bias_correction2))`.
+    fn count_step(&self, p: &mut ParamState) -> (f64, f64) {
+        let step_t = p.step.as_mut().expect("state initialised");
+        let _ = step_t.g_add_scalar_(1.0);
+        let step = step_t.double_value(&[]);
+        let bias_correction1 = 1.0 - self.betas.0.powf(step);
+        let bias_correction2 = 1.0 - self.betas.1.powf(step);
+        (p.lr / bias_correction1, bias_correction2.sqrt())
+    }
+
+    /// Weight decay and the moment updates; returns the gradient used
+    /// (a new tensor for coupled weight decay, as `grad.add(param, ...)`).
+    fn moments(&self, p: &mut ParamState) -> Tensor {
+        let mut grad = p.param.grad();
+        if p.weight_decay != 0.0 {
+            if self.decoupled {
+                let _ = p.param.g_mul_scalar_(1.0 - p.lr * p.weight_decay);
+            } else {
+                grad = memory::add_alpha(&grad, &p.param, p.weight_decay);
+            }
+        }
+        let _ = p
+            .exp_avg
+            .as_mut()
+            .expect("state initialised")
+            .lerp_(&grad, 1.0 - self.betas.0);
+        let exp_avg_sq = p.exp_avg_sq.as_mut().expect("state initialised");
+        let _ = exp_avg_sq.g_mul_scalar_(self.betas.1);
+        memory::addcmul_(exp_avg_sq, &grad, &grad, 1.0 - self.betas.1);
+        if let Some(max) = p.max_exp_avg_sq.as_mut() {
+            let _ = max.maximum_out(&max.shallow_clone(), p.exp_avg_sq.as_ref().expect("set"));
+        }
+        grad
+    }
+
+    /// The second moment whose root divides the step.
+    fn second_moment(p: &ParamState) -> &Tensor {
+        p.max_exp_avg_sq
+            .as_ref()
+            .or(p.exp_avg_sq.as_ref())
+            .expect("state initialised")
+    }
+
+    /// `_single_tensor_adam` for one parameter.
+    fn single(&self, p: &mut ParamState) {
+        let (step_size, bias_correction2_sqrt) = self.count_step(p);
+        // Python's `grad` lives to the end of the iteration.
+        let _grad = self.moments(p);
+        let sqrt = Self::second_moment(p).sqrt();
+        let mut denom = sqrt / bias_correction2_sqrt;
+        let _ = denom.g_add_scalar_(self.eps);
+        let exp_avg = p.exp_avg.as_ref().expect("state initialised");
+        memory::addcdiv_(&mut p.param, exp_avg, &denom, -step_size);
+    }
+
+    /// `_multi_tensor_adam` for one group: every update of the group in
+    /// turn, and the roots of the whole group's second moments held at once.
+    fn foreach(&self, params: &mut [ParamState], group: &[usize]) {
+        let steps: Vec<(f64, f64)> = group
+            .iter()
+            .map(|&i| self.count_step(&mut params[i]))
+            .collect();
+        let grads: Vec<Tensor> = group
+            .iter()
+            .map(|&i| self.moments(&mut params[i]))
+            .collect();
+        drop(grads);
+        let mut roots: Vec<Tensor> = group
+            .iter()
+            .map(|&i| Self::second_moment(&params[i]).sqrt())
+            .collect();
+        for (root, (_, bias_correction2_sqrt)) in roots.iter_mut().zip(&steps) {
+            let _ = root.g_div_scalar_(*bias_correction2_sqrt);
+            let _ = root.g_add_scalar_(self.eps);
+        }
+        for ((&i, root), (step_size, _)) in group.iter().zip(&roots).zip(&steps) {
+            let p = &mut params[i];
+            let exp_avg = p
+                .exp_avg
+                .as_ref()
+                .expect("state initialised")
+                .shallow_clone();
+            memory::addcdiv_(&mut p.param, &exp_avg, root, -step_size);
+        }
+    }
+}
+
+/// One SGD update with `torch.optim`'s arithmetic.
+struct SgdStep {
+    momentum: f64,
+    dampening: f64,
+    nesterov: bool,
+}
+
+impl SgdStep {
+    /// `_single_tensor_sgd` for one parameter.
+    fn single(&self, p: &mut ParamState) {
+        let mut grad = p.param.grad();
+        if p.weight_decay != 0.0 {
+            grad = memory::add_alpha(&grad, &p.param, p.weight_decay);
+        }
+        if self.momentum != 0.0 {
+            match &mut p.momentum_buffer {
+                None => p.momentum_buffer = Some(grad.detach().copy()),
+                Some(buf) => {
+                    let _ = buf.g_mul_scalar_(self.momentum);
+                    memory::add_alpha_(buf, &grad, 1.0 - self.dampening);
+                }
+            }
+            let buf = p.momentum_buffer.as_ref().expect("set above");
+            grad = if self.nesterov {
+                memory::add_alpha(&grad, buf, self.momentum)
+            } else {
+                buf.shallow_clone()
+            };
+        }
+        memory::add_alpha_(&mut p.param, &grad, -p.lr);
+    }
+
+    /// `_multi_tensor_sgd` for one group: the weight-decayed gradients of
+    /// the whole group are new tensors held at once.
+    fn foreach(&self, params: &mut [ParamState], group: &[usize]) {
+        let mut grads: Vec<Tensor> = group
+            .iter()
+            .map(|&i| {
+                let p = &params[i];
+                let grad = p.param.grad();
+                if p.weight_decay != 0.0 {
+                    memory::add_alpha(&grad, &p.param, p.weight_decay)
+                } else {
+                    grad
+                }
+            })
+            .collect();
+        if self.momentum != 0.0 {
+            let mut bufs = Vec::with_capacity(group.len());
+            for (&i, grad) in group.iter().zip(&grads) {
+                let p = &mut params[i];
+                match &mut p.momentum_buffer {
+                    None => p.momentum_buffer = Some(grad.detach().copy()),
+                    Some(buf) => {
+                        let _ = buf.g_mul_scalar_(self.momentum);
+                        memory::add_alpha_(buf, grad, 1.0 - self.dampening);
+                    }
+                }
+                bufs.push(p.momentum_buffer.as_ref().expect("set").shallow_clone());
+            }
+            if self.nesterov {
+                for (grad, buf) in grads.iter_mut().zip(&bufs) {
+                    memory::add_alpha_(grad, buf, self.momentum);
+                }
+            } else {
+                grads = bufs;
+            }
+        }
+        for (&i, grad) in group.iter().zip(&grads) {
+            let p = &mut params[i];
+            memory::add_alpha_(&mut p.param, grad, -p.lr);
+        }
     }
 }

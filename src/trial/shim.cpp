@@ -10,11 +10,14 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <malloc.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -43,9 +46,14 @@ uint32_t g_phase = 0;
 bool g_tracing = false;
 std::vector<TraceEvent> g_trace;
 bool g_installed = false;
+// Tensors kept alive until the storage at the key is freed (see
+// segtune_hold_until_freed). Never destroyed: tensors must not be released
+// after libtorch has shut down at exit.
+auto* g_holds = new std::unordered_map<void*, std::vector<at::Tensor>>();
 
 void counting_delete(void* p) {
   if (!p) return;
+  std::vector<at::Tensor> released;
   {
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_live.find(p);
@@ -56,8 +64,15 @@ void counting_delete(void* p) {
       }
       g_live.erase(it);
     }
+    auto held = g_holds->find(p);
+    if (held != g_holds->end()) {
+      released = std::move(held->second);
+      g_holds->erase(held);
+    }
   }
   c10::free_cpu(p);
+  // `released` goes out of scope here, outside the lock: freeing the held
+  // tensors re-enters this function.
 }
 
 struct CountingAllocator final : public c10::Allocator {
@@ -143,6 +158,18 @@ size_t segtune_cpu_alloc_trace_take(TraceEvent* out, size_t capacity) {
 size_t segtune_cpu_alloc_trace_len() { std::lock_guard<std::mutex> lk(g_mu); return g_trace.size(); }
 
 const char* segtune_last_error() { return g_last_error.c_str(); }
+
+// Keeps `keep` alive until the storage of `until` is freed, as an autograd
+// node that saved both would (PyTorch <= 1.10's softmax kept its input with
+// its output). Only storages from the counting allocator can be watched.
+int segtune_hold_until_freed(const at::Tensor* keep, const at::Tensor* until) {
+  return guarded([&] {
+    void* key = until->storage().data_ptr().get();
+    std::lock_guard<std::mutex> lk(g_mu);
+    TORCH_CHECK(g_live.count(key) == 1, "segtune: the watched tensor is not a counted CPU allocation");
+    (*g_holds)[key].push_back(*keep);
+  });
+}
 
 // Device statistics of the current accelerator (CUDA here).
 struct SegtuneDeviceStats {
@@ -249,4 +276,81 @@ extern "C" at::Tensor* segtune_add_alpha(const at::Tensor* self, const at::Tenso
 // `param.grad = None` (zero_grad(set_to_none=True)).
 extern "C" int segtune_grad_set_none(at::Tensor* self) {
   return guarded([&] { self->mutable_grad() = at::Tensor(); });
+}
+
+// CUDA's autocast policy on the CPU. libtorch's CPU autocast casts a
+// different set of ops than CUDA's (e.g. CUDA runs softmax, layer_norm and
+// upsampling in fp32, CPU autocast does not), so a CPU trace under CPU
+// autocast keeps other tensors in half precision than a CUDA run would.
+// While enabled, the AutocastCPU dispatch key runs CUDA's policy: the op
+// lists and cast rules libtorch's own header gives for CUDA-like devices
+// (AT_FORALL_* with at::autocast::WrapFunction), with the CPU as the device
+// and every CPU-only autocast kernel made a fallthrough. Disabling drops the
+// registrations and libtorch's CPU policy is back.
+namespace {
+
+std::unique_ptr<torch::Library> g_cuda_policy;
+std::unique_ptr<torch::Library> g_cpu_only_fallthrough;
+
+struct SilentWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+#define SEGTUNE_LOWER(...) KERNEL(c10::DeviceType::CPU, __VA_ARGS__, lower_precision_fp)
+#define SEGTUNE_FP32(...) KERNEL(c10::DeviceType::CPU, __VA_ARGS__, fp32)
+#define SEGTUNE_FP32_OPT_DTYPE(...) KERNEL(c10::DeviceType::CPU, __VA_ARGS__, fp32_set_opt_dtype)
+#define SEGTUNE_PROMOTE(...) KERNEL(c10::DeviceType::CPU, __VA_ARGS__, promote)
+#define SEGTUNE_REDISPATCH(...) KERNEL_DIFFERENT_REDISPATCH_SIGNATURE(c10::DeviceType::CPU, __VA_ARGS__)
+
+void register_cuda_policy(torch::Library& m) {
+  using namespace at;  // the header's signatures name Tensor, Scalar, ... unqualified
+  AT_FORALL_LOWER_PRECISION_FP(SEGTUNE_LOWER)
+  AT_FORALL_FP32(SEGTUNE_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(SEGTUNE_FP32_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(SEGTUNE_REDISPATCH)
+  AT_FORALL_PROMOTE(SEGTUNE_PROMOTE)
+}
+
+#define SEGTUNE_NAME_1(OP) names.insert("aten::" #OP);
+#define SEGTUNE_NAME_2(OP, OVERLOAD) names.insert("aten::" #OP "." #OVERLOAD);
+// The trailing `name` stands where KERNEL has the policy, for the header's argument count.
+#define SEGTUNE_NAME(...) C10_CONCATENATE(SEGTUNE_NAME_, _KERNEL_OVERLOAD_NARG(__VA_ARGS__, name))(__VA_ARGS__)
+#define SEGTUNE_REDISPATCH_NAME(FUNC, REGISTER_NAME, ...) names.insert(std::string("aten::") + REGISTER_NAME);
+
+std::set<std::string> cuda_policy_ops() {
+  std::set<std::string> names;
+  AT_FORALL_LOWER_PRECISION_FP(SEGTUNE_NAME)
+  AT_FORALL_FP32(SEGTUNE_NAME)
+  AT_FORALL_FP32_SET_OPT_DTYPE(SEGTUNE_NAME)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(SEGTUNE_REDISPATCH_NAME)
+  AT_FORALL_PROMOTE(SEGTUNE_NAME)
+  return names;
+}
+
+}  // namespace
+
+extern "C" int segtune_autocast_cuda_policy(bool on) {
+  return guarded([&] {
+    SilentWarnings silent;  // "Overriding a previously registered kernel" is the point
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    if (!on) {
+      g_cuda_policy.reset();
+      g_cpu_only_fallthrough.reset();
+      return;
+    }
+    if (g_cuda_policy) return;
+    auto cuda_ops = cuda_policy_ops();
+    auto cpu_ops = c10::Dispatcher::singleton().getRegistrationsForDispatchKey(c10::DispatchKey::AutocastCPU);
+    g_cpu_only_fallthrough = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
+    for (const auto& op : cpu_ops) {
+      std::string name = op.name;
+      if (!op.overload_name.empty()) name += "." + op.overload_name;
+      if (name.rfind("aten::", 0) != 0 || cuda_ops.count(name)) continue;
+      g_cpu_only_fallthrough->impl(name.c_str(), torch::CppFunction::makeFallthrough());
+    }
+    g_cuda_policy = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
+    register_cuda_policy(*g_cuda_policy);
+  });
 }

@@ -99,6 +99,9 @@ fn trial(args: TrialArgs) -> i32 {
         cpu_cap_bytes: args.cpu_cap.map(|b| b as i64),
         trace: args.trace_out.is_some(),
         threads: args.threads,
+        stack: args.setup.stack,
+        gpus: args.setup.gpus,
+        as_cuda: args.as_cuda,
     };
     let mut report = super::run(&cfg, &spec);
     if let (Some(path), Some(trace)) = (&args.trace_out, report.trace.take()) {
