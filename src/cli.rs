@@ -233,6 +233,11 @@ pub struct SearchArgs {
     /// Seconds before a CUDA trial counts as timed out.
     #[arg(long, default_value_t = 600)]
     pub trial_timeout: u64,
+    /// GPUs training data-parallel (default 1): the batch is per GPU, the
+    /// recipe's effective batch is kept as batch x accumulation x GPUs, and
+    /// each GPU also holds DDP's gradient buckets.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub gpus: Option<i64>,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     pub cfg_options: Vec<String>,
 }

@@ -230,3 +230,49 @@ fn schemas_are_json_schemas() {
         );
     }
 }
+
+#[test]
+fn search_on_two_gpus_keeps_the_effective_batch_across_them() {
+    let Some(shared) =
+        common::require_shared("search_on_two_gpus_keeps_the_effective_batch_across_them")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("search")
+        .arg(b0(&shared))
+        .args(["--preset", "rtx3050ti", "--device", "cpu", "--gpus", "2"])
+        .args(["--quiet", "--json", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["gpus"], 2);
+    // 8xb2 recipe: 16 images per optimizer step, now from 2 GPUs.
+    for outcome in result["feasible"].as_array().unwrap() {
+        let c = &outcome["candidate"];
+        let batch = c["batch_size"].as_i64().unwrap();
+        assert!(batch <= 8, "{c}");
+        if 16 % (2 * batch) == 0 {
+            assert_eq!(2 * batch * c["accumulation"].as_i64().unwrap(), 16, "{c}");
+        }
+    }
+    let winner = &result["winner"]["candidate"];
+    assert_eq!(
+        2 * winner["batch_size"].as_i64().unwrap() * winner["accumulation"].as_i64().unwrap(),
+        16,
+        "{winner}"
+    );
+    let journal = std::fs::read_to_string(result["journal"].as_str().unwrap()).unwrap();
+    assert!(
+        journal.contains(":x2"),
+        "trials for 2 GPUs are journalled as such"
+    );
+}

@@ -39,6 +39,10 @@ pub struct SearchSpec {
     pub device: Option<String>,
     /// Compute capability of a `vram` budget (e.g. "8.6").
     pub compute_capability: Option<String>,
+    /// GPUs training data-parallel (default 1): the batch is per GPU, the
+    /// effective batch is batch x accumulation x gpus, and every GPU holds
+    /// DDP's gradient buckets.
+    pub gpus: Option<i64>,
 }
 
 /// One evaluated candidate.
@@ -262,6 +266,8 @@ pub struct CudaEvaluator {
     pub device: usize,
     pub budget: Budget,
     pub timeout: std::time::Duration,
+    /// GPUs of the data-parallel run the trial stands for (DDP's buckets).
+    pub gpus: i64,
 }
 
 impl Evaluator for CudaEvaluator {
@@ -295,6 +301,7 @@ impl Evaluator for CudaEvaluator {
                 "2",
             ])
             .args(["--device", &format!("cuda:{}", self.device), "--json"])
+            .args(["--gpus", &self.gpus.to_string()])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         if !self.cfg_options.is_empty() {
@@ -416,6 +423,8 @@ pub struct Outcome {
 pub struct SearchResult {
     pub config: String,
     pub budget: Budget,
+    /// GPUs training data-parallel; `budget` is per GPU.
+    pub gpus: i64,
     pub recipe: space::Recipe,
     pub objective: String,
     pub mode: String,
