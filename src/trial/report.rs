@@ -49,6 +49,13 @@ pub struct TrialReport {
     pub crop: [i64; 2],
     pub amp: Amp,
     pub accumulative_counts: i64,
+    /// Whose memory behaviour the trial reproduced (`current`, `zoo-2021`).
+    pub stack: super::Stack,
+    /// GPUs of the data-parallel run it stands for (DDP's buckets held).
+    pub gpus: i64,
+    /// Whether a CPU trial stood in for a CUDA run (CUDA's autocast rules,
+    /// GradScaler, foreach optimizers).
+    pub as_cuda: bool,
     pub optimizer: String,
     pub params_total: i64,
     pub params_trainable: i64,
@@ -86,6 +93,9 @@ impl TrialReport {
             crop: [spec.crop.0, spec.crop.1],
             amp: spec.amp,
             accumulative_counts: spec.accumulative_counts.unwrap_or(1),
+            stack: spec.stack,
+            gpus: spec.gpus,
+            as_cuda: spec.as_cuda,
             optimizer: String::new(),
             params_total: 0,
             params_trainable: 0,
@@ -185,6 +195,18 @@ impl TrialReport {
             "status: {:?}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {:?}, accumulation {}, device {}\n",
             self.status, self.params_total, self.params_trainable, self.batch_size, self.crop[0], self.crop[1], self.amp, self.accumulative_counts, self.device
         );
+        if self.stack != super::Stack::Current || self.gpus > 1 || self.as_cuda {
+            out.push_str(&format!(
+                "setup: stack {}, {} GPU(s) data-parallel{}\n",
+                self.stack.name(),
+                self.gpus,
+                if self.as_cuda {
+                    ", standing in for CUDA"
+                } else {
+                    ""
+                }
+            ));
+        }
         if let Some(m) = &self.message {
             out.push_str(&format!("message: {m}\n"));
         }
