@@ -11,33 +11,38 @@ fn b0(shared: &Path) -> PathBuf {
     shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py")
 }
 
+/// `segtune search CONFIG --preset rtx3050ti --device cpu --quiet --out OUT`
+/// (predicted mode), to which a test adds its own arguments.
+fn search_command(config: &Path, out: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("segtune").unwrap();
+    cmd.arg("search")
+        .arg(config)
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+        ])
+        .arg(out);
+    cmd
+}
+
+/// Runs a command that must succeed; returns its stdout.
+fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let output = cmd.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
 /// Runs the search twice, as a table and as JSON (the second run resumes).
 fn search(config: &Path, out: &Path, extra: &[&str]) -> (String, serde_json::Value) {
-    let run = |format: &str| {
-        let output = Command::cargo_bin("segtune")
-            .unwrap()
-            .arg("search")
-            .arg(config)
-            .args([
-                "--preset",
-                "rtx3050ti",
-                "--device",
-                "cpu",
-                "--quiet",
-                format,
-                "--out",
-            ])
-            .arg(out)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        output.stdout
-    };
+    let run = |format: &str| stdout_of(search_command(config, out).arg(format).args(extra));
     let table = String::from_utf8(run("--all")).unwrap();
     (table, serde_json::from_slice(&run("--json")).unwrap())
 }
@@ -140,30 +145,12 @@ fn failing_trials_are_reported_as_infeasible_and_the_search_goes_on() {
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let run = Command::cargo_bin("segtune")
-        .unwrap()
-        .env("SEGTUNE_TEST_FAIL_EVERY", "3")
-        .arg("search")
-        .arg(b0(&shared))
-        .args([
-            "--preset",
-            "rtx3050ti",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--json",
-            "--out",
-        ])
-        .arg(&out)
-        .args(["--cfg-options", "crop_size=(128,128)"])
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    let stdout = stdout_of(
+        search_command(&b0(&shared), &out)
+            .env("SEGTUNE_TEST_FAIL_EVERY", "3")
+            .args(["--json", "--cfg-options", "crop_size=(128,128)"]),
     );
-    let result: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let result: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
     let injected: Vec<&serde_json::Value> = result["infeasible"]
         .as_array()
         .unwrap()
@@ -239,21 +226,10 @@ fn search_on_two_gpus_keeps_the_effective_batch_across_them() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::cargo_bin("segtune")
-        .unwrap()
-        .arg("search")
-        .arg(b0(&shared))
-        .args(["--preset", "rtx3050ti", "--device", "cpu", "--gpus", "2"])
-        .args(["--quiet", "--json", "--out"])
-        .arg(dir.path().join("out"))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = stdout_of(
+        search_command(&b0(&shared), &dir.path().join("out")).args(["--gpus", "2", "--json"]),
     );
-    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let result: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
     assert_eq!(result["gpus"], 2);
     // 8xb2 recipe: 16 images per optimizer step, now from 2 GPUs.
     for outcome in result["feasible"].as_array().unwrap() {

@@ -71,30 +71,22 @@ pub fn estimate_cmd(args: EstimateArgs) -> Result<Estimate, String> {
     let amp = args.amp.or(recipe_amp).unwrap_or(Amp::Off);
     let benchmark = cudnn_benchmark(&cfg);
     let threads = args.threads.unwrap_or_else(crate::cli::cores);
-    let (events, cpu_peak) = if batch <= 3 {
-        let (events, peak, _) = trace_step(
+    let trace = |b| {
+        trace_step(
             &args.config,
             &args.cfg_options,
-            batch,
+            b,
             crop,
             amp,
             threads,
             args.setup,
-        )?;
+        )
+    };
+    let (events, cpu_peak) = if batch <= 3 {
+        let (events, peak, _) = trace(batch)?;
         (events, Some(peak))
     } else {
         let (ba, bb) = super::extrapolate::TRACED_BATCHES;
-        let trace = |b| {
-            trace_step(
-                &args.config,
-                &args.cfg_options,
-                b,
-                crop,
-                amp,
-                threads,
-                args.setup,
-            )
-        };
         let (one, _, _) = trace(ba)?;
         let (two, _, _) = trace(bb)?;
         (

@@ -21,6 +21,7 @@ use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::trace::{phase_of, Phase, TraceEvent};
 use journal::Journal;
 use space::{Amp, Candidate};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -211,12 +212,13 @@ impl Evaluator for PredictedEvaluator {
             Err(e) => return failed("error", e.clone()),
             Ok(p) => {
                 let (ba, bb) = crate::predict::extrapolate::TRACED_BATCHES;
+                // The traced batch sizes replay their own trace, without a copy.
                 let events = if c.batch_size == ba {
-                    Ok(p.one.clone())
+                    Ok(Cow::Borrowed(p.one.as_slice()))
                 } else if c.batch_size == bb {
-                    Ok(p.two.clone())
+                    Ok(Cow::Borrowed(p.two.as_slice()))
                 } else {
-                    extrapolate(&p.one, &p.two, c.batch_size)
+                    extrapolate(&p.one, &p.two, c.batch_size).map(Cow::Owned)
                 };
                 (
                     events,

@@ -406,19 +406,20 @@ impl OptimWrapper {
         } else {
             vec![with_grad]
         };
-        for group in groups.iter().filter(|g| !g.is_empty()) {
-            match self.cfg.algorithm.clone() {
-                Algorithm::Adam {
+        let groups = groups.iter().filter(|g| !g.is_empty());
+        match self.cfg.algorithm {
+            Algorithm::Adam {
+                betas,
+                eps,
+                decoupled,
+                amsgrad,
+            } => {
+                let adam = AdamStep {
                     betas,
                     eps,
                     decoupled,
-                    amsgrad,
-                } => {
-                    let adam = AdamStep {
-                        betas,
-                        eps,
-                        decoupled,
-                    };
+                };
+                for group in groups {
                     for &i in group {
                         let p = &mut self.params[i];
                         if p.step.is_none() {
@@ -438,16 +439,18 @@ impl OptimWrapper {
                         }
                     }
                 }
-                Algorithm::Sgd {
+            }
+            Algorithm::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            } => {
+                let sgd = SgdStep {
                     momentum,
                     dampening,
                     nesterov,
-                } => {
-                    let sgd = SgdStep {
-                        momentum,
-                        dampening,
-                        nesterov,
-                    };
+                };
+                for group in groups {
                     if self.foreach {
                         sgd.foreach(&mut self.params, group);
                     } else {
