@@ -1,13 +1,21 @@
 //! segtune: find the MMSegmentation training config (batch size, crop,
 //! gradient accumulation, AMP) that fits a GPU, by measurement.
 //!
-//! Data flows one way: [`config`] (load and resolve MMSeg/Rhai configs) →
-//! model spec → trial → search → report. The command line ([`cli`]) is a thin
-//! layer over these modules.
+//! Data flows one way, each layer using only those before it:
+//! [`config`] (load and resolve MMSeg/Rhai configs) → [`models`] (the same
+//! modules in libtorch) → [`trial`] (training steps measured in a worker
+//! process) → [`predict`] (GPU memory from CPU traces) → [`search`] (the best
+//! feasible candidate) → [`report`] (text and tables) → [`cli`] (the command
+//! lines). [`error`] is the one error type after the config layer. See
+//! `docs/architecture.md`.
 
 pub mod cli;
 pub mod config;
+pub mod error;
 pub mod models;
 pub mod predict;
+pub mod report;
 pub mod search;
 pub mod trial;
+
+pub use error::{Error, Result};

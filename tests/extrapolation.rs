@@ -6,7 +6,7 @@ mod common;
 use segtune::predict::estimate::batch_tensors;
 use segtune::predict::extrapolate::extrapolate;
 use segtune::predict::replay::{replay, ReplayInputs};
-use segtune::predict::trace::{from_text, TraceEvent};
+use segtune::trial::trace::{from_text, TraceEvent};
 use std::process::Command;
 
 fn trace(config: &std::path::Path, batch: i64) -> Vec<TraceEvent> {

@@ -3,9 +3,9 @@
 
 use segtune::predict::allocator::round_size;
 use segtune::predict::replay::{replay, ReplayInputs};
-use segtune::predict::trace::{from_text, phase_of, Phase};
+use segtune::trial::trace::{from_text, phase_of, Phase};
 
-fn fixture() -> Vec<segtune::predict::trace::TraceEvent> {
+fn fixture() -> Vec<segtune::trial::trace::TraceEvent> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/segformer_b0_1x128.trace"

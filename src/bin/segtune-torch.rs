@@ -1,4 +1,4 @@
-//! segtune's libtorch worker; see `segtune::trial::worker`.
+//! segtune's libtorch worker; see `segtune::cli::worker`.
 fn main() {
-    std::process::exit(segtune::trial::worker::main());
+    std::process::exit(segtune::cli::worker::main());
 }

@@ -10,11 +10,23 @@ use super::value::{python_float_repr, python_str_repr, Dict, Value};
 use std::fmt::Write as _;
 
 /// The output formats of `segtune resolve`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Py,
     Json,
     Rhai,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "py" => Ok(Format::Py),
+            "json" => Ok(Format::Json),
+            "rhai" => Ok(Format::Rhai),
+            other => Err(format!("`{other}` is not a format; use py, json or rhai")),
+        }
+    }
 }
 
 /// Renders `cfg` in `format`.

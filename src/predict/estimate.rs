@@ -2,20 +2,11 @@
 //! CPU trace of it, plus the terms a CPU cannot show. Every figure is a
 //! prediction and is labelled so.
 
+use super::budget::Gpu;
 use super::replay::{replay, ReplayInputs, ReplayResult};
-use super::trace::TraceEvent;
 use crate::config::{Dict, Value};
-
-/// What the estimate is for.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Target {
-    /// A name for the GPU (preset name or "custom").
-    pub gpu: String,
-    /// Total device memory in bytes (nvidia-smi's total).
-    pub vram_bytes: u64,
-    /// Compute capability, e.g. "8.6" (decides the fixed terms).
-    pub compute_capability: String,
-}
+use crate::trial::trace::TraceEvent;
+use crate::trial::Amp;
 
 /// One fixed term of the estimate and where its figure comes from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -59,7 +50,7 @@ pub struct Estimate {
     pub vram_bytes: u64,
     pub batch_size: i64,
     pub crop: [i64; 2],
-    pub amp: String,
+    pub amp: Amp,
     pub cudnn_benchmark: bool,
     /// What `torch.cuda.max_memory_allocated()` would report (predicted).
     pub predicted_peak_allocated_bytes: u64,
@@ -79,10 +70,10 @@ pub struct Estimate {
 /// a warm-up and a measured step).
 pub fn estimate(
     trace: &[TraceEvent],
-    target: &Target,
+    target: &Gpu,
     batch_size: i64,
     crop: (i64, i64),
-    amp: &str,
+    amp: Amp,
     cudnn_benchmark: bool,
     cpu_trace_peak_bytes: Option<i64>,
 ) -> Estimate {
@@ -140,10 +131,10 @@ pub fn estimate(
         },
     ];
     let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
-    if amp != "off" {
+    if amp != Amp::Off {
         notes.push(format!(
             "amp={amp}: the traced step casts by CUDA's autocast rules (which ops run in half precision, which in fp32, the cached half copies of weights{}); half precision is held as bf16 on the CPU (the same two bytes). Not in the trace: temporaries inside CUDA's half-precision kernels",
-            if amp == "fp16" { ", fp16's GradScaler" } else { "" }
+            if amp == Amp::Fp16 { ", fp16's GradScaler" } else { "" }
         ));
     }
     let predicted_device_bytes = limited
@@ -151,11 +142,11 @@ pub fn estimate(
         .max(unlimited.peak_reserved.min(capacity))
         + context;
     Estimate {
-        gpu: target.gpu.clone(),
+        gpu: target.name.clone(),
         vram_bytes: target.vram_bytes,
         batch_size,
         crop: [h, w],
-        amp: amp.to_string(),
+        amp,
         cudnn_benchmark,
         predicted_peak_allocated_bytes: unlimited.peak_allocated,
         predicted_peak_reserved_bytes: unlimited.peak_reserved,
@@ -222,56 +213,4 @@ pub fn cudnn_benchmark(cfg: &Dict) -> bool {
     cfg.get("env_cfg")
         .and_then(|e| e.get_path("cudnn_benchmark"))
         .is_some_and(Value::truthy)
-}
-
-/// Parses a VRAM size. All units are binary (1G = 1 GiB = 1024 MiB, as
-/// nvidia-smi's MiB are): `4G`, `4GB`, `4GiB`, `3.5G`, `4096M`, `4096MiB`,
-/// `512K`, or plain bytes.
-pub fn parse_vram(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a memory size; write e.g. 4G, 4096MiB or 3.5GB"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "`{text}`: unknown unit `{other}` (use K, M, G or T; all binary)"
-            ))
-        }
-    };
-    if !(value.is_finite() && value > 0.0) {
-        return Err(format!("`{text}` must be a positive size"));
-    }
-    Ok((value * scale as f64).round() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn vram_sizes() {
-        for (t, want) in [
-            ("4G", 4u64 << 30),
-            ("4GB", 4 << 30),
-            ("4GiB", 4 << 30),
-            ("3.5G", 7 << 29),
-            ("4096M", 4 << 30),
-            ("4096MiB", 4 << 30),
-            ("1073741824", 1 << 30),
-        ] {
-            assert_eq!(parse_vram(t).unwrap(), want, "{t}");
-        }
-        for bad in ["", "G", "-1G", "4X", "four"] {
-            assert!(parse_vram(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -5,7 +5,7 @@
 //! size as a function of the batch, and a trace for any batch size follows
 //! without running it.
 
-use super::trace::{phase_of, Phase, TraceEvent};
+use crate::trial::trace::{phase_of, Phase, TraceEvent};
 use std::collections::HashMap;
 
 /// Events that take part in the alignment (data loading and preprocessing
@@ -143,7 +143,7 @@ fn pairs(op: &similar::DiffOp) -> Vec<(Option<usize>, Option<usize>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::predict::trace::phase_code;
+    use crate::trial::trace::phase_code;
 
     fn ev(id: u64, bytes: i64, phase: Phase) -> TraceEvent {
         TraceEvent {

@@ -2,10 +2,23 @@
 //! allocation trace of the step (from a trial), replayed through a model of
 //! PyTorch's CUDA caching allocator, plus what the CPU does not show (the
 //! CUDA context, cuBLAS workspaces, the input batch's device copies).
+//!
+//! - `budget.rs`: the GPU (preset or `--vram`) and its memory budget.
+//! - `step_trace.rs`: a step traced on the CPU by the worker.
+//! - `extrapolate.rs`: larger batches from traces at batch 2 and 3.
+//! - `allocator.rs`, `replay.rs`: the caching allocator model and the replay.
+//! - `estimate.rs`: the estimate with its fixed terms; `from_config.rs`:
+//!   `segtune estimate` as a library call.
 
 pub mod allocator;
-pub mod cli;
+pub mod budget;
 pub mod estimate;
 pub mod extrapolate;
+pub mod from_config;
 pub mod replay;
-pub mod trace;
+pub mod step_trace;
+
+pub use budget::{Budget, Gpu};
+pub use estimate::Estimate;
+pub use from_config::{estimate_config, EstimateRequest};
+pub use step_trace::{trace_step, StepToTrace, TracedStep};

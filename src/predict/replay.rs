@@ -4,7 +4,7 @@
 //! PyTorch takes from the caching allocator on the first matmul is added.
 
 use super::allocator::{CachingAllocator, Stats};
-use super::trace::{phase_of, Phase, TraceEvent};
+use crate::trial::trace::{phase_of, Phase, TraceEvent};
 
 /// What to add to the CPU trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,7 +128,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::predict::trace::phase_code;
+    use crate::trial::trace::phase_code;
 
     fn ev(id: u64, bytes: i64, step: usize, phase: Phase) -> TraceEvent {
         TraceEvent {

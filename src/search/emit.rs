@@ -10,6 +10,7 @@
 
 use super::space::{Amp, Candidate};
 use crate::config::{self, dump, Dict, Value};
+use crate::error::{Error, Result};
 use std::path::{Component, Path, PathBuf};
 
 fn tuple(c: (i64, i64)) -> Value {
@@ -180,28 +181,28 @@ pub fn relative_path(target: &Path, from: &Path) -> PathBuf {
     out
 }
 
-fn check(path: &Path, c: &Candidate) -> Result<(), String> {
+fn check(path: &Path, c: &Candidate) -> Result<()> {
     let cfg = config::resolve(path, &[])
-        .map_err(|e| format!("the emitted config does not resolve:\n{e}"))?;
+        .map_err(|e| Error::Trial(format!("the emitted config does not resolve:\n{e}")))?;
     let v = Value::Dict(cfg);
     let want_crop = tuple(c.crop);
     let ok = v.get_path("train_dataloader.batch_size") == Some(&Value::Int(c.batch_size))
         && v.get_path("model.data_preprocessor.size") == Some(&want_crop);
     if !ok {
-        return Err(format!(
+        return Err(Error::Trial(format!(
             "the emitted config {} does not read back the winner",
             path.display()
-        ));
+        )));
     }
     Ok(())
 }
 
-fn write_checked(path: &Path, text: &str, c: &Candidate, input: &Path) -> Result<(), String> {
+fn write_checked(path: &Path, text: &str, c: &Candidate, input: &Path) -> Result<()> {
     if config::absolute(path) == config::absolute(input) {
-        return Err(format!(
-            "error: refusing to overwrite the input config {}",
+        return Err(Error::Input(format!(
+            "refusing to overwrite the input config {}",
             input.display()
-        ));
+        )));
     }
     let tmp = path.with_extension(format!(
         "{}.tmp",
@@ -222,12 +223,13 @@ fn write_checked(path: &Path, text: &str, c: &Candidate, input: &Path) -> Result
         path.extension().and_then(|e| e.to_str()).unwrap_or("py")
     ));
     std::fs::write(&tmp, text)
-        .map_err(|e| format!("error: cannot write {}: {e}", tmp.display()))?;
+        .map_err(|e| Error::Environment(format!("cannot write {}: {e}", tmp.display())))?;
     if let Err(e) = check(&tmp, c) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, path).map_err(|e| format!("error: cannot write {}: {e}", path.display()))
+    std::fs::rename(&tmp, path)
+        .map_err(|e| Error::Environment(format!("cannot write {}: {e}", path.display())))
 }
 
 /// Writes the winner next to `out_dir`; returns the written paths.
@@ -238,9 +240,9 @@ pub fn emit(
     auto_scale_lr: Option<i64>,
     out_dir: &Path,
     header: &str,
-) -> Result<Vec<PathBuf>, String> {
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir)
-        .map_err(|e| format!("error: cannot create {}: {e}", out_dir.display()))?;
+        .map_err(|e| Error::Environment(format!("cannot create {}: {e}", out_dir.display())))?;
     let stem = input
         .file_stem()
         .and_then(|s| s.to_str())
@@ -265,11 +267,11 @@ pub fn emit(
         write_checked(&path, &text, c, input)?;
         written.push(path.clone());
         // MMSeg cannot read Rhai: a standalone, fully resolved Python config too.
-        let resolved = config::resolve(&path, &[]).map_err(|e| e.to_string())?;
+        let resolved = config::resolve(&path, &[])?;
         let py = out_dir.join(format!("{stem}_segtune_resolved.py"));
         let text = format!(
             "# {header}\n# Fully resolved (no _base_): MMSeg's tools/train.py reads it as is.\n{}",
-            dump::to_python(&resolved).map_err(|e| e.to_string())?
+            dump::to_python(&resolved)?
         );
         write_checked(&py, &text, c, input)?;
         written.push(py);
@@ -278,7 +280,7 @@ pub fn emit(
         let text = format!(
             "# {header}\n_base_ = {}\n{}",
             crate::config::value::python_str_repr(&base.to_string_lossy()),
-            dump::to_python(&o).map_err(|e| e.to_string())?
+            dump::to_python(&o)?
         );
         write_checked(&path, &text, c, input)?;
         written.push(path);

@@ -2,8 +2,9 @@
 //! as it completes (one JSON object per line, flushed), keyed by config
 //! hash, candidate and device, so a re-run resumes without redoing any.
 
+use super::record::TrialRecord;
 use super::space::Candidate;
-use super::TrialRecord;
+use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,9 +28,9 @@ pub struct Journal {
 impl Journal {
     /// Opens (or starts) `dir/trials.jsonl` for this config and device.
     /// Lines that do not parse (a run killed mid-write) are ignored.
-    pub fn open(dir: &Path, config_hash: &str, device: &str) -> Result<Journal, String> {
+    pub fn open(dir: &Path, config_hash: &str, device: &str) -> Result<Journal> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
+            .map_err(|e| Error::Environment(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join("trials.jsonl");
         let mut done = HashMap::new();
         if let Ok(text) = std::fs::read_to_string(&path) {
@@ -54,7 +55,7 @@ impl Journal {
     }
 
     /// Appends a finished trial (one write of a whole line, then flush).
-    pub fn append(&mut self, c: &Candidate, record: &TrialRecord) -> Result<(), String> {
+    pub fn append(&mut self, c: &Candidate, record: &TrialRecord) -> Result<()> {
         let line = Line {
             config_hash: self.config_hash.clone(),
             device: self.device.clone(),
@@ -67,10 +68,14 @@ impl Journal {
             .create(true)
             .append(true)
             .open(&self.path)
-            .map_err(|e| format!("error: cannot write {}: {e}", self.path.display()))?;
+            .map_err(|e| {
+                Error::Environment(format!("cannot write {}: {e}", self.path.display()))
+            })?;
         f.write_all(text.as_bytes())
             .and_then(|_| f.flush())
-            .map_err(|e| format!("error: cannot write {}: {e}", self.path.display()))?;
+            .map_err(|e| {
+                Error::Environment(format!("cannot write {}: {e}", self.path.display()))
+            })?;
         self.done.insert(c.key(), record.clone());
         Ok(())
     }

@@ -4,7 +4,7 @@
 use crate::config::{Dict, Value};
 use regex::Regex;
 
-pub use crate::trial::optim::Amp;
+pub use crate::trial::Amp;
 
 /// One configuration to try.
 #[derive(
@@ -44,7 +44,7 @@ impl Candidate {
 }
 
 /// What the recipe trains with.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Recipe {
     pub batch_size: i64,
     pub crop: (i64, i64),
@@ -56,7 +56,7 @@ pub struct Recipe {
 
 impl Recipe {
     /// Reads the recipe from a resolved config and its file name (`NxbB`).
-    pub fn of(cfg: &Dict, file_name: &str) -> Result<Recipe, String> {
+    pub fn of(cfg: &Dict, file_name: &str) -> Result<Recipe, &'static str> {
         let batch_size = crate::predict::estimate::recipe_batch_size(cfg)
             .ok_or("the config has no train_dataloader.batch_size")?;
         let crop = crate::predict::estimate::recipe_crop(cfg).ok_or(

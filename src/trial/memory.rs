@@ -6,7 +6,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 
-pub use crate::predict::trace::{Phase, TraceEvent};
+pub use crate::trial::trace::{Phase, TraceEvent};
 
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -108,7 +108,7 @@ impl CpuCounter {
 }
 
 /// Statistics of the CUDA caching allocator for one device.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct DeviceStats {
     pub allocated_current: i64,
     pub allocated_peak: i64,

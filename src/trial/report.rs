@@ -1,8 +1,8 @@
-//! What a trial reports, as text and as JSON.
+//! What a trial reports: the worker's reply, serialised by the worker and
+//! read back by the parent (the text form is the `report` layer's).
 
 use super::memory::{DeviceStats, TraceEvent};
-use super::optim::Amp;
-use super::TrialSpec;
+use super::{Amp, TrialRequest, TrialSpec};
 use crate::models::EncoderDecoder;
 
 /// How a trial ended.
@@ -10,14 +10,35 @@ use crate::models::EncoderDecoder;
 #[serde(rename_all = "snake_case")]
 pub enum TrialStatus {
     Ok,
+    /// Out of memory (CUDA's, or the CPU cap's).
     Oom,
+    /// libtorch or the config refused the step.
     Error,
+    /// The loss was NaN or infinite.
     NonFiniteLoss,
+    /// No report within the time allowed; the worker was stopped.
+    Timeout,
+    /// The worker died without a report (a signal, an abort).
+    Crash,
+}
+
+impl TrialStatus {
+    /// The name in reports (`ok`, `oom`, `error`, `non_finite_loss`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            TrialStatus::Ok => "ok",
+            TrialStatus::Oom => "oom",
+            TrialStatus::Error => "error",
+            TrialStatus::NonFiniteLoss => "non_finite_loss",
+            TrialStatus::Timeout => "timeout",
+            TrialStatus::Crash => "crash",
+        }
+    }
 }
 
 /// One training step's figures (bytes relative to the allocator count
 /// before the model was built).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StepRecord {
     pub step: usize,
     pub measured: bool,
@@ -33,14 +54,14 @@ pub struct StepRecord {
 }
 
 /// Parameter counts of one top-level module.
-#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct PrefixCount {
     pub total: i64,
     pub trainable: i64,
 }
 
 /// A trial's result.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TrialReport {
     pub status: TrialStatus,
     pub message: Option<String>,
@@ -79,7 +100,7 @@ pub struct TrialReport {
     pub step_time_median_s: Option<f64>,
     pub images_per_s: Option<f64>,
     pub steps: Vec<StepRecord>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub trace: Option<Vec<TraceEvent>>,
 }
 
@@ -115,6 +136,24 @@ impl TrialReport {
             steps: Vec::new(),
             trace: None,
         }
+    }
+
+    /// The report of a request the worker never answered (see
+    /// [`super::worker::Worker::trial`]): no figures, only the request.
+    pub fn unanswered(request: &TrialRequest, status: TrialStatus, message: String) -> TrialReport {
+        let spec = TrialSpec {
+            batch_size: request.batch_size,
+            crop: request.crop,
+            amp: request.amp,
+            accumulative_counts: request.accumulative_counts,
+            stack: request.setup.stack,
+            gpus: request.setup.gpus,
+            as_cuda: request.as_cuda,
+            ..TrialSpec::default()
+        };
+        let mut report = TrialReport::new(&spec);
+        report.device = request.device.to_string();
+        report.failed(status, message)
     }
 
     pub fn set_params(&mut self, model: &EncoderDecoder) {
@@ -186,52 +225,6 @@ impl TrialReport {
         };
         self.step_time_median_s = Some(median);
         self.images_per_s = Some(self.batch_size as f64 / median);
-    }
-
-    /// A short human-readable summary.
-    pub fn to_text(&self) -> String {
-        let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
-        let mut out = format!(
-            "status: {:?}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {:?}, accumulation {}, device {}\n",
-            self.status, self.params_total, self.params_trainable, self.batch_size, self.crop[0], self.crop[1], self.amp, self.accumulative_counts, self.device
-        );
-        if self.stack != super::Stack::Current || self.gpus > 1 || self.as_cuda {
-            out.push_str(&format!(
-                "setup: stack {}, {} GPU(s) data-parallel{}\n",
-                self.stack.name(),
-                self.gpus,
-                if self.as_cuda {
-                    ", standing in for CUDA"
-                } else {
-                    ""
-                }
-            ));
-        }
-        if let Some(m) = &self.message {
-            out.push_str(&format!("message: {m}\n"));
-        }
-        if let Some(p) = self.peak_bytes {
-            out.push_str(&format!(
-                "peak bytes (CPU tensors, measured steps): {p} ({:.1} MiB)\n",
-                mib(p)
-            ));
-        }
-        if let (Some(a), Some(r)) = (
-            self.cuda_peak_allocated_bytes,
-            self.cuda_peak_reserved_bytes,
-        ) {
-            out.push_str(&format!(
-                "CUDA peak allocated: {a} ({:.1} MiB), peak reserved: {r} ({:.1} MiB)\n",
-                mib(a),
-                mib(r)
-            ));
-        }
-        if let (Some(t), Some(ips)) = (self.step_time_median_s, self.images_per_s) {
-            out.push_str(&format!(
-                "step time (median): {t:.3} s, {ips:.2} images/s\n"
-            ));
-        }
-        out
     }
 }
 

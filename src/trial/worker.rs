@@ -1,188 +1,213 @@
-//! The `segtune-torch` worker: the commands that need libtorch (`trial`,
-//! `inspect`). They live in a binary of their own so that `segtune` itself
-//! starts in milliseconds (libtorch takes ~0.4 s to load); `segtune trial`
-//! and `segtune inspect` run this binary.
+//! The parent side of the protocol: runs the `segtune-torch` worker next to
+//! the running executable on a [`TrialRequest`] and reads its
+//! [`TrialReport`] back. A worker that exits with the input-error code
+//! passes its rendered message on; one that dies, hangs past its time or
+//! answers nothing readable becomes a report with status `crash` or
+//! `timeout` that says how.
 
-use super::{TrialSpec, TrialStatus};
-use crate::cli::{parse_device, InspectArgs, TrialArgs, EXIT_INPUT_ERROR};
-use crate::config;
-use crate::models::{check_supported, EncoderDecoder};
-use clap::{Parser, Subcommand};
-use tch::Device;
+use super::{ModelSummary, TrialReport, TrialRequest, TrialStatus};
+use crate::error::{Error, Result};
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "segtune-torch",
-    about = "segtune's libtorch worker (run through `segtune trial` / `segtune inspect`)"
-)]
-struct WorkerCli {
-    #[command(subcommand)]
-    command: WorkerCommand,
+/// The worker's exit code for input errors (as `segtune`'s).
+pub const EXIT_INPUT_ERROR: i32 = 2;
+
+/// The `segtune-torch` worker binary.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    path: PathBuf,
 }
 
-#[derive(Subcommand, Debug)]
-enum WorkerCommand {
-    Trial(TrialArgs),
-    Inspect(InspectArgs),
-    /// Print the number of CUDA devices libtorch sees.
-    Devices,
+/// What a finished worker process left.
+struct Finished {
+    status: Option<std::process::ExitStatus>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    timed_out: bool,
 }
 
-/// Runs the worker's command line; returns the exit code.
-pub fn main() -> i32 {
-    // libtorch errors arrive as panics that trials catch and report.
-    std::panic::set_hook(Box::new(|_| {}));
-    let cli = match WorkerCli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { EXIT_INPUT_ERROR } else { 0 };
-        }
-    };
-    match cli.command {
-        WorkerCommand::Trial(args) => trial(args),
-        WorkerCommand::Inspect(args) => inspect(args),
-        WorkerCommand::Devices => {
-            let n = if tch::Cuda::is_available() {
-                tch::Cuda::device_count()
-            } else {
-                0
-            };
-            println!("{n}");
-            0
-        }
+impl Finished {
+    fn input_error(&self) -> Option<Error> {
+        (self.status.and_then(|s| s.code()) == Some(EXIT_INPUT_ERROR))
+            .then(|| Error::Rendered(String::from_utf8_lossy(&self.stderr).into_owned()))
     }
 }
 
-fn fail(message: impl std::fmt::Display) -> i32 {
-    eprint!("{message}");
-    if !message.to_string().ends_with('\n') {
-        eprintln!();
+impl Worker {
+    /// The worker next to the running executable (`cargo build` puts both
+    /// binaries in one directory).
+    pub fn locate() -> Result<Worker> {
+        let exe = std::env::current_exe().ok();
+        let path = exe
+            .as_ref()
+            .and_then(|e| e.parent())
+            .map(|d| d.join("segtune-torch"))
+            .filter(|w| w.is_file())
+            .ok_or_else(|| {
+                Error::Environment(
+                    "segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`".into(),
+                )
+            })?;
+        Ok(Worker { path })
     }
-    EXIT_INPUT_ERROR
-}
 
-fn trial(args: TrialArgs) -> i32 {
-    let cfg = match config::resolve(&args.config, &args.cfg_options) {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    if let Err(e) = check_supported(&cfg) {
-        return fail(format!("error: {e}\n  --> {}", args.config.display()));
+    /// A worker binary at `path`.
+    pub fn at(path: impl Into<PathBuf>) -> Worker {
+        Worker { path: path.into() }
     }
-    let device = match parse_device(&args.device) {
-        Ok(d) => d,
-        Err(e) => return fail(e),
-    };
-    let device = match device {
-        None => Device::Cpu,
-        Some(i) if tch::Cuda::is_available() && (i as i64) < tch::Cuda::device_count() => {
-            Device::Cuda(i)
-        }
-        Some(i) => {
-            return fail(format!(
-                "error: --device cuda:{i} requested, but libtorch sees {} CUDA device(s)",
-                tch::Cuda::device_count()
-            ))
-        }
-    };
-    let spec = TrialSpec {
-        batch_size: args.batch_size,
-        crop: args.crop.0,
-        amp: args.amp,
-        accumulative_counts: args.accum,
-        warmup_steps: args.warmup,
-        measured_steps: args.steps,
-        device,
-        seed: args.seed,
-        ignore_fraction: args.ignore_fraction,
-        cpu_cap_bytes: args.cpu_cap.map(|b| b as i64),
-        trace: args.trace_out.is_some(),
-        threads: args.threads,
-        stack: args.setup.stack,
-        gpus: args.setup.gpus,
-        as_cuda: args.as_cuda,
-    };
-    let mut report = super::run(&cfg, &spec);
-    if let (Some(path), Some(trace)) = (&args.trace_out, report.trace.take()) {
-        if let Err(e) = std::fs::write(path, crate::predict::trace::to_text(&trace)) {
-            return fail(format!(
-                "error: cannot write the trace to {}: {e}",
-                path.display()
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs one trial and returns its report. `Err` only for input errors
+    /// the worker found before any step (its message is already rendered)
+    /// and for a worker that cannot start.
+    pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
+        let run = self.run(&request.to_argv(), timeout)?;
+        if run.timed_out {
+            let secs = timeout.map_or(0, |t| t.as_secs());
+            return Ok(TrialReport::unanswered(
+                request,
+                TrialStatus::Timeout,
+                format!("no result within {secs} s; the trial was stopped"),
             ));
         }
+        if let Some(e) = run.input_error() {
+            return Err(e);
+        }
+        match serde_json::from_slice::<TrialReport>(&run.stdout) {
+            Ok(report) => Ok(report),
+            Err(_) => Ok(TrialReport::unanswered(
+                request,
+                TrialStatus::Crash,
+                how_it_died(run.status, &run.stderr),
+            )),
+        }
     }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("reports serialise")
-        );
-    } else {
-        print!("{}", report.to_text());
+
+    /// `segtune inspect`: the model's types and parameter counts.
+    pub fn inspect(&self, config: &Path, cfg_options: &[String]) -> Result<ModelSummary> {
+        let mut argv: Vec<OsString> = vec!["inspect".into(), config.into(), "--json".into()];
+        if !cfg_options.is_empty() {
+            argv.push("--cfg-options".into());
+            argv.extend(cfg_options.iter().map(OsString::from));
+        }
+        let run = self.run(&argv, None)?;
+        if let Some(e) = run.input_error() {
+            return Err(e);
+        }
+        serde_json::from_slice(&run.stdout).map_err(|_| {
+            Error::Trial(format!(
+                "the inspection failed: {}",
+                how_it_died(run.status, &run.stderr)
+            ))
+        })
     }
-    match report.status {
-        TrialStatus::Ok => 0,
-        _ => 1,
+
+    /// The number of CUDA devices libtorch sees (0 when the worker cannot tell).
+    pub fn cuda_devices(&self) -> usize {
+        self.run(&["devices".into()], None)
+            .ok()
+            .and_then(|r| String::from_utf8(r.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn run(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
+        let mut child = Command::new(&self.path)
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::Environment(format!("cannot run {}: {e}", self.path.display())))?;
+        // Drained on threads, so that a chatty worker never blocks on a full pipe.
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                if let Some(mut p) = pipe {
+                    let _ = p.read_to_end(&mut bytes);
+                }
+                bytes
+            })
+        }
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        let started = Instant::now();
+        let mut timed_out = false;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
+                    let _ = child.kill();
+                    timed_out = true;
+                    break child.wait().ok();
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break None,
+            }
+        };
+        Ok(Finished {
+            status,
+            stdout: stdout.join().unwrap_or_default(),
+            stderr: stderr.join().unwrap_or_default(),
+            timed_out,
+        })
     }
 }
 
-fn inspect(args: InspectArgs) -> i32 {
-    let cfg = match config::resolve(&args.config, &args.cfg_options) {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let model_type = |k: &str| {
-        cfg.get("model")
-            .and_then(|m| m.get_path(k))
-            .and_then(config::Value::as_str)
-            .map(str::to_string)
-    };
-    let mut out = serde_json::json!({
-        "config": args.config.display().to_string(),
-        "model_type": model_type("type"),
-        "backbone_type": model_type("backbone.type"),
-        "decode_head_type": model_type("decode_head.type"),
-    });
-    let supported = check_supported(&cfg).and_then(|_| EncoderDecoder::build(&cfg, Device::Cpu));
-    match supported {
-        Ok(model) => {
-            out["supported"] = true.into();
-            out["params_total"] = model.params.total().into();
-            out["params_trainable"] = model.params.trainable().into();
-            let by: serde_json::Map<String, serde_json::Value> = model
-                .params
-                .by_prefix()
-                .into_iter()
-                .map(|(k, t, tr)| (k, serde_json::json!({"total": t, "trainable": tr})))
-                .collect();
-            out["params_by_prefix"] = by.into();
-        }
-        Err(e) => {
-            out["supported"] = false.into();
-            out["reason"] = e.to_string().into();
-        }
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
-    } else {
-        println!("config: {}", args.config.display());
-        for k in ["model_type", "backbone_type", "decode_head_type"] {
-            println!("{k}: {}", out[k].as_str().unwrap_or("-"));
-        }
-        if out["supported"] == true {
-            println!("supported: yes");
-            println!(
-                "parameters: {} total, {} trainable",
-                out["params_total"], out["params_trainable"]
-            );
-            if let Some(by) = out["params_by_prefix"].as_object() {
-                for (k, v) in by {
-                    println!("  {k}: {} total, {} trainable", v["total"], v["trainable"]);
-                }
+/// How a worker that left no report ended, with the likely cause.
+fn how_it_died(status: Option<std::process::ExitStatus>, stderr: &[u8]) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let last_line = String::from_utf8_lossy(stderr)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| format!(": {}", l.trim()))
+        .unwrap_or_default();
+    match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (_, Some(9)) => format!(
+                "the worker was killed (SIGKILL), most likely by the kernel's out-of-memory killer: the host ran out of RAM{last_line}"
+            ),
+            (_, Some(6)) => format!("the worker aborted (SIGABRT){last_line}"),
+            (_, Some(11)) => format!("the worker crashed (SIGSEGV){last_line}"),
+            (_, Some(sig)) => format!("the worker was stopped by signal {sig}{last_line}"),
+            (Some(code), None) => {
+                format!("the worker exited with code {code} without a report{last_line}")
             }
-        } else {
-            println!("supported: no ({})", out["reason"].as_str().unwrap_or(""));
-        }
+            (None, None) => format!("the worker ended without a report{last_line}"),
+        },
+        None => format!("the worker's end could not be observed{last_line}"),
     }
-    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_is_named_with_its_likely_cause() {
+        use std::os::unix::process::ExitStatusExt;
+        let killed = std::process::ExitStatus::from_raw(9);
+        assert!(how_it_died(Some(killed), b"").contains("out-of-memory killer"));
+        let exited = std::process::ExitStatus::from_raw(101 << 8);
+        let text = how_it_died(Some(exited), b"thread 'main' panicked\n");
+        assert!(
+            text.contains("code 101") && text.contains("panicked"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_missing_worker_is_an_environment_error() {
+        let worker = Worker::at("/nonexistent/segtune-torch");
+        let err = worker.trial(&TrialRequest::new("x.py"), None).unwrap_err();
+        assert!(matches!(err, Error::Environment(_)), "{err}");
+    }
 }

@@ -1,17 +1,47 @@
-//! The `segtune` command line: argument parsing and output, nothing else.
-//! Every bad input ends with a message on stderr and exit code 2.
+//! The command lines of `segtune` and `segtune-torch` (clap), and their
+//! conversion into the library's types: a [`TrialRequest`], an
+//! [`EstimateRequest`], a [`SearchRequest`].
 
-use crate::config::{self, dump, presets, ConfigError};
-pub use crate::trial::optim::Amp;
-pub use crate::trial::Stack;
-use clap::{Parser, Subcommand};
-use std::io::Write;
+use crate::config::dump;
+use crate::error::Result;
+use crate::predict::{EstimateRequest, Gpu};
+use crate::search::{Objective, SearchRequest, SearchSpec};
+use crate::trial::{Amp, DeviceChoice, Stack, TrainingSetup, TrialRequest};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
 
-/// Exit code of every usage or input error.
-pub const EXIT_INPUT_ERROR: i32 = 2;
+/// A parser for a library enum from its listed names.
+fn named<T>(names: &'static [&'static str]) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Debug,
+{
+    PossibleValuesParser::new(names).map(|s| s.parse::<T>().expect("a listed name parses"))
+}
 
-#[derive(Parser, Debug)]
+const AMPS: &[&str] = &["off", "fp16", "bf16"];
+const STACKS: &[&str] = &["current", "zoo-2021"];
+const FORMATS: &[&str] = &["py", "json", "rhai"];
+const OBJECTIVES: &[&str] = &["keep-crop", "throughput"];
+
+/// A crop size `HxW` (or one number for a square).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crop(pub (i64, i64));
+
+impl std::str::FromStr for Crop {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Crop, String> {
+        let parse = |t: &str| t.trim().parse::<i64>().ok().filter(|v| *v > 0);
+        let dims = match s.split_once(['x', 'X']) {
+            Some((h, w)) => parse(h).zip(parse(w)),
+            None => parse(s).map(|v| (v, v)),
+        };
+        dims.map(Crop)
+            .ok_or_else(|| format!("`{s}` is not a crop size; write HxW, e.g. 512x512"))
+    }
+}
+
+#[derive(clap::Parser, Debug)]
 #[command(
     name = "segtune",
     version,
@@ -22,7 +52,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Print a config fully resolved, as MMEngine's Config.fromfile would.
     Resolve {
@@ -30,7 +60,7 @@ pub enum Command {
         config: PathBuf,
         /// Output format: py (loadable by mmengine, keys sorted), json
         /// (tuples as {"__tuple__": [...]}), rhai.
-        #[arg(long, value_enum, default_value = "py")]
+        #[arg(long, value_parser = named::<dump::Format>(FORMATS), default_value = "py")]
         format: dump::Format,
         /// Override settings, as tools/train.py's --cfg-options: KEY=VALUE
         /// with dotted keys (list items by index: a.0.b=1).
@@ -60,24 +90,7 @@ pub enum Command {
     Presets,
 }
 
-/// A crop size `HxW` (or one number for a square).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Crop(pub (i64, i64));
-
-impl std::str::FromStr for Crop {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Crop, String> {
-        let parse = |t: &str| t.trim().parse::<i64>().ok().filter(|v| *v > 0);
-        let dims = match s.split_once(['x', 'X']) {
-            Some((h, w)) => parse(h).zip(parse(w)),
-            None => parse(s).map(|v| (v, v)),
-        };
-        dims.map(Crop)
-            .ok_or_else(|| format!("`{s}` is not a crop size; write HxW, e.g. 512x512"))
-    }
-}
-
-/// `segtune trial` arguments.
+/// `segtune trial` arguments (also the worker's: see [`TrialRequest::to_argv`]).
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrialArgs {
     /// The config (.py or .rhai).
@@ -87,7 +100,7 @@ pub struct TrialArgs {
     /// Crop HxW (also sets data_preprocessor.size, as changing the crop does).
     #[arg(long, default_value = "512x512")]
     pub crop: Crop,
-    #[arg(long, value_enum, default_value = "off")]
+    #[arg(long, value_parser = named::<Amp>(AMPS), default_value = "off")]
     pub amp: Amp,
     /// accumulative_counts (default: the config's).
     #[arg(long)]
@@ -100,7 +113,7 @@ pub struct TrialArgs {
     pub warmup: usize,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: DeviceChoice,
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
     /// Fraction of label pixels set to ignore_index in the synthetic batch.
@@ -116,7 +129,7 @@ pub struct TrialArgs {
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
     #[command(flatten)]
-    pub setup: TrainingSetup,
+    pub setup: SetupArgs,
     /// On the CPU, stand in for a CUDA run where CUDA's PyTorch does
     /// otherwise: CUDA's autocast rules (half precision held as bf16),
     /// fp16's GradScaler, the optimizers' foreach implementation.
@@ -128,9 +141,32 @@ pub struct TrialArgs {
     pub cfg_options: Vec<String>,
 }
 
+impl TrialArgs {
+    pub fn request(&self) -> TrialRequest {
+        TrialRequest {
+            config: self.config.clone(),
+            cfg_options: self.cfg_options.clone(),
+            batch_size: self.batch_size,
+            crop: self.crop.0,
+            amp: self.amp,
+            accumulative_counts: self.accum,
+            warmup_steps: self.warmup,
+            measured_steps: self.steps,
+            device: self.device,
+            seed: self.seed,
+            ignore_fraction: self.ignore_fraction,
+            threads: self.threads,
+            cpu_cap_bytes: self.cpu_cap,
+            trace_out: self.trace_out.clone(),
+            setup: self.setup.setup(),
+            as_cuda: self.as_cuda,
+        }
+    }
+}
+
 /// The training run around the step: how many GPUs, which software stack.
 #[derive(clap::Args, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TrainingSetup {
+pub struct SetupArgs {
     /// GPUs training data-parallel (DDP): each also holds DDP's gradient
     /// buckets, one more copy of the trainable parameters.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
@@ -138,15 +174,15 @@ pub struct TrainingSetup {
     /// Whose memory behaviour to reproduce: `current` (PyTorch 2.x +
     /// MMEngine) or `zoo-2021` (PyTorch <= 1.10 + mmcv 1.x, as MMSeg's
     /// model-zoo memory was measured; CPU traces only).
-    #[arg(long, value_enum, default_value = "current")]
+    #[arg(long, value_parser = named::<Stack>(STACKS), default_value = "current")]
     pub stack: Stack,
 }
 
-impl Default for TrainingSetup {
-    fn default() -> TrainingSetup {
+impl SetupArgs {
+    fn setup(&self) -> TrainingSetup {
         TrainingSetup {
-            gpus: 1,
-            stack: Stack::Current,
+            gpus: self.gpus,
+            stack: self.stack,
         }
     }
 }
@@ -174,17 +210,36 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub crop: Option<Crop>,
     /// Mixed precision (default: the recipe's; AmpOptimWrapper means its dtype).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = named::<Amp>(AMPS))]
     pub amp: Option<Amp>,
     /// CPU threads for the traced step (default: every core).
     #[arg(long)]
     pub threads: Option<i32>,
     #[command(flatten)]
-    pub setup: TrainingSetup,
+    pub setup: SetupArgs,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     pub cfg_options: Vec<String>,
+}
+
+impl EstimateArgs {
+    pub fn request(&self) -> Result<EstimateRequest> {
+        Ok(EstimateRequest {
+            config: self.config.clone(),
+            cfg_options: self.cfg_options.clone(),
+            gpu: Gpu::choose(
+                self.preset.as_deref(),
+                self.vram.as_deref(),
+                &self.compute_capability,
+            )?,
+            batch_size: self.batch_size,
+            crop: self.crop.map(|c| c.0),
+            amp: self.amp,
+            threads: self.threads,
+            setup: self.setup.setup(),
+        })
+    }
 }
 
 /// `segtune search` arguments.
@@ -213,8 +268,8 @@ pub struct SearchArgs {
     pub out: PathBuf,
     /// keep-crop (default: the recipe's crop if anything fits at it, then
     /// throughput) or throughput.
-    #[arg(long)]
-    pub objective: Option<String>,
+    #[arg(long, value_parser = named::<Objective>(OBJECTIVES))]
+    pub objective: Option<Objective>,
     /// Also list the infeasible candidates with their reason.
     #[arg(long)]
     pub all: bool,
@@ -242,6 +297,28 @@ pub struct SearchArgs {
     pub cfg_options: Vec<String>,
 }
 
+impl SearchArgs {
+    pub fn request(&self) -> SearchRequest {
+        SearchRequest {
+            config: self.config.clone(),
+            cfg_options: self.cfg_options.clone(),
+            settings: SearchSpec {
+                vram: self.vram.clone(),
+                preset: self.preset.clone(),
+                margin: self.margin,
+                objective: self.objective,
+                device: self.device.clone(),
+                compute_capability: self.compute_capability.clone(),
+                gpus: self.gpus,
+            },
+            out: self.out.clone(),
+            exhaustive: self.exhaustive,
+            trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
+            threads: self.threads,
+        }
+    }
+}
+
 /// `segtune inspect` arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct InspectArgs {
@@ -252,138 +329,55 @@ pub struct InspectArgs {
     pub cfg_options: Vec<String>,
 }
 
-/// The machine's cores (at least 1).
-pub fn cores() -> i32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as i32)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
 
-/// `cpu` -> `None`, `cuda` -> `Some(0)`, `cuda:N` -> `Some(N)`.
-pub fn parse_device(s: &str) -> Result<Option<usize>, String> {
-    match s {
-        "cpu" => Ok(None),
-        "cuda" => Ok(Some(0)),
-        other => other
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Some)
-            .ok_or_else(|| format!("error: `--device {other}`: write cpu, cuda or cuda:N")),
+    #[derive(clap::Parser)]
+    struct Worker {
+        #[command(subcommand)]
+        command: WorkerCommand,
     }
-}
 
-/// The `segtune-torch` worker next to this executable.
-pub fn worker_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().ok();
-    let worker = exe
-        .as_ref()
-        .and_then(|e| e.parent())
-        .map(|d| d.join("segtune-torch"));
-    worker.filter(|w| w.is_file()).ok_or_else(|| {
-        "error: segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`".to_string()
-    })
-}
-
-/// Runs `segtune-torch` (next to this executable) with the same arguments.
-fn run_worker() -> i32 {
-    let worker = match worker_path() {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("{e}");
-            return EXIT_INPUT_ERROR;
-        }
-    };
-    match std::process::Command::new(&worker)
-        .args(std::env::args_os().skip(1))
-        .status()
-    {
-        Ok(status) => status.code().unwrap_or(EXIT_INPUT_ERROR),
-        Err(e) => {
-            eprintln!("error: cannot run {}: {e}", worker.display());
-            EXIT_INPUT_ERROR
-        }
+    #[derive(clap::Subcommand)]
+    enum WorkerCommand {
+        Trial(TrialArgs),
     }
-}
 
-/// Runs the command line; returns the process exit code.
-pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() { EXIT_INPUT_ERROR } else { 0 };
-            let _ = e.print();
-            return code;
-        }
-    };
-    if matches!(cli.command, Command::Trial(_) | Command::Inspect(_)) {
-        return run_worker();
+    fn parse(argv: Vec<std::ffi::OsString>) -> TrialRequest {
+        let mut full = vec![std::ffi::OsString::from("segtune-torch")];
+        full.extend(argv);
+        let WorkerCommand::Trial(args) = Worker::try_parse_from(full).unwrap().command;
+        args.request()
     }
-    match run(cli) {
-        Ok(text) => {
-            let mut stdout = std::io::stdout().lock();
-            // A closed pipe (`segtune resolve x.py | head`) is not an error.
-            let _ = stdout.write_all(text.as_bytes());
-            let _ = stdout.flush();
-            0
-        }
-        Err(e) => {
-            eprint!("{e}");
-            EXIT_INPUT_ERROR
-        }
-    }
-}
 
-/// An error message from a command as a config error (without a doubled `error:`).
-fn plain_error(e: String) -> ConfigError {
-    ConfigError::new(
-        config::ErrorKind::Evaluation,
-        e.trim_start_matches("error: ").trim_end().to_string(),
-    )
-}
-
-/// Runs one command and returns everything it prints on success, so that
-/// nothing reaches stdout when it fails half-way.
-pub fn run(cli: Cli) -> Result<String, ConfigError> {
-    match cli.command {
-        Command::Resolve {
-            config,
-            format,
-            cfg_options,
-        } => {
-            let cfg = config::resolve(&config, &cfg_options)?;
-            dump::render(&cfg, format)
-        }
-        Command::Trial(_) | Command::Inspect(_) => unreachable!("run by the segtune-torch worker"),
-        Command::Estimate(args) => crate::predict::cli::estimate(args)
-            .map_err(|e| ConfigError::new(config::ErrorKind::Evaluation, e)),
-        Command::Search(args) => {
-            let result = crate::search::command::search(&args).map_err(plain_error)?;
-            Ok(if args.json {
-                serde_json::to_string_pretty(&result).expect("results serialise") + "\n"
-            } else {
-                crate::search::command::render(&result, args.all)
-            })
-        }
-        Command::Schema { which } => {
-            let schema = if which == "search" {
-                schemars::schema_for!(crate::search::SearchSpec)
-            } else {
-                schemars::schema_for!(crate::search::SearchResult)
-            };
-            Ok(serde_json::to_string_pretty(&schema).expect("schemas serialise") + "\n")
-        }
-        Command::Presets => {
-            let mut out = String::new();
-            for name in presets::names() {
-                let p = presets::load(name)?;
-                let get = |k: &str| p.get(k).map(config::value::python_str).unwrap_or_default();
-                out.push_str(&format!(
-                    "{name:18} {:32} {:>7} MiB  cc {}  bf16 {}\n",
-                    get("name"),
-                    get("vram_mib"),
-                    get("compute_capability"),
-                    get("bf16")
-                ));
-            }
-            Ok(out)
-        }
+    #[test]
+    fn a_request_survives_the_worker_command_line() {
+        let plain = TrialRequest::new("cfg.py");
+        assert_eq!(parse(vec!["trial".into(), "cfg.py".into()]), plain);
+        assert_eq!(parse(plain.to_argv()), plain);
+        let full = TrialRequest {
+            cfg_options: vec!["crop_size=(64,64)".into(), "a.b=1".into()],
+            batch_size: 3,
+            crop: (256, 128),
+            amp: Amp::Bf16,
+            accumulative_counts: Some(4),
+            warmup_steps: 2,
+            measured_steps: 1,
+            device: DeviceChoice::Cuda(1),
+            seed: 7,
+            ignore_fraction: 0.0,
+            threads: Some(2),
+            cpu_cap_bytes: Some(1 << 30),
+            trace_out: Some("/tmp/x.trace".into()),
+            setup: TrainingSetup {
+                gpus: 8,
+                stack: Stack::Zoo2021,
+            },
+            as_cuda: true,
+            ..TrialRequest::new("cfg.rhai")
+        };
+        assert_eq!(parse(full.to_argv()), full);
     }
 }

@@ -1,0 +1,156 @@
+//! The command lines: `segtune` ([`main`]) and its libtorch worker
+//! `segtune-torch` ([`worker::main`]). Parsing (clap), the conversion of the
+//! arguments into library requests, the progress bar, printing and exit
+//! codes; nothing else. Every error is rendered here, once, with exit code 2.
+
+pub mod args;
+pub mod worker;
+
+use crate::config::{self, dump};
+use crate::error::Result;
+use crate::predict::{estimate_config, Gpu};
+use crate::search::{SearchResult, SearchSpec};
+use crate::trial::worker::Worker;
+use crate::{report, trial};
+use args::{Cli, Command, SearchArgs};
+use clap::Parser;
+use std::io::Write;
+
+/// Exit code of every usage or input error.
+pub const EXIT_INPUT_ERROR: i32 = trial::worker::EXIT_INPUT_ERROR;
+
+/// What a command leaves: its stdout text and exit code.
+struct Output {
+    text: String,
+    code: i32,
+}
+
+impl Output {
+    fn ok(text: String) -> Output {
+        Output { text, code: 0 }
+    }
+}
+
+/// Runs the `segtune` command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_INPUT_ERROR } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    finish(run(cli))
+}
+
+/// Prints a command's output (all at once, so nothing reaches stdout when
+/// it fails half-way) or its error.
+fn finish(result: Result<Output>) -> i32 {
+    match result {
+        Ok(out) => {
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`segtune resolve x.py | head`) is not an error.
+            let _ = stdout.write_all(out.text.as_bytes());
+            let _ = stdout.flush();
+            out.code
+        }
+        Err(e) => {
+            eprint!("{}", e.render());
+            EXIT_INPUT_ERROR
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string_pretty(value).expect("results serialise") + "\n"
+}
+
+/// Runs one command.
+fn run(cli: Cli) -> Result<Output> {
+    match cli.command {
+        Command::Resolve {
+            config,
+            format,
+            cfg_options,
+        } => {
+            let cfg = config::resolve(&config, &cfg_options)?;
+            Ok(Output::ok(dump::render(&cfg, format)?))
+        }
+        Command::Trial(args) => {
+            let report = Worker::locate()?.trial(&args.request(), None)?;
+            let text = if args.json {
+                json(&report)
+            } else {
+                report::trial(&report)
+            };
+            let code = if report.status == trial::TrialStatus::Ok {
+                0
+            } else {
+                1
+            };
+            Ok(Output { text, code })
+        }
+        Command::Inspect(args) => {
+            let summary = Worker::locate()?.inspect(&args.config, &args.cfg_options)?;
+            Ok(Output::ok(if args.json {
+                json(&summary)
+            } else {
+                report::inspect(&summary)
+            }))
+        }
+        Command::Estimate(args) => {
+            let estimate = estimate_config(&args.request()?, &Worker::locate()?)?;
+            Ok(Output::ok(if args.json {
+                json(&estimate)
+            } else {
+                report::estimate(&estimate)
+            }))
+        }
+        Command::Search(args) => {
+            let result = search_with_progress(&args)?;
+            Ok(Output::ok(if args.json {
+                json(&result)
+            } else {
+                report::search(&result, args.all)
+            }))
+        }
+        Command::Schema { which } => {
+            let schema = if which == "search" {
+                schemars::schema_for!(SearchSpec)
+            } else {
+                schemars::schema_for!(SearchResult)
+            };
+            Ok(Output::ok(json(&schema)))
+        }
+        Command::Presets => Ok(Output::ok(report::presets(&Gpu::presets()?))),
+    }
+}
+
+/// The search with a spinner on stderr (hidden with `--json`/`--quiet`).
+fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
+    let worker = Worker::locate()?;
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+            .expect("static template"),
+    );
+    if args.json || args.quiet {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let progress = |c: &crate::search::space::Candidate, r: &crate::search::TrialRecord| {
+        bar.set_message(format!(
+            "{} trial b{} {}x{} {}: {}",
+            r.mode.name(),
+            c.batch_size,
+            c.crop.0,
+            c.crop.1,
+            c.amp,
+            r.status.name()
+        ));
+    };
+    let result = crate::search::search(&args.request(), &worker, &progress);
+    bar.finish_and_clear();
+    result
+}

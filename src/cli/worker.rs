@@ -1,0 +1,67 @@
+//! The `segtune-torch` worker's command line: `trial` (the protocol's
+//! request, see `trial::request`), `inspect` and `devices`. It lives in a
+//! binary of its own so that `segtune` starts in milliseconds (libtorch
+//! takes ~0.4 s to load).
+
+use super::args::{InspectArgs, TrialArgs};
+use super::{finish, json, Output, EXIT_INPUT_ERROR};
+use crate::{report, trial};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "segtune-torch",
+    about = "segtune's libtorch worker (run through `segtune trial` / `segtune inspect`)"
+)]
+struct WorkerCli {
+    #[command(subcommand)]
+    command: WorkerCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum WorkerCommand {
+    Trial(TrialArgs),
+    Inspect(InspectArgs),
+    /// Print the number of CUDA devices libtorch sees.
+    Devices,
+}
+
+/// Runs the worker's command line; returns the exit code.
+pub fn main() -> i32 {
+    // libtorch errors arrive as panics that trials catch and report.
+    std::panic::set_hook(Box::new(|_| {}));
+    let cli = match WorkerCli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { EXIT_INPUT_ERROR } else { 0 };
+        }
+    };
+    finish(match cli.command {
+        WorkerCommand::Trial(args) => trial::execute(&args.request()).map(|report| Output {
+            text: if args.json {
+                json(&report)
+            } else {
+                report::trial(&report)
+            },
+            code: if report.status == trial::TrialStatus::Ok {
+                0
+            } else {
+                1
+            },
+        }),
+        WorkerCommand::Inspect(args) => {
+            trial::inspect(&args.config, &args.cfg_options).map(|summary| {
+                Output::ok(if args.json {
+                    json(&summary)
+                } else {
+                    report::inspect(&summary)
+                })
+            })
+        }
+        WorkerCommand::Devices => Ok(Output::ok(format!(
+            "{}\n",
+            trial::execute::cuda_device_count()
+        ))),
+    })
+}

@@ -1,0 +1,54 @@
+//! The one error type of everything after the config layer (models, trials,
+//! predictions, the search, the report), rendered once by the command line.
+//! Config errors keep their own `file:line:column` diagnostics and pass
+//! through unchanged.
+
+use crate::config::ConfigError;
+use crate::models::ModelError;
+use std::path::PathBuf;
+
+/// Why a command could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A config that does not load; renders its own diagnostic.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// A model segtune cannot build, in the config at `config`.
+    #[error("{source}\n  --> {}", config.display())]
+    Model { source: ModelError, config: PathBuf },
+    /// A value given on the command line or in the config's `segtune`
+    /// settings that cannot be used (an unparsable `--vram`, a budget that
+    /// leaves nothing, an unknown objective).
+    #[error("{0}")]
+    Input(String),
+    /// The machine, not the input: a file that cannot be read or written,
+    /// a worker binary that is missing or cannot start.
+    #[error("{0}")]
+    Environment(String),
+    /// A trial or a traced step that failed (its status and message).
+    #[error("{0}")]
+    Trial(String),
+    /// A message the `segtune-torch` worker already rendered for the user
+    /// (a config or model error found in the worker); printed as it is.
+    #[error("{0}")]
+    Rendered(String),
+}
+
+impl Error {
+    /// The text the command line prints on stderr: `error: ...` once, with
+    /// config diagnostics and worker messages as they were rendered.
+    pub fn render(&self) -> String {
+        let mut text = match self {
+            Error::Config(e) => e.to_string(),
+            Error::Rendered(text) => text.clone(),
+            other => format!("error: {other}"),
+        };
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,216 @@
+//! The GPU a prediction or a search is for: its figures (a shipped preset or
+//! a bare `--vram`) and the budget a training step may use on it (VRAM less
+//! the margin, of which the CUDA context takes its share first).
+
+use super::estimate::cuda_context_bytes;
+use crate::config::{presets, Dict, Value};
+use crate::error::{Error, Result};
+
+/// A GPU's figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpu {
+    /// The preset's canonical name (`rtx3050ti-laptop`), or `custom`.
+    pub name: String,
+    /// The card's full name, for presets.
+    pub description: Option<String>,
+    /// Total device memory (nvidia-smi's total).
+    pub vram_bytes: u64,
+    /// Compute capability, e.g. "8.6" (decides the CUDA context, the cuBLAS workspace and bf16).
+    pub compute_capability: String,
+    pub bf16: bool,
+    pub fp32_tflops: f64,
+    pub fp16_tflops: f64,
+    pub bf16_tflops: f64,
+    pub bandwidth_gbs: f64,
+}
+
+impl Gpu {
+    /// A shipped preset (see `segtune presets`).
+    pub fn preset(name: &str) -> Result<Gpu> {
+        let p = presets::load(name)?;
+        let num =
+            |d: &Dict, k: &str, default: f64| d.get(k).and_then(Value::as_f64).unwrap_or(default);
+        let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
+        Ok(Gpu {
+            name: text("preset").unwrap_or_else(|| name.to_string()),
+            description: text("name"),
+            vram_bytes: presets::vram_bytes(&p)
+                .ok_or_else(|| Error::Input(format!("GPU preset `{name}` has no vram_mib")))?,
+            compute_capability: text("compute_capability").unwrap_or_else(|| "8.6".into()),
+            bf16: p.get("bf16").is_some_and(Value::truthy),
+            fp32_tflops: num(&p, "fp32_tflops", 10.0),
+            fp16_tflops: num(&p, "fp16_tflops", 40.0),
+            bf16_tflops: num(&p, "bf16_tflops", 40.0),
+            bandwidth_gbs: num(&p, "memory_bandwidth_gbs", 500.0),
+        })
+    }
+
+    /// A GPU known only by its memory (`4G`, `4096MiB`, ...) and compute
+    /// capability; its speed figures are generic (for ranking only).
+    pub fn custom(vram: &str, compute_capability: &str) -> Result<Gpu> {
+        let vram_bytes = parse_vram(vram).map_err(|e| Error::Input(format!("--vram {e}")))?;
+        let bf16 = compute_capability
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_some_and(|major| major >= 8);
+        Ok(Gpu {
+            name: "custom".into(),
+            description: None,
+            vram_bytes,
+            compute_capability: compute_capability.to_string(),
+            bf16,
+            fp32_tflops: 10.0,
+            fp16_tflops: 40.0,
+            bf16_tflops: if bf16 { 40.0 } else { 0.0 },
+            bandwidth_gbs: 500.0,
+        })
+    }
+
+    /// The preset if one is named, else the bare `vram`.
+    pub fn choose(
+        preset: Option<&str>,
+        vram: Option<&str>,
+        compute_capability: &str,
+    ) -> Result<Gpu> {
+        match (preset, vram) {
+            (Some(name), _) => Gpu::preset(name),
+            (None, Some(v)) => Gpu::custom(v, compute_capability),
+            (None, None) => Err(Error::Input(
+                "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into(),
+            )),
+        }
+    }
+
+    /// Every shipped preset.
+    pub fn presets() -> Result<Vec<Gpu>> {
+        presets::names().into_iter().map(Gpu::preset).collect()
+    }
+}
+
+/// The memory budget of one GPU for a training step.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct Budget {
+    pub gpu: String,
+    pub vram_bytes: u64,
+    pub compute_capability: String,
+    pub bf16: bool,
+    pub fp16_tflops: f64,
+    pub fp32_tflops: f64,
+    pub bf16_tflops: f64,
+    pub bandwidth_gbs: f64,
+    pub margin: f64,
+    pub cuda_context_bytes: u64,
+    /// VRAM x (1 - margin): what reserved memory + context may use.
+    pub usable_bytes: u64,
+}
+
+impl Budget {
+    /// `gpu` with a fraction `margin` of its VRAM kept free.
+    pub fn new(gpu: &Gpu, margin: f64) -> Result<Budget> {
+        if !(0.0..0.9).contains(&margin) {
+            return Err(Error::Input(format!(
+                "--margin {margin} must be in [0, 0.9)"
+            )));
+        }
+        let context = cuda_context_bytes(&gpu.compute_capability);
+        let usable = (gpu.vram_bytes as f64 * (1.0 - margin)) as u64;
+        if usable <= context {
+            return Err(Error::Input(format!(
+                "the budget of {:.2} GiB leaves nothing after the CUDA context ({:.2} GiB) and the {:.0}% margin",
+                gpu.vram_bytes as f64 / (1u64 << 30) as f64,
+                context as f64 / (1u64 << 30) as f64,
+                margin * 100.0
+            )));
+        }
+        Ok(Budget {
+            gpu: gpu.name.clone(),
+            vram_bytes: gpu.vram_bytes,
+            compute_capability: gpu.compute_capability.clone(),
+            bf16: gpu.bf16,
+            fp16_tflops: gpu.fp16_tflops,
+            fp32_tflops: gpu.fp32_tflops,
+            bf16_tflops: gpu.bf16_tflops,
+            bandwidth_gbs: gpu.bandwidth_gbs,
+            margin,
+            cuda_context_bytes: context,
+            usable_bytes: usable,
+        })
+    }
+
+    /// What the caching allocator may reserve: the usable budget less the context.
+    pub fn allocator_capacity(&self) -> u64 {
+        self.usable_bytes.saturating_sub(self.cuda_context_bytes)
+    }
+}
+
+/// Parses a VRAM size. All units are binary (1G = 1 GiB = 1024 MiB, as
+/// nvidia-smi's MiB are): `4G`, `4GB`, `4GiB`, `3.5G`, `4096M`, `4096MiB`,
+/// `512K`, or plain bytes.
+pub fn parse_vram(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a memory size; write e.g. 4G, 4096MiB or 3.5GB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (use K, M, G or T; all binary)"
+            ))
+        }
+    };
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("`{text}` must be a positive size"));
+    }
+    Ok((value * scale as f64).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vram_sizes() {
+        for (t, want) in [
+            ("4G", 4u64 << 30),
+            ("4GB", 4 << 30),
+            ("4GiB", 4 << 30),
+            ("3.5G", 7 << 29),
+            ("4096M", 4 << 30),
+            ("4096MiB", 4 << 30),
+            ("1073741824", 1 << 30),
+        ] {
+            assert_eq!(parse_vram(t).unwrap(), want, "{t}");
+        }
+        for bad in ["", "G", "-1G", "4X", "four"] {
+            assert!(parse_vram(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_budget_that_leaves_nothing_is_refused() {
+        let gpu = Gpu::custom("200M", "8.6").unwrap();
+        let err = Budget::new(&gpu, 0.05).unwrap_err().to_string();
+        assert!(
+            err.contains("leaves nothing after the CUDA context"),
+            "{err}"
+        );
+        assert!(Budget::new(&Gpu::preset("rtx3050ti").unwrap(), 0.95).is_err());
+    }
+
+    #[test]
+    fn presets_name_the_card() {
+        let gpu = Gpu::preset("rtx3050ti").unwrap();
+        assert_eq!(gpu.name, "rtx3050ti-laptop");
+        assert_eq!(gpu.vram_bytes, 4 << 30);
+        assert!(gpu.bf16);
+    }
+}

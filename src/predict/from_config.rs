@@ -1,0 +1,108 @@
+//! `segtune estimate` as a library call: the recipe's batch, crop and
+//! precision (or the given ones), one or two traced steps (batches above 3
+//! are extrapolated from 2 and 3), and the estimate for the GPU.
+
+use super::budget::Gpu;
+use super::estimate::{self, cudnn_benchmark, recipe_batch_size, recipe_crop, Estimate};
+use super::extrapolate::{extrapolate, TRACED_BATCHES};
+use super::step_trace::{trace_step, StepToTrace};
+use crate::config::{self, Dict, Value};
+use crate::error::{Error, Result};
+use crate::trial::worker::Worker;
+use crate::trial::{Amp, Stack, TrainingSetup};
+use std::path::PathBuf;
+
+/// What to predict.
+#[derive(Debug, Clone)]
+pub struct EstimateRequest {
+    pub config: PathBuf,
+    pub cfg_options: Vec<String>,
+    pub gpu: Gpu,
+    /// Default: the recipe's `train_dataloader.batch_size`.
+    pub batch_size: Option<i64>,
+    /// Default: the recipe's crop.
+    pub crop: Option<(i64, i64)>,
+    /// Default: the recipe's (`AmpOptimWrapper` means its dtype).
+    pub amp: Option<Amp>,
+    /// CPU threads of the traced step (default: every core).
+    pub threads: Option<i32>,
+    pub setup: TrainingSetup,
+}
+
+/// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
+pub fn recipe_amp(cfg: &Dict) -> Option<Amp> {
+    cfg.get("optim_wrapper")
+        .filter(|o| o.get_path("type").and_then(Value::as_str) == Some("AmpOptimWrapper"))
+        .map(|o| {
+            if o.get_path("dtype").and_then(Value::as_str) == Some("bfloat16") {
+                Amp::Bf16
+            } else {
+                Amp::Fp16
+            }
+        })
+}
+
+/// Predicts the GPU memory of the request's training step.
+pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Estimate> {
+    let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    let batch = request
+        .batch_size
+        .or_else(|| recipe_batch_size(&cfg))
+        .ok_or_else(|| {
+            Error::Input("the config has no train_dataloader.batch_size; pass --batch-size".into())
+        })?;
+    let crop = request
+        .crop
+        .or_else(|| recipe_crop(&cfg))
+        .ok_or_else(|| Error::Input("the config has no crop size; pass --crop HxW".into()))?;
+    let amp = request.amp.or(recipe_amp(&cfg)).unwrap_or(Amp::Off);
+    let threads = request.threads.unwrap_or_else(crate::trial::host_cores);
+    let trace = |batch_size| {
+        trace_step(
+            worker,
+            &StepToTrace {
+                config: &request.config,
+                cfg_options: &request.cfg_options,
+                batch_size,
+                crop,
+                amp,
+                threads,
+                setup: request.setup,
+            },
+        )
+    };
+    let (events, cpu_peak) = if batch <= 3 {
+        let step = trace(batch)?;
+        (step.events, Some(step.cpu_peak_bytes))
+    } else {
+        let (ba, bb) = TRACED_BATCHES;
+        let one = trace(ba)?;
+        let two = trace(bb)?;
+        (
+            extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
+            None,
+        )
+    };
+    let mut e = estimate::estimate(
+        &events,
+        &request.gpu,
+        batch,
+        crop,
+        amp,
+        cudnn_benchmark(&cfg),
+        cpu_peak,
+    );
+    if request.setup.gpus > 1 {
+        e.notes.push(format!(
+            "per GPU of {} training data-parallel: includes DDP's gradient buckets (one more copy of the trainable parameters)",
+            request.setup.gpus
+        ));
+    }
+    if request.setup.stack == Stack::Zoo2021 {
+        e.notes.push("stack zoo-2021: PyTorch <= 1.10 with the mmcv 1.x runner (softmax and log_softmax keep their input for backward; gradients are zeroed, not freed), as MMSeg's model-zoo memory was measured".into());
+    }
+    if cpu_peak.is_none() {
+        e.notes.push(format!("batch {batch} was extrapolated from traces at batch 2 and 3 (every step tensor is affine in the batch)"));
+    }
+    Ok(e)
+}

@@ -1,0 +1,69 @@
+//! A training step traced on the CPU for a prediction: the `segtune-torch`
+//! worker runs one warm-up and one measured step of the config, standing in
+//! for CUDA (its autocast rules, GradScaler, foreach optimizers), and writes
+//! every allocation and free to a temporary file read back here.
+
+use crate::error::{Error, Result};
+use crate::trial::trace::{self, TraceEvent};
+use crate::trial::worker::Worker;
+use crate::trial::{Amp, TrainingSetup, TrialRequest, TrialStatus};
+use std::path::Path;
+
+/// The trace of one step and what the worker measured with it.
+pub struct TracedStep {
+    /// Every CPU allocation and free from the model build on.
+    pub events: Vec<TraceEvent>,
+    /// The counting allocator's peak over the measured step.
+    pub cpu_peak_bytes: i64,
+    /// Forward FLOPs of the step.
+    pub forward_flops: f64,
+}
+
+/// What to trace: the config and the step's shape.
+#[derive(Debug, Clone)]
+pub struct StepToTrace<'a> {
+    pub config: &'a Path,
+    pub cfg_options: &'a [String],
+    pub batch_size: i64,
+    pub crop: (i64, i64),
+    pub amp: Amp,
+    /// CPU threads of the traced step.
+    pub threads: i32,
+    pub setup: TrainingSetup,
+}
+
+/// Traces a warm-up and a measured training step on the CPU in the worker.
+pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
+    let dir = tempfile::tempdir()
+        .map_err(|e| Error::Environment(format!("no temporary directory: {e}")))?;
+    let trace_path = dir.path().join("step.trace");
+    let request = TrialRequest {
+        cfg_options: step.cfg_options.to_vec(),
+        batch_size: step.batch_size,
+        crop: step.crop,
+        amp: step.amp,
+        warmup_steps: 1,
+        measured_steps: 1,
+        ignore_fraction: 0.0,
+        threads: Some(step.threads),
+        trace_out: Some(trace_path.clone()),
+        setup: step.setup,
+        as_cuda: true,
+        ..TrialRequest::new(step.config)
+    };
+    let report = worker.trial(&request, None)?;
+    if report.status != TrialStatus::Ok {
+        return Err(Error::Trial(format!(
+            "the traced CPU step failed ({}): {}",
+            report.status.name(),
+            report.message.unwrap_or_default()
+        )));
+    }
+    let text = std::fs::read_to_string(&trace_path)
+        .map_err(|e| Error::Environment(format!("no trace from the worker: {e}")))?;
+    Ok(TracedStep {
+        events: trace::from_text(&text).map_err(Error::Trial)?,
+        cpu_peak_bytes: report.peak_bytes.unwrap_or(0),
+        forward_flops: report.forward_flops,
+    })
+}

@@ -1,0 +1,73 @@
+//! `segtune estimate`'s text: the predicted peaks, the fixed terms with
+//! their sources, whether it fits, and the notes. Every figure says
+//! "predicted".
+
+use super::columns;
+use crate::predict::Estimate;
+
+fn gib3(bytes: u64) -> String {
+    format!("{:.3} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The estimate as text.
+pub fn estimate(e: &Estimate) -> String {
+    let mut out = format!(
+        "predicted for {} ({:.2} GiB), batch {} x {}x{}, amp {}, cudnn_benchmark {}\n",
+        e.gpu,
+        e.vram_bytes as f64 / (1u64 << 30) as f64,
+        e.batch_size,
+        e.crop[0],
+        e.crop[1],
+        e.amp,
+        e.cudnn_benchmark
+    );
+    let peaks = [
+        [
+            "predicted peak allocated (max_memory_allocated):".to_string(),
+            gib3(e.predicted_peak_allocated_bytes),
+        ],
+        [
+            "predicted peak reserved  (max_memory_reserved):".to_string(),
+            gib3(e.predicted_peak_reserved_bytes),
+        ],
+        [
+            "predicted device memory (reserved + context):".to_string(),
+            gib3(e.predicted_device_bytes),
+        ],
+        [
+            "predicted peak phase:".to_string(),
+            e.predicted_peak_phase.clone(),
+        ],
+    ];
+    out.push_str(&indent(&columns(peaks)));
+    out.push_str("  fixed terms (predicted):\n");
+    let terms = e.fixed_terms.iter().map(|t| {
+        [
+            t.name.to_string(),
+            gib3(t.bytes),
+            if t.in_allocated {
+                "in allocated".to_string()
+            } else {
+                "outside the allocator".to_string()
+            },
+            format!("({})", t.source),
+        ]
+    });
+    out.push_str(&indent(&indent(&columns(terms))));
+    out.push_str(&format!(
+        "  fits in {}: {} (predicted)\n",
+        e.gpu,
+        if e.fits { "yes" } else { "no" }
+    ));
+    for n in &e.notes {
+        out.push_str(&format!("  note: {n}\n"));
+    }
+    out
+}
+
+/// Every line indented by two spaces (tabled's blank style pads one more).
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("  {}\n", l.trim_end()))
+        .collect()
+}

@@ -1,0 +1,47 @@
+//! Everything a person reads: the text and tables of `search`, `estimate`,
+//! `trial`, `inspect` and `presets`, rendered from the typed results of the
+//! layers below (their JSON is the same results, serialised). Nothing here
+//! computes a figure; it only shows them.
+
+mod estimate;
+mod inspect;
+mod presets;
+mod search;
+mod trial;
+
+pub use estimate::estimate;
+pub use inspect::inspect;
+pub use presets::presets;
+pub use search::search;
+pub use trial::trial;
+
+/// Bytes as GiB with two decimals.
+fn gib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// An optional byte count as GiB, `-` when absent.
+fn gib_or_dash(bytes: Option<u64>) -> String {
+    bytes.map_or("-".into(), gib)
+}
+
+/// A table of `rows` under `header`, in the project's one table style.
+fn table<const N: usize>(header: [&str; N], rows: impl IntoIterator<Item = [String; N]>) -> String {
+    let mut b = tabled::builder::Builder::default();
+    b.push_record(header);
+    for row in rows {
+        b.push_record(row);
+    }
+    b.build().to_string()
+}
+
+/// A table without a header row and without borders: aligned columns.
+fn columns<const N: usize>(rows: impl IntoIterator<Item = [String; N]>) -> String {
+    let mut b = tabled::builder::Builder::default();
+    for row in rows {
+        b.push_record(row);
+    }
+    let mut t = b.build();
+    t.with(tabled::settings::Style::blank());
+    t.to_string()
+}

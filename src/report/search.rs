@@ -1,0 +1,122 @@
+//! `segtune search`'s text: the budget and recipe, the ranked table of
+//! feasible candidates (and the infeasible ones with `--all`), the trials
+//! run or resumed, the winner and what was written.
+
+use super::{gib, gib_or_dash, table};
+use crate::search::SearchResult;
+
+/// The result as text: the ranked table, infeasible ones with `all`.
+pub fn search(r: &SearchResult, all: bool) -> String {
+    let gpus = if r.gpus > 1 {
+        format!("{} x ", r.gpus)
+    } else {
+        String::new()
+    };
+    let mut out = format!(
+        "segtune search: {} on {gpus}{} ({} GiB, usable {} GiB after a {:.0}% margin; CUDA context {} GiB)\n",
+        r.config,
+        r.budget.gpu,
+        gib(r.budget.vram_bytes),
+        gib(r.budget.usable_bytes),
+        r.budget.margin * 100.0,
+        gib(r.budget.cuda_context_bytes)
+    );
+    out.push_str(&format!(
+        "recipe: batch {}, crop {}x{}, effective batch {} (from {}); objective {}; {} trials\n",
+        r.recipe.batch_size,
+        r.recipe.crop.0,
+        r.recipe.crop.1,
+        r.recipe.effective_batch,
+        r.recipe.effective_batch_source,
+        r.objective.name(),
+        r.mode.name()
+    ));
+    if r.feasible.is_empty() {
+        out.push_str("no candidate fits this budget.\n");
+    } else {
+        let rows = r.feasible.iter().enumerate().map(|(i, o)| {
+            let c = o.candidate;
+            let device = o.record.device_bytes.unwrap_or(0) as f64;
+            [
+                (i + 1).to_string(),
+                c.batch_size.to_string(),
+                format!("{}x{}", c.crop.0, c.crop.1),
+                c.accumulation.to_string(),
+                c.effective_batch(r.gpus).to_string(),
+                c.amp.to_string(),
+                gib_or_dash(o.record.device_bytes),
+                format!("{:.0}%", 100.0 * device / r.budget.usable_bytes as f64),
+                o.record
+                    .images_per_s
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                o.record.mode.name().to_string(),
+            ]
+        });
+        out.push_str(&table(
+            [
+                "rank",
+                "batch",
+                "crop",
+                "accum",
+                "eff. batch",
+                "amp",
+                "peak GiB",
+                "% budget",
+                "images/s",
+                "how",
+            ],
+            rows,
+        ));
+        out.push('\n');
+    }
+    if all && !r.infeasible.is_empty() {
+        let rows = r.infeasible.iter().map(|o| {
+            let c = o.candidate;
+            [
+                c.batch_size.to_string(),
+                format!("{}x{}", c.crop.0, c.crop.1),
+                c.amp.to_string(),
+                c.accumulation.to_string(),
+                o.record.status.name().to_string(),
+                o.record.reason.clone().unwrap_or_default(),
+                o.record.mode.name().to_string(),
+            ]
+        });
+        out.push_str("infeasible:\n");
+        out.push_str(&table(
+            ["batch", "crop", "amp", "accum", "status", "reason", "how"],
+            rows,
+        ));
+        out.push('\n');
+    } else if !r.infeasible.is_empty() {
+        out.push_str(&format!(
+            "{} infeasible candidates (--all lists them with the reason)\n",
+            r.infeasible.len()
+        ));
+    }
+    out.push_str(&format!(
+        "trials: {} run now, {} from the journal ({}), of a grid of {}\n",
+        r.trials_run, r.trials_resumed, r.journal, r.grid_size
+    ));
+    if r.auto_scale_lr {
+        out.push_str("note: no batch size keeps the recipe's effective batch; auto_scale_lr is enabled in the emitted config\n");
+    }
+    if let Some(w) = &r.winner {
+        out.push_str(&format!(
+            "winner: batch {} x crop {}x{}, amp {}, accumulation {} ({})\n",
+            w.candidate.batch_size,
+            w.candidate.crop.0,
+            w.candidate.crop.1,
+            w.candidate.amp,
+            w.candidate.accumulation,
+            w.record.mode.name()
+        ));
+        for p in &r.emitted {
+            out.push_str(&format!("wrote {p}\n"));
+        }
+        if let Some(o) = &r.cfg_options {
+            out.push_str(&format!("tools/train.py equivalent: {o}\n"));
+        }
+    }
+    out
+}

@@ -1,0 +1,55 @@
+//! `segtune trial`'s text: the status, the model, the candidate and setup,
+//! and the measured peaks and step time.
+
+use crate::trial::{Stack, TrialReport};
+
+/// A short human-readable summary of a trial.
+pub fn trial(r: &TrialReport) -> String {
+    let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
+    let mut out = format!(
+        "status: {}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {}, accumulation {}, device {}\n",
+        r.status.name(),
+        r.params_total,
+        r.params_trainable,
+        r.batch_size,
+        r.crop[0],
+        r.crop[1],
+        r.amp,
+        r.accumulative_counts,
+        r.device
+    );
+    if r.stack != Stack::Current || r.gpus > 1 || r.as_cuda {
+        out.push_str(&format!(
+            "setup: stack {}, {} GPU(s) data-parallel{}\n",
+            r.stack,
+            r.gpus,
+            if r.as_cuda {
+                ", standing in for CUDA"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(m) = &r.message {
+        out.push_str(&format!("message: {m}\n"));
+    }
+    if let Some(p) = r.peak_bytes {
+        out.push_str(&format!(
+            "peak bytes (CPU tensors, measured steps): {p} ({:.1} MiB)\n",
+            mib(p)
+        ));
+    }
+    if let (Some(a), Some(res)) = (r.cuda_peak_allocated_bytes, r.cuda_peak_reserved_bytes) {
+        out.push_str(&format!(
+            "CUDA peak allocated: {a} ({:.1} MiB), peak reserved: {res} ({:.1} MiB) (measured)\n",
+            mib(a),
+            mib(res)
+        ));
+    }
+    if let (Some(t), Some(ips)) = (r.step_time_median_s, r.images_per_s) {
+        out.push_str(&format!(
+            "step time (median): {t:.3} s, {ips:.2} images/s\n"
+        ));
+    }
+    out
+}

@@ -1,0 +1,87 @@
+//! Candidates measured by real CUDA trials, each in its own worker process.
+
+use super::Evaluator;
+use crate::predict::Budget;
+use crate::search::record::{CandidateStatus, Mode, TrialRecord};
+use crate::search::space::Candidate;
+use crate::trial::worker::Worker;
+use crate::trial::{DeviceChoice, TrainingSetup, TrialRequest, TrialStatus};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Measures candidates with real CUDA trials.
+pub struct MeasuredEvaluator {
+    pub worker: Worker,
+    pub config: PathBuf,
+    pub cfg_options: Vec<String>,
+    pub device: usize,
+    pub budget: Budget,
+    pub timeout: Duration,
+    /// GPUs of the data-parallel run the trial stands for (DDP's buckets).
+    pub gpus: i64,
+}
+
+/// The candidate status of a trial that did not end `ok`.
+fn status_of(status: TrialStatus) -> CandidateStatus {
+    match status {
+        TrialStatus::Ok => CandidateStatus::Fits,
+        TrialStatus::Oom => CandidateStatus::Oom,
+        TrialStatus::Error => CandidateStatus::Error,
+        TrialStatus::NonFiniteLoss => CandidateStatus::NonFiniteLoss,
+        TrialStatus::Timeout => CandidateStatus::Timeout,
+        TrialStatus::Crash => CandidateStatus::Crash,
+    }
+}
+
+impl Evaluator for MeasuredEvaluator {
+    fn mode(&self) -> Mode {
+        Mode::Measured
+    }
+
+    fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
+        let request = TrialRequest {
+            cfg_options: self.cfg_options.clone(),
+            batch_size: c.batch_size,
+            crop: c.crop,
+            amp: c.amp,
+            accumulative_counts: Some(c.accumulation),
+            warmup_steps: 1,
+            measured_steps: 2,
+            device: DeviceChoice::Cuda(self.device),
+            setup: TrainingSetup {
+                gpus: self.gpus,
+                ..TrainingSetup::default()
+            },
+            ..TrialRequest::new(&self.config)
+        };
+        let report = match self.worker.trial(&request, Some(self.timeout)) {
+            Ok(r) => r,
+            Err(e) => {
+                return TrialRecord::failed(CandidateStatus::Error, e.to_string(), Mode::Measured)
+            }
+        };
+        if report.status != TrialStatus::Ok {
+            return TrialRecord::failed(
+                status_of(report.status),
+                report.message.unwrap_or_default(),
+                Mode::Measured,
+            );
+        }
+        let reserved = report.cuda_peak_reserved_bytes.unwrap_or(0).max(0) as u64;
+        let device = reserved + self.budget.cuda_context_bytes;
+        let mut record = TrialRecord {
+            status: CandidateStatus::Fits,
+            reason: None,
+            peak_allocated_bytes: report.cuda_peak_allocated_bytes.map(|b| b.max(0) as u64),
+            peak_reserved_bytes: Some(reserved),
+            device_bytes: Some(device),
+            images_per_s: report.images_per_s,
+            mode: Mode::Measured,
+        };
+        if device > self.budget.usable_bytes {
+            record.status = CandidateStatus::Oom;
+            record.reason = Some("ran, but above the usable budget (VRAM minus the margin)".into());
+        }
+        record
+    }
+}

@@ -1,0 +1,166 @@
+//! Candidates predicted from CPU traces: two traced steps per crop and
+//! precision (batch 2 and 3), any other batch extrapolated from them, each
+//! replayed through the caching allocator model against the budget.
+
+use super::Evaluator;
+use crate::error::Result;
+use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes};
+use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
+use crate::predict::replay::{replay, ReplayInputs};
+use crate::predict::{Budget, TracedStep};
+use crate::search::record::{CandidateStatus, Mode, TrialRecord};
+use crate::search::space::{Amp, Candidate};
+use crate::trial::trace::{phase_of, Phase, TraceEvent};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// Traces one step: (batch, crop, precision) -> the traced step.
+pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp) -> Result<TracedStep>>;
+
+/// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
+struct TracePair {
+    one: Vec<TraceEvent>,
+    two: Vec<TraceEvent>,
+    flops: (f64, f64),
+    step_bytes: (f64, f64),
+}
+
+/// Bytes the last traced step allocated (outside the data loader).
+fn step_bytes(events: &[TraceEvent]) -> f64 {
+    let last = events
+        .iter()
+        .map(|e| phase_of(e.phase).0)
+        .max()
+        .unwrap_or(0);
+    events
+        .iter()
+        .filter(|e| {
+            e.bytes > 0 && phase_of(e.phase).0 == last && phase_of(e.phase).1 != Phase::Data
+        })
+        .map(|e| e.bytes as f64)
+        .sum()
+}
+
+fn lerp(pair: (f64, f64), batch: i64) -> f64 {
+    let (ba, bb) = TRACED_BATCHES;
+    pair.0 + (pair.1 - pair.0) * (batch - ba) as f64 / (bb - ba) as f64
+}
+
+/// Predicts candidates from CPU traces (two per crop and precision).
+pub struct PredictedEvaluator {
+    budget: Budget,
+    tracer: Tracer,
+    pairs: HashMap<((i64, i64), Amp), std::result::Result<TracePair, String>>,
+    traces_run: usize,
+}
+
+impl PredictedEvaluator {
+    pub fn new(budget: Budget, tracer: Tracer) -> PredictedEvaluator {
+        PredictedEvaluator {
+            budget,
+            tracer,
+            pairs: HashMap::new(),
+            traces_run: 0,
+        }
+    }
+
+    fn pair(&mut self, crop: (i64, i64), amp: Amp) -> &std::result::Result<TracePair, String> {
+        // fp16 and bf16 keep the same tensors in half precision (2 bytes):
+        // one CPU trace (bf16 autocast) stands for both.
+        let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
+        if !self.pairs.contains_key(&(crop, traced)) {
+            let mut run = |b: i64| -> std::result::Result<TracedStep, String> {
+                self.traces_run += 1;
+                (self.tracer)(b, crop, traced).map_err(|e| e.to_string())
+            };
+            let (ba, bb) = TRACED_BATCHES;
+            let pair = run(ba).and_then(|one| {
+                let two = run(bb)?;
+                Ok(TracePair {
+                    step_bytes: (step_bytes(&one.events), step_bytes(&two.events)),
+                    flops: (one.forward_flops, two.forward_flops),
+                    one: one.events,
+                    two: two.events,
+                })
+            });
+            self.pairs.insert((crop, traced), pair);
+        }
+        &self.pairs[&(crop, traced)]
+    }
+
+    /// Step time from FLOPs and bytes against the GPU's peak rates (an
+    /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth).
+    fn images_per_s(&self, c: &Candidate, flops: f64, bytes: f64) -> f64 {
+        let tflops = match c.amp {
+            Amp::Off => self.budget.fp32_tflops,
+            Amp::Fp16 => self.budget.fp16_tflops,
+            Amp::Bf16 => self.budget.bf16_tflops,
+        };
+        let compute = 3.0 * flops / (tflops.max(0.1) * 1e12 * 0.4);
+        let memory = 2.0 * bytes / (self.budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
+        c.batch_size as f64 / (compute + memory)
+    }
+}
+
+impl Evaluator for PredictedEvaluator {
+    fn mode(&self) -> Mode {
+        Mode::Predicted
+    }
+
+    fn traces_run(&self) -> usize {
+        self.traces_run
+    }
+
+    fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
+        let budget = self.budget.clone();
+        let failed =
+            |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
+        let (events, flops, bytes) = match self.pair(c.crop, c.amp) {
+            Err(e) => return failed(e.clone()),
+            Ok(p) => {
+                let (ba, bb) = TRACED_BATCHES;
+                // The traced batch sizes replay their own trace, without a copy.
+                let events = if c.batch_size == ba {
+                    Ok(Cow::Borrowed(p.one.as_slice()))
+                } else if c.batch_size == bb {
+                    Ok(Cow::Borrowed(p.two.as_slice()))
+                } else {
+                    extrapolate(&p.one, &p.two, c.batch_size).map(Cow::Owned)
+                };
+                (
+                    events,
+                    lerp(p.flops, c.batch_size),
+                    lerp(p.step_bytes, c.batch_size),
+                )
+            }
+        };
+        let events = match events {
+            Ok(e) => e,
+            Err(e) => return failed(e),
+        };
+        let inputs = ReplayInputs {
+            batch_copies: batch_tensors(c.batch_size, c.crop),
+            cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
+            capacity: Some(budget.allocator_capacity()),
+        };
+        let r = replay(&events, &inputs);
+        let device = r.peak_reserved + budget.cuda_context_bytes;
+        let mut record = TrialRecord {
+            status: CandidateStatus::Fits,
+            reason: None,
+            peak_allocated_bytes: Some(r.peak_allocated),
+            peak_reserved_bytes: Some(r.peak_reserved),
+            device_bytes: Some(device),
+            images_per_s: Some(self.images_per_s(c, flops, bytes)),
+            mode: Mode::Predicted,
+        };
+        if r.out_of_memory || device > budget.usable_bytes {
+            record.status = CandidateStatus::Oom;
+            record.reason = Some(format!(
+                "predicted out of memory: needs more than the usable {:.2} GiB",
+                budget.usable_bytes as f64 / (1u64 << 30) as f64
+            ));
+        }
+        record
+    }
+}

@@ -1,0 +1,129 @@
+//! What a search records: each evaluated candidate's outcome (as the
+//! journal stores it) and the search's result (as `search --json` prints it).
+
+use super::space::{Candidate, Recipe};
+use super::spec::Objective;
+use crate::predict::Budget;
+
+/// How a candidate fared.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CandidateStatus {
+    /// Within the budget.
+    Fits,
+    /// Above the budget, or out of memory.
+    Oom,
+    /// The trial failed for another reason (see the record's reason).
+    Error,
+    NonFiniteLoss,
+    Timeout,
+    /// The trial's process died without a report.
+    Crash,
+}
+
+impl CandidateStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            CandidateStatus::Fits => "fits",
+            CandidateStatus::Oom => "oom",
+            CandidateStatus::Error => "error",
+            CandidateStatus::NonFiniteLoss => "non_finite_loss",
+            CandidateStatus::Timeout => "timeout",
+            CandidateStatus::Crash => "crash",
+        }
+    }
+}
+
+/// Whether a figure was measured on the GPU or predicted without it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A real CUDA trial.
+    Measured,
+    /// From CPU traces replayed through the caching allocator model.
+    Predicted,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Measured => "measured",
+            Mode::Predicted => "predicted",
+        }
+    }
+}
+
+/// One evaluated candidate.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct TrialRecord {
+    pub status: CandidateStatus,
+    pub reason: Option<String>,
+    pub peak_allocated_bytes: Option<u64>,
+    pub peak_reserved_bytes: Option<u64>,
+    /// Reserved + CUDA context, compared with the usable budget.
+    pub device_bytes: Option<u64>,
+    pub images_per_s: Option<f64>,
+    pub mode: Mode,
+}
+
+impl TrialRecord {
+    pub fn fits(&self) -> bool {
+        self.status == CandidateStatus::Fits
+    }
+
+    /// An infeasible candidate without figures.
+    pub fn failed(status: CandidateStatus, reason: String, mode: Mode) -> TrialRecord {
+        TrialRecord {
+            status,
+            reason: Some(reason),
+            peak_allocated_bytes: None,
+            peak_reserved_bytes: None,
+            device_bytes: None,
+            images_per_s: None,
+            mode,
+        }
+    }
+}
+
+/// A candidate with its outcome.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct Outcome {
+    pub candidate: Candidate,
+    pub record: TrialRecord,
+    /// Whether this run evaluated it (false: from the journal).
+    pub ran_now: bool,
+}
+
+/// What a search found.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct SearchResult {
+    pub config: String,
+    pub budget: Budget,
+    /// GPUs training data-parallel; `budget` is per GPU.
+    pub gpus: i64,
+    pub recipe: Recipe,
+    pub objective: Objective,
+    pub mode: Mode,
+    /// Ranked feasible candidates, best first.
+    pub feasible: Vec<Outcome>,
+    pub infeasible: Vec<Outcome>,
+    /// Candidates in the full grid.
+    pub grid_size: usize,
+    /// Candidates evaluated by this run (not from the journal).
+    pub trials_run: usize,
+    /// Candidates taken from the journal.
+    pub trials_resumed: usize,
+    /// CPU traces run for the predictions.
+    pub traces_run: usize,
+    pub winner: Option<Outcome>,
+    /// Files written for the winner.
+    pub emitted: Vec<String>,
+    pub cfg_options: Option<String>,
+    /// Set when no batch size keeps the recipe's effective batch.
+    pub auto_scale_lr: bool,
+    pub journal: String,
+}

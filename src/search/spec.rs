@@ -1,0 +1,173 @@
+//! The search settings: what the command line gives, else what the config's
+//! `segtune` dict says, else the defaults. Typed here; the JSON schema
+//! (`segtune schema search`) documents the `segtune` dict.
+
+use crate::config::{self, Value};
+use crate::error::{Error, Result};
+
+/// What the ranking favours.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    /// The recipe's crop if anything fits at it, then throughput.
+    #[default]
+    KeepCrop,
+    /// Images per second alone.
+    Throughput,
+}
+
+impl Objective {
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::KeepCrop => "keep-crop",
+            Objective::Throughput => "throughput",
+        }
+    }
+}
+
+impl std::str::FromStr for Objective {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Objective, String> {
+        match s {
+            "keep-crop" => Ok(Objective::KeepCrop),
+            "throughput" => Ok(Objective::Throughput),
+            other => Err(format!("objective `{other}`: use keep-crop or throughput")),
+        }
+    }
+}
+
+/// Where candidates are evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSetting {
+    /// A CUDA device if there is one, else predicted.
+    #[default]
+    Auto,
+    /// Predicted from CPU traces.
+    Cpu,
+    /// Measured on this CUDA device.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSetting {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<DeviceSetting, String> {
+        match s {
+            "auto" => Ok(DeviceSetting::Auto),
+            other => match other.parse::<crate::trial::DeviceChoice>() {
+                Ok(crate::trial::DeviceChoice::Cpu) => Ok(DeviceSetting::Cpu),
+                Ok(crate::trial::DeviceChoice::Cuda(i)) => Ok(DeviceSetting::Cuda(i)),
+                Err(_) => Err(format!(
+                    "`--device {other}`: write auto, cpu, cuda or cuda:N"
+                )),
+            },
+        }
+    }
+}
+
+/// The search settings: from the CLI, or a `segtune` section of the config.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct SearchSpec {
+    /// GPU memory (`4G`, `4096MiB`, ...; binary units) — or use `preset`.
+    pub vram: Option<String>,
+    /// A shipped GPU preset (`rtx3050ti`, `rtx2070`, `rtx3090`, `rtx4090`, `h200`).
+    pub preset: Option<String>,
+    /// Fraction of the VRAM kept free (default 0.05).
+    pub margin: Option<f64>,
+    /// `keep-crop` (default) or `throughput`.
+    pub objective: Option<Objective>,
+    /// `auto` (default), `cpu` (predict) or `cuda:N` (measure).
+    pub device: Option<String>,
+    /// Compute capability of a `vram` budget (e.g. "8.6").
+    pub compute_capability: Option<String>,
+    /// GPUs training data-parallel (default 1): the batch is per GPU, the
+    /// effective batch is batch x accumulation x gpus, and every GPU holds
+    /// DDP's gradient buckets.
+    pub gpus: Option<i64>,
+}
+
+impl SearchSpec {
+    /// The `segtune` dict of a resolved config.
+    pub fn from_config(cfg: &config::Dict) -> Result<SearchSpec> {
+        let d = cfg.get("segtune").and_then(Value::as_dict);
+        let s = |k: &str| d.and_then(|d| d.get(k)).map(config::value::python_str);
+        let objective = s("objective")
+            .map(|o| o.parse::<Objective>())
+            .transpose()
+            .map_err(Error::Input)?;
+        Ok(SearchSpec {
+            vram: s("vram"),
+            preset: s("preset"),
+            margin: d.and_then(|d| d.get("margin")).and_then(Value::as_f64),
+            objective,
+            device: s("device"),
+            compute_capability: s("compute_capability"),
+            gpus: d.and_then(|d| d.get("gpus")).and_then(Value::as_i64),
+        })
+    }
+
+    /// These settings where given, else `fallback`'s. A GPU named one way
+    /// (`vram` or `preset`) here hides the other way in `fallback`.
+    pub fn or(self, fallback: SearchSpec) -> SearchSpec {
+        let names_gpu = self.vram.is_some() || self.preset.is_some();
+        SearchSpec {
+            vram: self.vram.or(if names_gpu { None } else { fallback.vram }),
+            preset: self
+                .preset
+                .or(if names_gpu { None } else { fallback.preset }),
+            margin: self.margin.or(fallback.margin),
+            objective: self.objective.or(fallback.objective),
+            device: self.device.or(fallback.device),
+            compute_capability: self.compute_capability.or(fallback.compute_capability),
+            gpus: self.gpus.or(fallback.gpus),
+        }
+    }
+
+    /// Where to evaluate (default auto).
+    pub fn device_setting(&self) -> Result<DeviceSetting> {
+        self.device
+            .as_deref()
+            .map_or(Ok(DeviceSetting::Auto), str::parse)
+            .map_err(Error::Input)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_overrides_the_config_and_a_gpu_hides_the_other() {
+        let from_cli = SearchSpec {
+            vram: Some("8G".into()),
+            ..SearchSpec::default()
+        };
+        let from_cfg = SearchSpec {
+            preset: Some("rtx3050ti".into()),
+            margin: Some(0.1),
+            ..SearchSpec::default()
+        };
+        let spec = from_cli.or(from_cfg);
+        assert_eq!(spec.vram.as_deref(), Some("8G"));
+        assert_eq!(spec.preset, None);
+        assert_eq!(spec.margin, Some(0.1));
+    }
+
+    #[test]
+    fn devices_and_objectives_parse() {
+        assert_eq!("auto".parse(), Ok(DeviceSetting::Auto));
+        assert_eq!("cuda:1".parse(), Ok(DeviceSetting::Cuda(1)));
+        assert!("gpu".parse::<DeviceSetting>().is_err());
+        assert_eq!("throughput".parse(), Ok(Objective::Throughput));
+        assert!("fastest".parse::<Objective>().is_err());
+    }
+}

@@ -1,0 +1,272 @@
+//! The search strategy: per (crop, precision), a binary search over the
+//! ascending batch sizes, using that memory grows with the batch (above an
+//! out-of-memory nothing is tried, below a fit everything fits). With
+//! keep-crop, smaller crops are only tried when nothing fits at the
+//! recipe's. Every evaluated candidate goes to the journal at once; one
+//! found there is not evaluated again.
+
+use super::evaluate::Evaluator;
+use super::journal::Journal;
+use super::record::{Outcome, TrialRecord};
+use super::space::{Amp, Candidate};
+use super::spec::Objective;
+use crate::error::Result;
+
+/// The candidates' axes.
+pub struct SearchSpace<'a> {
+    /// The recipe's crop first.
+    pub crops: &'a [(i64, i64)],
+    pub precisions: &'a [Amp],
+    /// Ascending.
+    pub batches: &'a [i64],
+    /// Accumulation for a batch size, and whether it keeps the effective batch.
+    pub accumulation: &'a dyn Fn(i64) -> (i64, bool),
+}
+
+/// What the search loop did: every outcome in evaluation order, and how
+/// many were evaluated now or taken from the journal.
+pub struct Explored {
+    pub outcomes: Vec<Outcome>,
+    pub ran: usize,
+    pub resumed: usize,
+}
+
+/// The search loop: binary search of the batch per (crop, precision);
+/// `exhaustive` evaluates every candidate instead (for benchmarks).
+pub fn run_search(
+    space: &SearchSpace,
+    objective: Objective,
+    exhaustive: bool,
+    evaluator: &mut dyn Evaluator,
+    journal: &mut Journal,
+    progress: &dyn Fn(&Candidate, &TrialRecord),
+) -> Result<Explored> {
+    let SearchSpace {
+        crops,
+        precisions,
+        batches,
+        accumulation,
+    } = space;
+    let mut outcomes = Vec::new();
+    let (mut ran, mut resumed) = (0usize, 0usize);
+    for crop in crops.iter() {
+        for amp in precisions.iter() {
+            // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
+            let (mut lo, mut hi) = (0usize, batches.len());
+            let mut next_exhaustive = 0usize;
+            while lo < hi {
+                let mid = if exhaustive {
+                    next_exhaustive
+                } else {
+                    (lo + hi) / 2
+                };
+                let (acc, _) = accumulation(batches[mid]);
+                let c = Candidate {
+                    batch_size: batches[mid],
+                    crop: *crop,
+                    amp: *amp,
+                    accumulation: acc,
+                };
+                let (record, now) = match journal.get(&c) {
+                    Some(r) => {
+                        resumed += 1;
+                        (r.clone(), false)
+                    }
+                    None => {
+                        let r = evaluator.evaluate(&c);
+                        ran += 1;
+                        journal.append(&c, &r)?;
+                        (r, true)
+                    }
+                };
+                progress(&c, &record);
+                let fits = record.fits();
+                outcomes.push(Outcome {
+                    candidate: c,
+                    record,
+                    ran_now: now,
+                });
+                if exhaustive {
+                    next_exhaustive += 1;
+                    if next_exhaustive == batches.len() {
+                        break;
+                    }
+                } else if fits {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+        // keep-crop: the largest crop where anything fits wins; smaller crops need no trial.
+        let any_fit_here = outcomes
+            .iter()
+            .any(|o| o.candidate.crop == *crop && o.record.fits());
+        if objective == Objective::KeepCrop && any_fit_here && !exhaustive {
+            break;
+        }
+    }
+    Ok(Explored {
+        outcomes,
+        ran,
+        resumed,
+    })
+}
+
+/// Ranks feasible outcomes: keep-crop puts the largest crop first, then
+/// throughput; throughput ranks by images/s alone.
+pub fn rank(mut feasible: Vec<Outcome>, objective: Objective) -> Vec<Outcome> {
+    let ips = |o: &Outcome| o.record.images_per_s.unwrap_or(0.0);
+    feasible.sort_by(|a, b| {
+        let by_crop = (b.candidate.crop.0 * b.candidate.crop.1)
+            .cmp(&(a.candidate.crop.0 * a.candidate.crop.1));
+        let by_speed = ips(b).total_cmp(&ips(a));
+        match objective {
+            Objective::KeepCrop => by_crop.then(by_speed),
+            Objective::Throughput => by_speed.then(by_crop),
+        }
+    });
+    feasible
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::record::{CandidateStatus, Mode};
+
+    /// Fits when batch x crop area is at most `capacity`; every
+    /// `fail_every`-th evaluation fails as a crashed trial would.
+    struct FakeEvaluator {
+        capacity: i64,
+        fail_every: usize,
+        evaluated: Vec<Candidate>,
+    }
+
+    impl Evaluator for FakeEvaluator {
+        fn mode(&self) -> Mode {
+            Mode::Predicted
+        }
+        fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
+            self.evaluated.push(*c);
+            if self.fail_every > 0 && self.evaluated.len().is_multiple_of(self.fail_every) {
+                return TrialRecord::failed(
+                    CandidateStatus::Crash,
+                    "the trial process crashed".into(),
+                    Mode::Predicted,
+                );
+            }
+            let need = c.batch_size * c.crop.0 * c.crop.1 / if c.amp == Amp::Off { 1 } else { 2 };
+            let mut r =
+                TrialRecord::failed(CandidateStatus::Oom, "too big".into(), Mode::Predicted);
+            if need <= self.capacity {
+                r.status = CandidateStatus::Fits;
+                r.reason = None;
+                r.images_per_s = Some(c.batch_size as f64 * 1e6 / (c.crop.0 * c.crop.1) as f64);
+            }
+            r
+        }
+    }
+
+    fn explore(
+        capacity: i64,
+        fail_every: usize,
+        objective: Objective,
+        journal_dir: &std::path::Path,
+    ) -> (Explored, FakeEvaluator) {
+        let mut evaluator = FakeEvaluator {
+            capacity,
+            fail_every,
+            evaluated: Vec::new(),
+        };
+        let mut journal = Journal::open(journal_dir, "hash", "fake").unwrap();
+        let space = SearchSpace {
+            crops: &[(512, 512), (384, 384)],
+            precisions: &[Amp::Off, Amp::Fp16],
+            batches: &[1, 2, 3, 4, 5, 6, 7, 8],
+            accumulation: &|b| (16 / b, 16 % b == 0),
+        };
+        let explored = run_search(
+            &space,
+            objective,
+            false,
+            &mut evaluator,
+            &mut journal,
+            &|_, _| {},
+        )
+        .unwrap();
+        (explored, evaluator)
+    }
+
+    #[test]
+    fn binary_search_finds_the_largest_fitting_batch_with_few_trials() {
+        let dir = tempfile::tempdir().unwrap();
+        // 3 images of 512x512 fit in fp32, 6 in half precision.
+        let (explored, evaluator) = explore(3 * 512 * 512, 0, Objective::KeepCrop, dir.path());
+        let best = |amp: Amp| {
+            explored
+                .outcomes
+                .iter()
+                .filter(|o| o.record.fits() && o.candidate.amp == amp)
+                .map(|o| o.candidate.batch_size)
+                .max()
+        };
+        assert_eq!(best(Amp::Off), Some(3));
+        assert_eq!(best(Amp::Fp16), Some(6));
+        assert!(evaluator.evaluated.len() <= 8, "{:?}", evaluator.evaluated);
+        // keep-crop: something fits at 512x512, so 384x384 is never tried.
+        assert!(evaluator.evaluated.iter().all(|c| c.crop == (512, 512)));
+        let ranked = rank(
+            explored
+                .outcomes
+                .into_iter()
+                .filter(|o| o.record.fits())
+                .collect(),
+            Objective::KeepCrop,
+        );
+        assert_eq!(ranked[0].candidate.batch_size, 6);
+        assert_eq!(ranked[0].candidate.amp, Amp::Fp16);
+    }
+
+    #[test]
+    fn nothing_fitting_at_the_recipe_crop_tries_the_smaller_one() {
+        let dir = tempfile::tempdir().unwrap();
+        // Not even one 512x512 image in half precision (131072), but one 384x384 (73728).
+        let (explored, _) = explore(100_000, 0, Objective::KeepCrop, dir.path());
+        let winner = rank(
+            explored
+                .outcomes
+                .into_iter()
+                .filter(|o| o.record.fits())
+                .collect(),
+            Objective::KeepCrop,
+        );
+        assert_eq!(winner[0].candidate.crop, (384, 384));
+    }
+
+    #[test]
+    fn failing_trials_are_infeasible_and_the_search_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (explored, evaluator) = explore(3 * 512 * 512, 3, Objective::KeepCrop, dir.path());
+        let crashed = explored
+            .outcomes
+            .iter()
+            .filter(|o| o.record.status == CandidateStatus::Crash)
+            .count();
+        assert_eq!(crashed, evaluator.evaluated.len() / 3);
+        assert!(crashed > 0);
+        assert!(
+            explored.outcomes.iter().any(|o| o.record.fits()),
+            "still a winner"
+        );
+    }
+
+    #[test]
+    fn a_rerun_resumes_from_the_journal_without_new_trials() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = explore(3 * 512 * 512, 0, Objective::Throughput, dir.path());
+        let (second, evaluator) = explore(3 * 512 * 512, 0, Objective::Throughput, dir.path());
+        assert_eq!(second.ran, 0);
+        assert!(evaluator.evaluated.is_empty());
+        assert_eq!(second.resumed, first.ran);
+    }
+}

@@ -1,0 +1,41 @@
+//! The synthetic training batch of a trial, shaped like the recipe's.
+
+use super::TrialSpec;
+use tch::{Device, Kind, Tensor};
+
+/// One synthetic batch: `images` are `3 x H x W` float32 holding integers
+/// 0..255 (BGR, as MMSeg's loader hands them over), `labels` are
+/// `1 x H x W` int64 class maps, on the CPU.
+pub struct Batch {
+    pub images: Vec<Tensor>,
+    pub labels: Vec<Tensor>,
+}
+
+impl Batch {
+    pub fn synthetic(spec: &TrialSpec, num_classes: i64, ignore_index: i64) -> Batch {
+        let (h, w) = spec.crop;
+        let mut images = Vec::new();
+        let mut labels = Vec::new();
+        for _ in 0..spec.batch_size {
+            images.push(
+                Tensor::randint(256, [3, h, w], (Kind::Int64, Device::Cpu)).to_kind(Kind::Float),
+            );
+            let mut label = Tensor::randint(num_classes, [1, h, w], (Kind::Int64, Device::Cpu));
+            if spec.ignore_fraction > 0.0 {
+                let mask =
+                    Tensor::rand([1, h, w], (Kind::Float, Device::Cpu)).lt(spec.ignore_fraction);
+                let _ = label.masked_fill_(&mask, ignore_index);
+            }
+            labels.push(label);
+        }
+        Batch { images, labels }
+    }
+
+    pub fn bytes(&self) -> i64 {
+        self.images
+            .iter()
+            .chain(&self.labels)
+            .map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
+            .sum()
+    }
+}

@@ -1,0 +1,192 @@
+//! The optimizer wrapper of a config (`optim_wrapper`), reproduced op for op
+//! on libtorch: PyTorch's AdamW/Adam/SGD, single-tensor (what `torch.optim`
+//! runs on CPU) or foreach (its default on CUDA), mmengine's param groups from
+//! `paramwise_cfg`, `clip_grad`, `accumulative_counts`, and
+//! `AmpOptimWrapper` (autocast to fp16 with dynamic loss scaling, or bf16).
+//!
+//! [`OptimCfg`] reads the config, [`OptimWrapper`] (`wrapper.rs`) runs
+//! `update_params`, `adam.rs` and `sgd.rs` hold the update arithmetic.
+
+mod adam;
+mod sgd;
+mod wrapper;
+
+pub use super::amp::Amp;
+pub use wrapper::OptimWrapper;
+
+use crate::config::{Dict, Value};
+use tch::Tensor;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Algorithm {
+    Adam {
+        betas: (f64, f64),
+        eps: f64,
+        decoupled: bool,
+        amsgrad: bool,
+    },
+    Sgd {
+        momentum: f64,
+        dampening: f64,
+        nesterov: bool,
+    },
+}
+
+/// The optimizer settings read from `optim_wrapper`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimCfg {
+    algorithm: Algorithm,
+    pub type_name: String,
+    lr: f64,
+    weight_decay: f64,
+    custom_keys: Vec<(String, f64, f64)>,
+    bias_lr_mult: f64,
+    bias_decay_mult: f64,
+    norm_decay_mult: f64,
+    pub clip_grad: Option<(f64, f64)>,
+    pub accumulative_counts: i64,
+    /// mmengine makes one param group per parameter when `paramwise_cfg`
+    /// is set (and non-empty), else one group of all parameters; the
+    /// foreach optimizers work a group at a time.
+    pub per_param_groups: bool,
+}
+
+fn num(d: &Dict, k: &str, default: f64) -> Result<f64, String> {
+    match d.get(k) {
+        None | Some(Value::None) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| format!("optimizer `{k}` must be a number")),
+    }
+}
+
+impl OptimCfg {
+    pub fn from_cfg(cfg: &Dict) -> Result<OptimCfg, String> {
+        let ow = cfg
+            .get("optim_wrapper")
+            .and_then(Value::as_dict)
+            .ok_or("the config has no `optim_wrapper` dict")?;
+        let wrapper = ow
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("OptimWrapper");
+        if !matches!(wrapper, "OptimWrapper" | "AmpOptimWrapper") {
+            return Err(format!(
+                "optim_wrapper type `{wrapper}` is not supported (OptimWrapper, AmpOptimWrapper)"
+            ));
+        }
+        let opt = ow
+            .get("optimizer")
+            .and_then(Value::as_dict)
+            .ok_or("optim_wrapper has no `optimizer` dict")?;
+        let type_name = opt
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let algorithm = match type_name.as_str() {
+            "AdamW" | "Adam" => {
+                let betas = match opt.get("betas").and_then(Value::as_seq) {
+                    Some([a, b]) => (a.as_f64().unwrap_or(0.9), b.as_f64().unwrap_or(0.999)),
+                    _ => (0.9, 0.999),
+                };
+                Algorithm::Adam {
+                    betas,
+                    eps: num(opt, "eps", 1e-8)?,
+                    decoupled: type_name == "AdamW",
+                    amsgrad: opt.get("amsgrad").is_some_and(Value::truthy),
+                }
+            }
+            "SGD" => Algorithm::Sgd {
+                momentum: num(opt, "momentum", 0.0)?,
+                dampening: num(opt, "dampening", 0.0)?,
+                nesterov: opt.get("nesterov").is_some_and(Value::truthy),
+            },
+            other => {
+                return Err(format!(
+                    "optimizer `{other}` is not supported (AdamW, Adam, SGD)"
+                ))
+            }
+        };
+        let default_wd = if type_name == "AdamW" { 0.01 } else { 0.0 };
+        let pw = ow.get("paramwise_cfg").and_then(Value::as_dict);
+        let mut custom_keys: Vec<(String, f64, f64)> = Vec::new();
+        if let Some(keys) = pw
+            .and_then(|p| p.get("custom_keys"))
+            .and_then(Value::as_dict)
+        {
+            for (k, v) in keys {
+                let d = v
+                    .as_dict()
+                    .ok_or("paramwise_cfg.custom_keys values must be dicts")?;
+                custom_keys.push((
+                    k.clone(),
+                    num(d, "lr_mult", 1.0)?,
+                    num(d, "decay_mult", 1.0)?,
+                ));
+            }
+        }
+        // mmengine matches longer keys first, alphabetically among equals.
+        custom_keys.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        let pw_num = |k: &str| -> Result<f64, String> { pw.map_or(Ok(1.0), |p| num(p, k, 1.0)) };
+        let clip_grad = match ow.get("clip_grad") {
+            None | Some(Value::None) => None,
+            Some(Value::Dict(c)) => Some((num(c, "max_norm", 0.0)?, num(c, "norm_type", 2.0)?)),
+            Some(_) => return Err("optim_wrapper.clip_grad must be a dict or None".into()),
+        };
+        let accumulative_counts = ow
+            .get("accumulative_counts")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        if accumulative_counts < 1 {
+            return Err("optim_wrapper.accumulative_counts must be >= 1".into());
+        }
+        Ok(OptimCfg {
+            algorithm,
+            type_name,
+            lr: num(opt, "lr", 0.01)?,
+            weight_decay: num(opt, "weight_decay", default_wd)?,
+            custom_keys,
+            bias_lr_mult: pw_num("bias_lr_mult")?,
+            bias_decay_mult: pw_num("bias_decay_mult")?,
+            norm_decay_mult: pw_num("norm_decay_mult")?,
+            clip_grad,
+            accumulative_counts,
+            per_param_groups: pw.is_some_and(|p| !p.is_empty()),
+        })
+    }
+
+    /// `(lr, weight_decay)` of one parameter, as mmengine's
+    /// `DefaultOptimWrapperConstructor` assigns them.
+    fn group_of(&self, name: &str) -> (f64, f64) {
+        for (key, lr_mult, decay_mult) in &self.custom_keys {
+            if name.contains(key.as_str()) {
+                return (self.lr * lr_mult, self.weight_decay * decay_mult);
+            }
+        }
+        let is_bias = name.ends_with(".bias");
+        let is_norm = name.split('.').any(|part| {
+            part.starts_with("norm") || part.starts_with("bn") || part.starts_with("ln")
+        });
+        let mut lr = self.lr;
+        let mut wd = self.weight_decay;
+        if is_norm {
+            wd *= self.norm_decay_mult;
+        } else if is_bias {
+            lr *= self.bias_lr_mult;
+            wd *= self.bias_decay_mult;
+        }
+        (lr, wd)
+    }
+}
+
+struct ParamState {
+    param: Tensor,
+    lr: f64,
+    weight_decay: f64,
+    step: Option<Tensor>,
+    exp_avg: Option<Tensor>,
+    exp_avg_sq: Option<Tensor>,
+    max_exp_avg_sq: Option<Tensor>,
+    momentum_buffer: Option<Tensor>,
+}

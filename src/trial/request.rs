@@ -1,0 +1,137 @@
+//! What the parent asks the `segtune-torch` worker to run: one
+//! [`TrialRequest`], turned into the worker's argv here and only here. The
+//! worker's command line (`segtune trial`'s, in `cli`) parses it back into
+//! the same request.
+
+use super::{Amp, TrainingSetup};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Where a trial runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    #[default]
+    Cpu,
+    /// A CUDA device by index.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    /// `cpu`, `cuda` (device 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<DeviceChoice, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("`--device {other}`: write cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// One trial: the config, the candidate, the measurement and the setup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialRequest {
+    /// The config (.py or .rhai) and its `--cfg-options`.
+    pub config: PathBuf,
+    pub cfg_options: Vec<String>,
+    pub batch_size: i64,
+    pub crop: (i64, i64),
+    pub amp: Amp,
+    /// `accumulative_counts` (default: the config's).
+    pub accumulative_counts: Option<i64>,
+    pub warmup_steps: usize,
+    pub measured_steps: usize,
+    pub device: DeviceChoice,
+    pub seed: i64,
+    /// Fraction of label pixels set to `ignore_index` in the synthetic batch.
+    pub ignore_fraction: f64,
+    /// CPU threads for libtorch (default: libtorch's choice).
+    pub threads: Option<i32>,
+    /// Cap on live CPU tensor bytes; an allocation beyond it fails as out of memory.
+    pub cpu_cap_bytes: Option<u64>,
+    /// Write every CPU allocation and free (from the model build on) here.
+    pub trace_out: Option<PathBuf>,
+    pub setup: TrainingSetup,
+    /// A CPU trial standing in for a CUDA run (see [`super::TrialSpec::as_cuda`]).
+    pub as_cuda: bool,
+}
+
+impl TrialRequest {
+    /// A request with `segtune trial`'s defaults: batch 2 x 512x512, no AMP,
+    /// one warm-up and two measured steps on the CPU, 5% ignored pixels.
+    pub fn new(config: impl Into<PathBuf>) -> TrialRequest {
+        TrialRequest {
+            config: config.into(),
+            cfg_options: Vec::new(),
+            batch_size: 2,
+            crop: (512, 512),
+            amp: Amp::Off,
+            accumulative_counts: None,
+            warmup_steps: 1,
+            measured_steps: 2,
+            device: DeviceChoice::Cpu,
+            seed: 0,
+            ignore_fraction: 0.05,
+            threads: None,
+            cpu_cap_bytes: None,
+            trace_out: None,
+            setup: TrainingSetup::default(),
+            as_cuda: false,
+        }
+    }
+
+    /// The worker's argv for this request (after the program name), asking
+    /// for the JSON report.
+    pub fn to_argv(&self) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec!["trial".into(), self.config.clone().into()];
+        let mut flag = |name: &str, value: String| {
+            argv.push(format!("--{name}").into());
+            argv.push(value.into());
+        };
+        flag("batch-size", self.batch_size.to_string());
+        flag("crop", format!("{}x{}", self.crop.0, self.crop.1));
+        flag("amp", self.amp.to_string());
+        if let Some(n) = self.accumulative_counts {
+            flag("accum", n.to_string());
+        }
+        flag("warmup", self.warmup_steps.to_string());
+        flag("steps", self.measured_steps.to_string());
+        flag("device", self.device.to_string());
+        flag("seed", self.seed.to_string());
+        flag("ignore-fraction", self.ignore_fraction.to_string());
+        if let Some(n) = self.threads {
+            flag("threads", n.to_string());
+        }
+        if let Some(n) = self.cpu_cap_bytes {
+            flag("cpu-cap", n.to_string());
+        }
+        flag("gpus", self.setup.gpus.to_string());
+        flag("stack", self.setup.stack.to_string());
+        if let Some(path) = &self.trace_out {
+            argv.push("--trace-out".into());
+            argv.push(path.clone().into());
+        }
+        if self.as_cuda {
+            argv.push("--as-cuda".into());
+        }
+        argv.push("--json".into());
+        if !self.cfg_options.is_empty() {
+            argv.push("--cfg-options".into());
+            argv.extend(self.cfg_options.iter().map(OsString::from));
+        }
+        argv
+    }
+}
