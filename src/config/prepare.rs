@@ -1,0 +1,312 @@
+//! Per-language preparation of one config file: a Python config is parsed
+//! and translated to Rhai ([`super::translate`]), a Rhai config is compiled
+//! as is; either way its `_base_` list is read ahead of evaluation, so the
+//! loader can load the bases first, and each top-level name remembers where
+//! it is bound, so a merge error can point at it. [`Prepared::evaluate`]
+//! then runs the file with `_base_` bound to its merged bases.
+
+use super::error::{ConfigError, ErrorKind, Location};
+use super::eval::{self, Limits};
+use super::translate::{self, BASE_KEY};
+use super::value::{Dict, Value};
+use rhai::{Dynamic, Scope};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// A config's language, told by its extension.
+#[derive(Clone, Copy)]
+pub(super) enum FileKind {
+    Python,
+    Rhai,
+}
+
+impl FileKind {
+    pub(super) fn of(path: &Path) -> Result<FileKind, ConfigError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("py") => Ok(FileKind::Python),
+            Some("rhai") => Ok(FileKind::Rhai),
+            _ => Err(ConfigError::new(
+                ErrorKind::Io,
+                format!("{}: a config must be a .py or .rhai file", path.display()),
+            )),
+        }
+    }
+}
+
+/// How a file names its bases and where that statement is.
+pub(super) struct Bases {
+    pub(super) paths: Vec<String>,
+    pub(super) location: Option<Location>,
+}
+
+/// A parsed file, ready to be evaluated once its bases are known.
+pub(super) struct Prepared {
+    pub(super) bases: Bases,
+    body: Body,
+    /// Where each top-level name is first bound: a byte offset (Python) or
+    /// a 1-based line and column (Rhai).
+    bindings: HashMap<String, (usize, usize)>,
+}
+
+/// The compiled script; a translated Python file also keeps, per Rhai line,
+/// the byte offset of the Python statement it came from.
+enum Body {
+    Python {
+        script: rhai::AST,
+        line_offsets: Vec<usize>,
+    },
+    Rhai {
+        script: rhai::AST,
+    },
+}
+
+impl Prepared {
+    pub(super) fn new(
+        kind: FileKind,
+        abs: &Path,
+        source: &str,
+        limits: Limits,
+    ) -> Result<Prepared, ConfigError> {
+        match kind {
+            FileKind::Python => Prepared::python(abs, source, limits),
+            FileKind::Rhai => Prepared::rhai(abs, source, limits),
+        }
+    }
+
+    fn python(abs: &Path, source: &str, limits: Limits) -> Result<Prepared, ConfigError> {
+        let stmts = translate::parse(abs, source)?;
+        let bases = match translate::base_expression(&stmts) {
+            None => Bases {
+                paths: Vec::new(),
+                location: None,
+            },
+            Some(expr) => {
+                use rustpython_parser::ast::Ranged;
+                let location = Location::from_offset(abs, source, usize::from(expr.start()));
+                let code = translate::translate_expression(abs, source, expr)?;
+                let engine = eval::engine(limits, None);
+                let value = engine
+                    .eval_expression::<Dynamic>(&code)
+                    .or_else(|_| engine.eval::<Dynamic>(&code))
+                    .map_err(|e| eval::rhai_error(&e).at(location.clone()))?;
+                let value = eval::to_value(&value).map_err(|e| {
+                    ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(location.clone())
+                })?;
+                base_list(value, Some(location))?
+            }
+        };
+        let translation = translate::translate_module(abs, source, &stmts)?;
+        let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
+        let script = engine.compile(&translation.script).map_err(|e| {
+            let line = e.position().line().unwrap_or(1);
+            let offset = translation.line_offsets.get(line - 1).copied().unwrap_or(0);
+            ConfigError::new(
+                ErrorKind::Unsupported,
+                format!("segtune could not translate this statement to Rhai ({e})"),
+            )
+            .at(Location::from_offset(abs, source, offset))
+            .with_help(
+                "please report this config to segtune; meanwhile rewrite the statement more simply",
+            )
+        })?;
+        let mut bindings = HashMap::new();
+        for stmt in &stmts {
+            use rustpython_parser::ast::{Expr, Ranged, Stmt};
+            if let Stmt::Assign(a) = stmt {
+                for t in &a.targets {
+                    if let Expr::Name(n) = t {
+                        bindings
+                            .entry(n.id.to_string())
+                            .or_insert((usize::from(stmt.start()), 0));
+                    }
+                }
+            }
+        }
+        Ok(Prepared {
+            bases,
+            body: Body::Python {
+                script,
+                line_offsets: translation.line_offsets,
+            },
+            bindings,
+        })
+    }
+
+    fn rhai(abs: &Path, source: &str, limits: Limits) -> Result<Prepared, ConfigError> {
+        let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
+        let ast = engine.compile(source).map_err(|e| {
+            let (line, column) = (
+                e.position().line().unwrap_or(1),
+                e.position().position().unwrap_or(1),
+            );
+            ConfigError::new(
+                ErrorKind::Syntax,
+                format!("Rhai syntax error: {}", e.err_type()),
+            )
+            .at(Location::from_line_column(abs, source, line, column))
+        })?;
+        let mut base_expr = None;
+        let mut kept = Vec::new();
+        let mut bindings = HashMap::new();
+        for stmt in ast.statements() {
+            match stmt {
+                rhai::Stmt::Var(var, _, pos) if var.0.name == BASE_KEY => {
+                    if base_expr.is_none() {
+                        base_expr = Some((var.1.clone(), *pos));
+                    }
+                }
+                other => {
+                    if let rhai::Stmt::Var(var, _, pos) = other {
+                        let at = (pos.line().unwrap_or(1), pos.position().unwrap_or(1));
+                        bindings
+                            .entry(eval::unmangle(&var.0.name).to_string())
+                            .or_insert(at);
+                    }
+                    kept.push(other.clone())
+                }
+            }
+        }
+        let bases = match base_expr {
+            None => Bases {
+                paths: Vec::new(),
+                location: None,
+            },
+            Some((expr, pos)) => {
+                let location = Location::from_line_column(
+                    abs,
+                    source,
+                    pos.line().unwrap_or(1),
+                    pos.position().unwrap_or(1),
+                );
+                let alone = rhai::AST::new([rhai::Stmt::Expr(expr.into())], rhai::Module::new());
+                let value = engine
+                    .eval_ast::<Dynamic>(&alone)
+                    .map_err(|e| eval::rhai_error(&e).at(location.clone()))?;
+                let value = eval::to_value(&value).map_err(|e| {
+                    ConfigError::new(ErrorKind::Evaluation, e.to_string()).at(location.clone())
+                })?;
+                base_list(value, Some(location))?
+            }
+        };
+        let mut script = rhai::AST::new(kept, ast.shared_lib().clone());
+        script.set_source(abs.display().to_string());
+        Ok(Prepared {
+            bases,
+            body: Body::Rhai { script },
+            bindings,
+        })
+    }
+
+    /// The location of top-level name `key`'s binding (or the file's start).
+    pub(super) fn binding_location(&self, abs: &Path, source: &str, key: &str) -> Location {
+        match (self.bindings.get(key), &self.body) {
+            (Some((offset, _)), Body::Python { .. }) => Location::from_offset(abs, source, *offset),
+            (Some((line, column)), Body::Rhai { .. }) => {
+                Location::from_line_column(abs, source, *line, *column)
+            }
+            (None, _) => Location::from_line_column(abs, source, 1, 1),
+        }
+    }
+
+    /// Runs the file with `_base_` bound to its merged bases; returns the
+    /// file's own names and the (possibly mutated through `_base_`) bases.
+    pub(super) fn evaluate(
+        &self,
+        abs: &Path,
+        source: &str,
+        base: Dict,
+        limits: Limits,
+    ) -> Result<(Dict, Dict), ConfigError> {
+        let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
+        let mut scope = Scope::new();
+        scope.push(BASE_KEY, eval::to_dynamic(&Value::Dict(base)));
+        let (ast, line_offsets) = match &self.body {
+            Body::Python {
+                script,
+                line_offsets,
+            } => (script, Some(line_offsets)),
+            Body::Rhai { script } => (script, None),
+        };
+        let locate = |pos: rhai::Position| match line_offsets {
+            Some(offsets) => {
+                let line = pos.line().unwrap_or(1);
+                Location::from_offset(abs, source, offsets.get(line - 1).copied().unwrap_or(0))
+            }
+            None => Location::from_line_column(
+                abs,
+                source,
+                pos.line().unwrap_or(1),
+                pos.position().unwrap_or(1),
+            ),
+        };
+        eval::run(&engine, &mut scope, ast).map_err(|(e, pos)| {
+            if pos.is_none() {
+                e
+            } else {
+                e.at(locate(pos))
+            }
+        })?;
+        let cfg = eval::collect_scope(&scope, &[BASE_KEY]).map_err(|e| {
+            ConfigError::new(ErrorKind::Evaluation, e.to_string())
+                .at(Location::from_line_column(abs, source, 1, 1))
+        })?;
+        let base = scope
+            .get(BASE_KEY)
+            .map(eval::to_value)
+            .transpose()
+            .map_err(|e| ConfigError::new(ErrorKind::Evaluation, e.to_string()))?;
+        let base = match base {
+            Some(Value::Dict(d)) => d,
+            _ => {
+                return Err(ConfigError::new(
+                    ErrorKind::Evaluation,
+                    "the config replaced `_base_` with something that is not a dict",
+                )
+                .at(Location::from_line_column(abs, source, 1, 1)))
+            }
+        };
+        Ok((cfg, base))
+    }
+}
+
+/// `_base_`'s value as paths: MMEngine takes a str or a list of str.
+fn base_list(value: Value, location: Option<Location>) -> Result<Bases, ConfigError> {
+    let paths = match value {
+        Value::Str(s) => vec![s],
+        Value::List(items) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::Str(s) => Ok(s),
+                other => Err(other),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|other| {
+                let e = ConfigError::new(
+                    ErrorKind::Evaluation,
+                    format!(
+                        "`_base_` items must be paths (str), not {}",
+                        other.type_name()
+                    ),
+                );
+                match &location {
+                    Some(l) => e.at(l.clone()),
+                    None => e,
+                }
+            })?,
+        other => {
+            let e = ConfigError::new(
+                ErrorKind::Evaluation,
+                format!(
+                    "`_base_` must be a str or a list of str, not {}",
+                    other.type_name()
+                ),
+            )
+            .with_help("MMEngine rejects a tuple here too: write `_base_ = [...]`");
+            return Err(match location {
+                Some(l) => e.at(l),
+                None => e,
+            });
+        }
+    };
+    Ok(Bases { paths, location })
+}

@@ -1,0 +1,80 @@
+//! Python's semantics for the operators and builtins a config may use, on
+//! [`Value`]s: `/` is true division, `//` and `%` floor towards minus
+//! infinity, `**` of ints stays an int, `[1.0] * n + [0.1]` concatenates,
+//! `int(2.7)` truncates, and so on. The Rhai evaluator calls these for every
+//! operator of a translated Python config, so Rhai's own (C-like) arithmetic
+//! never decides a config value.
+//!
+//! Operators (arithmetic, comparison, membership) are in `operators`;
+//! indexing, slicing and iteration in `indexing`; the builtin functions and
+//! `dict(...)` in `builtins`; f-string format specs in `format_spec`.
+
+mod builtins;
+mod format_spec;
+mod indexing;
+mod operators;
+
+pub use builtins::{call_builtin, make_dict, BUILTINS};
+pub use format_spec::format_value;
+pub use indexing::{get_item, iterate, slice};
+pub use operators::{binary, compare, equal, invert, negate, positive, BinOp, CmpOp};
+
+use super::value::Value;
+
+/// Largest list, tuple or string a config may build (items or bytes).
+pub const MAX_SEQUENCE_LEN: usize = 1 << 20;
+
+/// A Python exception raised while evaluating a config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PyError {
+    /// The Python exception class (`TypeError`, ...), or `LimitExceeded`.
+    pub class: &'static str,
+    pub message: String,
+}
+
+impl PyError {
+    pub fn new(class: &'static str, message: impl Into<String>) -> PyError {
+        PyError {
+            class,
+            message: message.into(),
+        }
+    }
+    fn type_error(message: impl Into<String>) -> PyError {
+        PyError::new("TypeError", message)
+    }
+    fn value_error(message: impl Into<String>) -> PyError {
+        PyError::new("ValueError", message)
+    }
+    fn zero_division(message: &str) -> PyError {
+        PyError::new("ZeroDivisionError", message)
+    }
+    pub fn limit(message: impl Into<String>) -> PyError {
+        PyError::new("LimitExceeded", message)
+    }
+    pub fn is_limit(&self) -> bool {
+        self.class == "LimitExceeded"
+    }
+}
+
+impl std::fmt::Display for PyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_limit() {
+            write!(f, "limit exceeded: {}", self.message)
+        } else {
+            write!(f, "{}: {}", self.class, self.message)
+        }
+    }
+}
+
+pub type PyResult = Result<Value, PyError>;
+
+/// Refuses a sequence over [`MAX_SEQUENCE_LEN`] before it is built.
+fn check_len(len: usize) -> Result<(), PyError> {
+    if len > MAX_SEQUENCE_LEN {
+        Err(PyError::limit(format!(
+            "a sequence of {len} items is larger than the limit of {MAX_SEQUENCE_LEN}"
+        )))
+    } else {
+        Ok(())
+    }
+}
