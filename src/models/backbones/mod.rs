@@ -1,0 +1,26 @@
+//! Backbones (`mmseg/models/backbones/`): the [`Backbone`] trait and the
+//! [`BACKBONES`] table from MMSeg's `type` name to a constructor.
+//!
+//! Adding a backbone: its own file here (see `mit.rs` for the pattern),
+//! plus its `mod` line and its table row below.
+
+pub mod mit;
+
+use super::params::ParamScope;
+use super::ModelError;
+use crate::config::Dict;
+use tch::Tensor;
+
+/// A backbone in training.
+pub trait Backbone {
+    /// `forward(x)`: multi-level features, one `[B, C_i, H_i, W_i]` map per
+    /// `out_indices` entry, from the `[B, 3, H, W]` batch.
+    fn forward(&self, x: &Tensor, training: bool) -> Vec<Tensor>;
+}
+
+/// Builds a backbone from its resolved config dict, registering its
+/// parameters under `scope` (`backbone`).
+pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, ModelError>;
+
+/// Backbone types (`model.backbone.type`).
+pub const BACKBONES: &[(&str, BackboneCtor)] = &[("MixVisionTransformer", mit::build)];

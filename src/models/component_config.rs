@@ -1,0 +1,304 @@
+//! Reading one component's resolved config dict (`model.backbone`,
+//! `model.decode_head`, a loss, ...) the way its MMSeg constructor takes its
+//! keyword arguments: every key segtune implements is read with MMSeg's
+//! default, keys that cannot change memory are accepted by name, a key that
+//! segtune does not implement is accepted only at MMSeg's default value, and
+//! [`ComponentConfig::finish`] refuses any other key that is set, naming it
+//! and the MMSeg file of the component. So a config is never trialled with a
+//! setting silently dropped.
+
+use super::ModelError;
+use crate::config::{Dict, Value};
+use std::fmt::Display;
+
+/// A component's config dict being read; see the module doc.
+pub struct ComponentConfig<'a> {
+    dict: &'a Dict,
+    /// MMSeg's class name (`MixVisionTransformer`).
+    component: &'static str,
+    /// The MMSeg source file of the class (`mmseg/models/backbones/mit.py`).
+    source: &'static str,
+    read: Vec<&'a str>,
+}
+
+impl<'a> ComponentConfig<'a> {
+    /// Starts reading `dict`; its `type` was used to pick the component.
+    pub fn new(dict: &'a Dict, component: &'static str, source: &'static str) -> Self {
+        let mut config = ComponentConfig {
+            dict,
+            component,
+            source,
+            read: Vec::new(),
+        };
+        config.value("type");
+        config
+    }
+
+    /// The value of `key` if the dict sets it; marks it as handled.
+    pub fn value(&mut self, key: &str) -> Option<&'a Value> {
+        let (name, value) = self.dict.get_key_value(key)?;
+        if !self.read.contains(&name.as_str()) {
+            self.read.push(name.as_str());
+        }
+        Some(value)
+    }
+
+    /// Whether the dict sets `key` (without marking it as handled).
+    pub fn has(&self, key: &str) -> bool {
+        self.dict.contains_key(key)
+    }
+
+    /// An int setting (a bool counts, as in Python).
+    pub fn int(&mut self, key: &str, default: i64) -> Result<i64, ModelError> {
+        match self.value(key) {
+            None => Ok(default),
+            Some(v @ (Value::Int(_) | Value::Bool(_))) => Ok(v.as_i64().unwrap_or(default)),
+            Some(other) => {
+                Err(self.config_error(format!("`{key}` must be an int, not {}", other.type_name())))
+            }
+        }
+    }
+
+    /// A number setting.
+    pub fn float(&mut self, key: &str, default: f64) -> Result<f64, ModelError> {
+        match self.value(key) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| {
+                self.config_error(format!("`{key}` must be a number, not {}", v.type_name()))
+            }),
+        }
+    }
+
+    /// A bool setting, by Python truthiness.
+    pub fn flag(&mut self, key: &str, default: bool) -> bool {
+        self.value(key).map(Value::truthy).unwrap_or(default)
+    }
+
+    /// A list of ints; a single int is a one-item list.
+    pub fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>, ModelError> {
+        match self.value(key) {
+            None => Ok(default.to_vec()),
+            Some(Value::Int(i)) => Ok(vec![*i]),
+            Some(v) => v
+                .as_seq()
+                .and_then(|s| s.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| self.config_error(format!("`{key}` must be a list of ints"))),
+        }
+    }
+
+    /// A string setting; `None` (Python's) reads as absent.
+    pub fn string(&mut self, key: &str) -> Result<Option<&'a str>, ModelError> {
+        match self.value(key) {
+            None | Some(Value::None) => Ok(None),
+            Some(Value::Str(s)) => Ok(Some(s)),
+            Some(other) => Err(self.config_error(format!(
+                "`{key}` must be a string, not {}",
+                other.type_name()
+            ))),
+        }
+    }
+
+    /// A BN `norm_cfg` (see [`NormCfg`]); `None` when unset or `None`.
+    pub fn batch_norm(&mut self, key: &str) -> Result<Option<NormCfg>, ModelError> {
+        NormCfg::from_cfg(self.value(key))
+    }
+
+    /// An activation `act_cfg` that must be MMSeg's default `dict(type=expected)`
+    /// (mmcv's `inplace` flag aside): other activations are not implemented.
+    pub fn default_activation(&mut self, key: &str, expected: &str) -> Result<(), ModelError> {
+        let Some(value) = self.value(key) else {
+            return Ok(());
+        };
+        let ok = value.as_dict().is_some_and(|d| {
+            d.get("type").and_then(Value::as_str) == Some(expected)
+                && d.keys().all(|k| k == "type" || k == "inplace")
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(self.unsupported(key, format!("only dict(type='{expected}') is implemented")))
+        }
+    }
+
+    /// Keys that are accepted and cannot change memory or speed (weight
+    /// initialisation, checkpoints, inference-only settings).
+    pub fn inert(&mut self, keys: &[&str]) {
+        for key in keys {
+            self.value(key);
+        }
+    }
+
+    /// A key segtune does not implement: accepted only when unset or equal to
+    /// MMSeg's `default` (numbers compare as Python's `==`).
+    pub fn unimplemented(&mut self, key: &str, default: &Value) -> Result<(), ModelError> {
+        match self.value(key) {
+            None => Ok(()),
+            Some(v) if equals_default(v, default) => Ok(()),
+            Some(v) => Err(self.unsupported(
+                key,
+                format!(
+                    "{} (only the default {} is implemented)",
+                    describe(v),
+                    describe(default)
+                ),
+            )),
+        }
+    }
+
+    /// Ends reading: any key set but not handled is refused.
+    pub fn finish(self) -> Result<(), ModelError> {
+        match self.dict.keys().find(|k| !self.read.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(key) => Err(self.unsupported(key, "segtune does not implement this key")),
+        }
+    }
+
+    /// `Unsupported`, naming the component, the key and the MMSeg file.
+    pub fn unsupported(&self, key: &str, why: impl Display) -> ModelError {
+        ModelError::Unsupported(format!(
+            "{} `{key}` ({}): {why}",
+            self.component, self.source
+        ))
+    }
+
+    /// `Config`, naming the component.
+    pub fn config_error(&self, what: impl Display) -> ModelError {
+        ModelError::Config(format!("{}: {what}", self.component))
+    }
+}
+
+/// A value as Python writes a scalar (containers by their type only).
+fn describe(v: &Value) -> String {
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Int(i) => i.to_string(),
+        Value::Float(f) => format!("{f:?}"),
+        Value::Str(s) => format!("'{s}'"),
+        other => format!("a {}", other.type_name()),
+    }
+}
+
+fn equals_default(value: &Value, default: &Value) -> bool {
+    match (value.as_f64(), default.as_f64()) {
+        (Some(a), Some(b)) => a == b,
+        _ => value.same_as(default),
+    }
+}
+
+/// Normalisation layer settings (`norm_cfg`), BN only: SyncBN on one device
+/// is BN.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NormCfg {
+    pub eps: f64,
+    pub momentum: f64,
+    pub requires_grad: bool,
+}
+
+impl NormCfg {
+    pub fn from_cfg(v: Option<&Value>) -> Result<Option<NormCfg>, ModelError> {
+        let d = match v {
+            None | Some(Value::None) => return Ok(None),
+            Some(Value::Dict(d)) => d,
+            Some(other) => {
+                return Err(ModelError::Config(format!(
+                    "norm_cfg must be a dict, not {}",
+                    other.type_name()
+                )))
+            }
+        };
+        let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
+        if !matches!(ty, "BN" | "BN2d" | "SyncBN" | "MMSyncBN") {
+            return Err(ModelError::Unsupported(format!(
+                "norm_cfg type `{ty}` (supported: BN, SyncBN)"
+            )));
+        }
+        let number = |key: &str, default: f64| match d.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| {
+                ModelError::Config(format!(
+                    "norm_cfg `{key}` must be a number, not {}",
+                    v.type_name()
+                ))
+            }),
+        };
+        Ok(Some(NormCfg {
+            eps: number("eps", 1e-5)?,
+            momentum: number("momentum", 0.1)?,
+            requires_grad: d.get("requires_grad").map(Value::truthy).unwrap_or(true),
+        }))
+    }
+
+    /// mmcv's name for the norm module inside a ConvModule.
+    pub fn module_name(&self) -> &'static str {
+        "bn"
+    }
+}
+
+/// The `type` of a sub-config, or an error naming what is missing.
+pub(crate) fn type_of<'a>(d: &'a Dict, role: &'static str) -> Result<&'a str, ModelError> {
+    d.get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ModelError::Config(format!("{role} has no `type`")))
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Config dicts for unit tests, written as JSON (lists stand for tuples:
+    //! the models read both alike).
+
+    use crate::config::{Dict, Value};
+
+    pub fn to_value(j: &serde_json::Value) -> Value {
+        match j {
+            serde_json::Value::Null => Value::None,
+            serde_json::Value::Bool(b) => Value::Bool(*b),
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(i) if !n.is_f64() => Value::Int(i),
+                _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            serde_json::Value::String(s) => Value::Str(s.clone()),
+            serde_json::Value::Array(items) => Value::List(items.iter().map(to_value).collect()),
+            serde_json::Value::Object(map) => {
+                Value::Dict(map.iter().map(|(k, v)| (k.clone(), to_value(v))).collect())
+            }
+        }
+    }
+
+    pub fn dict(j: serde_json::Value) -> Dict {
+        match to_value(&j) {
+            Value::Dict(d) => d,
+            other => panic!("not a dict: {other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::dict;
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_unhandled_key_is_refused_with_the_component_and_its_file() {
+        let d = dict(json!({"type": "X", "depth": 3, "init_cfg": null}));
+        let mut c = ComponentConfig::new(&d, "Thing", "mmseg/models/x.py");
+        c.inert(&["init_cfg"]);
+        let err = c.finish().unwrap_err().to_string();
+        assert!(err.contains("Thing `depth` (mmseg/models/x.py)"), "{err}");
+    }
+
+    #[test]
+    fn an_unimplemented_key_passes_at_its_default_only() {
+        let d = dict(json!({"type": "X", "with_cp": false, "rate": 0}));
+        let mut c = ComponentConfig::new(&d, "Thing", "x.py");
+        c.unimplemented("with_cp", &Value::Bool(false)).unwrap();
+        c.unimplemented("rate", &Value::Float(0.0)).unwrap();
+        c.finish().unwrap();
+        let d = dict(json!({"type": "X", "with_cp": true}));
+        let mut c = ComponentConfig::new(&d, "Thing", "x.py");
+        let err = c.unimplemented("with_cp", &Value::Bool(false)).unwrap_err();
+        assert!(err.to_string().contains("`with_cp`"), "{err}");
+    }
+}

@@ -1,0 +1,220 @@
+//! What every MMSeg decode head shares (`BaseDecodeHead` in
+//! `mmseg/models/decode_heads/decode_head.py`): the settings its
+//! `__init__` takes, the input selection (`_transform_inputs`), the final
+//! dropout + 1x1 classifier (`cls_seg`) and the training loss
+//! (`loss_by_feat`): logits upsampled to the label size, each `loss_decode`
+//! item (see [`crate::models::losses`]), and the pixel accuracy that MMSeg
+//! computes on the full-resolution logits in every training step.
+//!
+//! A head built on BaseDecodeHead reads these settings with
+//! [`DecodeHeadCfg::from_cfg`] from its own [`ComponentConfig`], creates a
+//! [`DecodeHeadBase`] before its own layers and ends `loss` with
+//! [`DecodeHeadBase::loss_by_feat`].
+
+use crate::config::Value;
+use crate::models::component_config::{ComponentConfig, NormCfg};
+use crate::models::layers::{resize_bilinear, Conv2d, ConvSpec};
+use crate::models::losses::{accuracy, loss_decode_from_cfg, CrossEntropyCfg};
+use crate::models::params::ParamScope;
+use crate::models::ModelError;
+use tch::Tensor;
+
+/// `input_transform`: how the head picks its inputs from the features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputTransform {
+    /// `None`: one feature map, `inputs[in_index]`.
+    Single,
+    /// `'resize_concat'`: the selected maps resized to the first one's size
+    /// and concatenated on channels.
+    ResizeConcat,
+    /// `'multiple_select'`: the selected maps as a list.
+    MultipleSelect,
+}
+
+/// The settings `BaseDecodeHead.__init__` reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeHeadCfg {
+    pub in_channels: Vec<i64>,
+    pub in_index: Vec<i64>,
+    pub input_transform: InputTransform,
+    pub channels: i64,
+    pub num_classes: i64,
+    pub dropout_ratio: f64,
+    pub align_corners: bool,
+    pub ignore_index: i64,
+    pub norm: Option<NormCfg>,
+    pub losses: Vec<CrossEntropyCfg>,
+}
+
+impl DecodeHeadCfg {
+    /// Reads BaseDecodeHead's keyword arguments from a head's config, with
+    /// MMSeg's defaults. `input_transform` is the value the head class
+    /// passes itself (SegformerHead: `multiple_select`), or `None` to read
+    /// it from the config.
+    pub fn from_cfg(
+        c: &mut ComponentConfig,
+        input_transform: Option<InputTransform>,
+    ) -> Result<DecodeHeadCfg, ModelError> {
+        let input_transform = match input_transform {
+            Some(fixed) => {
+                if c.has("input_transform") {
+                    // Python: "got multiple values for keyword argument".
+                    return Err(
+                        c.config_error("sets `input_transform` itself; remove it from the config")
+                    );
+                }
+                fixed
+            }
+            None => match c.string("input_transform")? {
+                None => InputTransform::Single,
+                Some("resize_concat") => InputTransform::ResizeConcat,
+                Some("multiple_select") => InputTransform::MultipleSelect,
+                Some(other) => {
+                    return Err(c.config_error(format!("unknown input_transform `{other}`")))
+                }
+            },
+        };
+        let in_channels = match c.value("in_channels") {
+            Some(Value::Int(i)) => vec![*i],
+            Some(v) => v
+                .as_seq()
+                .map(|s| s.iter().filter_map(Value::as_i64).collect())
+                .ok_or_else(|| c.config_error("`in_channels` must be an int or a list of ints"))?,
+            None => return Err(c.config_error("lacks `in_channels`")),
+        };
+        let in_index = c.ints("in_index", &[-1])?;
+        // `_init_inputs`' assertions.
+        match input_transform {
+            InputTransform::Single if in_channels.len() != 1 || in_index.len() != 1 => {
+                return Err(c.config_error(
+                    "without input_transform, in_channels and in_index must be single ints",
+                ))
+            }
+            InputTransform::ResizeConcat | InputTransform::MultipleSelect
+                if in_channels.len() != in_index.len() =>
+            {
+                return Err(c.config_error("in_channels and in_index must have the same length"))
+            }
+            _ => {}
+        }
+        c.unimplemented("sampler", &Value::None)?;
+        c.unimplemented("conv_cfg", &Value::None)?;
+        c.default_activation("act_cfg", "ReLU")?;
+        let num_classes = c.int("num_classes", 0)?;
+        if c.value("out_channels")
+            .and_then(Value::as_i64)
+            .is_some_and(|o| o != num_classes)
+        {
+            return Err(ModelError::Unsupported(
+                "decode head with out_channels != num_classes (sigmoid heads)".into(),
+            ));
+        }
+        // `threshold` binarises predictions at inference; `init_cfg` draws weights.
+        c.inert(&["threshold", "init_cfg"]);
+        Ok(DecodeHeadCfg {
+            in_channels,
+            in_index,
+            input_transform,
+            channels: c.int("channels", 0)?,
+            num_classes,
+            dropout_ratio: c.float("dropout_ratio", 0.1)?,
+            align_corners: c.flag("align_corners", false),
+            ignore_index: c.int("ignore_index", 255)?,
+            norm: c.batch_norm("norm_cfg")?,
+            losses: loss_decode_from_cfg(c.value("loss_decode"))?,
+        })
+    }
+}
+
+/// `_transform_inputs`, `cls_seg` and `loss_by_feat`.
+pub struct DecodeHeadBase {
+    pub cfg: DecodeHeadCfg,
+    conv_seg: Conv2d,
+}
+
+impl DecodeHeadBase {
+    /// `conv_seg` is registered after the head's own layers, as in MMSeg
+    /// (BaseDecodeHead registers it in `__init__` before the subclass adds
+    /// its modules, but `named_parameters` lists it first: callers create
+    /// it first for that reason).
+    pub fn new(p: &mut ParamScope, cfg: DecodeHeadCfg) -> DecodeHeadBase {
+        let conv_seg = Conv2d::new(
+            &mut p.sub("conv_seg"),
+            ConvSpec::new(cfg.channels, cfg.num_classes, 1),
+        );
+        DecodeHeadBase { cfg, conv_seg }
+    }
+
+    /// The features at `in_index` (negative indices count from the end, as
+    /// Python's do).
+    pub fn selected_inputs<'a>(&self, features: &'a [Tensor]) -> Vec<&'a Tensor> {
+        self.cfg
+            .in_index
+            .iter()
+            .map(|i| {
+                &features[if *i < 0 {
+                    (features.len() as i64 + i) as usize
+                } else {
+                    *i as usize
+                }]
+            })
+            .collect()
+    }
+
+    /// `_transform_inputs` for the one-tensor transforms: `Single` gives
+    /// `inputs[in_index]`, `ResizeConcat` the resized maps concatenated
+    /// (`[B, sum(in_channels), H_0, W_0]`). `MultipleSelect` heads take
+    /// [`DecodeHeadBase::selected_inputs`] instead; calling this from one is
+    /// a bug in the head.
+    pub fn transform_inputs(&self, features: &[Tensor]) -> Tensor {
+        let inputs = self.selected_inputs(features);
+        match self.cfg.input_transform {
+            InputTransform::ResizeConcat => {
+                let size = (inputs[0].size()[2], inputs[0].size()[3]);
+                let upsampled: Vec<Tensor> = inputs
+                    .iter()
+                    .map(|x| resize_bilinear(x, size, self.cfg.align_corners))
+                    .collect();
+                Tensor::cat(&upsampled, 1)
+            }
+            InputTransform::Single => inputs[0].shallow_clone(),
+            InputTransform::MultipleSelect => {
+                panic!("a multiple_select head takes selected_inputs, not transform_inputs")
+            }
+        }
+    }
+
+    /// `cls_seg`: dropout, then the 1x1 classifier. `[B, channels, h, w]` ->
+    /// `[B, num_classes, h, w]`.
+    pub fn cls_seg(&self, feat: Tensor, training: bool) -> Tensor {
+        let feat = if self.cfg.dropout_ratio > 0.0 {
+            feat.feature_dropout(self.cfg.dropout_ratio, training)
+        } else {
+            feat
+        };
+        self.conv_seg.forward(&feat)
+    }
+
+    /// `loss_by_feat(seg_logits, data_samples)`; `labels` are the per-image
+    /// `1 x H x W` label maps (`gt_sem_seg.data`). Returns the loss items in
+    /// MMSeg's order (`loss_ce`, ..., then `acc_seg`).
+    pub fn loss_by_feat(&self, seg_logits: &Tensor, labels: &[Tensor]) -> Vec<(String, Tensor)> {
+        // Python rebinds `seg_logits` and `seg_label`: the old tensors die at
+        // once (unless autograd saved them), so do the same here.
+        let mut seg_label = Tensor::stack(labels, 0); // [B, 1, H, W]
+        let size = (seg_label.size()[2], seg_label.size()[3]);
+        let seg_logits = resize_bilinear(seg_logits, size, self.cfg.align_corners); // [B, K, H, W]
+        seg_label = seg_label.squeeze_dim(1); // [B, H, W]
+        let mut losses: Vec<(String, Tensor)> = Vec::new();
+        for loss_cfg in &self.cfg.losses {
+            let value = loss_cfg.forward(&seg_logits, &seg_label, self.cfg.ignore_index);
+            match losses.iter_mut().find(|(n, _)| *n == loss_cfg.loss_name) {
+                Some((_, acc)) => *acc = &*acc + value,
+                None => losses.push((loss_cfg.loss_name.clone(), value)),
+            }
+        }
+        let acc_seg = accuracy(&seg_logits, &seg_label, self.cfg.ignore_index);
+        losses.push(("acc_seg".into(), acc_seg));
+        losses
+    }
+}

@@ -1,0 +1,92 @@
+//! `nn.MultiheadAttention` (`torch/nn/modules/activation.py`,
+//! `F.multi_head_attention_forward`), as mmcv's `MultiheadAttention` wrapper
+//! and MMSeg's attention modules call it.
+
+use super::linear::Linear;
+use super::{count_flops, softmax_saved};
+use crate::models::params::ParamScope;
+use tch::{Kind, Tensor};
+
+/// `nn.MultiheadAttention` in training mode with `need_weights=True` (its
+/// default): the explicit `(B*heads, L, S)` attention matrix is computed and
+/// kept for backward, and the head-averaged weights are computed too, as
+/// `F.multi_head_attention_forward` does.
+pub struct MultiheadAttention {
+    in_proj_weight: Tensor,
+    in_proj_bias: Option<Tensor>,
+    out_proj: Linear,
+    embed_dims: i64,
+    num_heads: i64,
+}
+
+impl MultiheadAttention {
+    pub fn new(
+        p: &mut ParamScope,
+        embed_dims: i64,
+        num_heads: i64,
+        bias: bool,
+    ) -> MultiheadAttention {
+        let bound = (6.0 / (embed_dims + 3 * embed_dims) as f64).sqrt();
+        let in_proj_weight =
+            p.param_uniform("in_proj_weight", &[3 * embed_dims, embed_dims], bound);
+        let in_proj_bias = bias.then(|| p.param_zeros("in_proj_bias", &[3 * embed_dims]));
+        let out_proj = Linear::new(&mut p.sub("out_proj"), embed_dims, embed_dims, bias);
+        MultiheadAttention {
+            in_proj_weight,
+            in_proj_bias,
+            out_proj,
+            embed_dims,
+            num_heads,
+        }
+    }
+
+    /// `query`: (L, B, E); `key_value`: (S, B, E), one tensor used as both
+    /// key and value (the `k is v` branch of `_in_projection_packed`).
+    pub fn forward(&self, query: &Tensor, key_value: &Tensor) -> Tensor {
+        let (e, heads) = (self.embed_dims, self.num_heads);
+        let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
+        let src_len = key_value.size()[0];
+        let head_dim = e / heads;
+        let w = self.in_proj_weight.split_with_sizes([e, 2 * e], 0);
+        let (q, kv) = match &self.in_proj_bias {
+            Some(b) => {
+                let b = b.split_with_sizes([e, 2 * e], 0);
+                (
+                    query.linear(&w[0], Some(&b[0])),
+                    key_value.linear(&w[1], Some(&b[1])),
+                )
+            }
+            None => (
+                query.linear::<Tensor>(&w[0], None),
+                key_value.linear::<Tensor>(&w[1], None),
+            ),
+        };
+        let kv = kv
+            .unflatten(-1, [2, e])
+            .unsqueeze(0)
+            .transpose(0, -2)
+            .squeeze_dim(-2)
+            .contiguous();
+        let (k, v) = (kv.select(0, 0), kv.select(0, 1));
+        let q = q.view([tgt_len, bsz * heads, head_dim]).transpose(0, 1);
+        let k = k.view([src_len, bsz * heads, head_dim]).transpose(0, 1);
+        let v = v.view([src_len, bsz * heads, head_dim]).transpose(0, 1);
+        // in-projections, the two attention matmuls (the out-projection counts itself)
+        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        count_flops(2.0 * 2.0 * (bsz * heads * tgt_len * src_len * head_dim) as f64);
+        let q_scaled = q * (1.0 / head_dim as f64).sqrt();
+        let logits = q_scaled.bmm(&k.transpose(-2, -1));
+        let weights = logits.softmax(-1, None::<Kind>);
+        softmax_saved(&logits, &weights);
+        drop(logits);
+        let out = weights.bmm(&v);
+        let out = out.transpose(0, 1).contiguous().view([tgt_len * bsz, e]);
+        let out = self.out_proj.forward(&out).view([tgt_len, bsz, e]);
+        // The averaged weights are returned (and dropped) by nn.MultiheadAttention.
+        let _averaged =
+            weights
+                .view([bsz, heads, tgt_len, src_len])
+                .mean_dim(1, false, None::<Kind>);
+        out
+    }
+}

@@ -1,0 +1,155 @@
+//! `nn.Conv2d` and mmcv's `ConvModule` (`mmcv/cnn/bricks/conv_module.py`).
+
+use super::count_flops;
+use super::norm::BatchNorm2d;
+use crate::models::params::ParamScope;
+use crate::models::NormCfg;
+use tch::Tensor;
+
+/// `nn.Conv2d` (mmcv `Conv2d` behaves the same on non-empty input).
+pub struct Conv2d {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    stride: i64,
+    padding: i64,
+    dilation: i64,
+    groups: i64,
+}
+
+/// The shape of a convolution.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvSpec {
+    pub in_channels: i64,
+    pub out_channels: i64,
+    pub kernel: i64,
+    pub stride: i64,
+    pub padding: i64,
+    pub dilation: i64,
+    pub groups: i64,
+    pub bias: bool,
+}
+
+impl ConvSpec {
+    pub fn new(in_channels: i64, out_channels: i64, kernel: i64) -> ConvSpec {
+        ConvSpec {
+            in_channels,
+            out_channels,
+            kernel,
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+            bias: true,
+        }
+    }
+    pub fn stride(mut self, s: i64) -> ConvSpec {
+        self.stride = s;
+        self
+    }
+    pub fn padding(mut self, p: i64) -> ConvSpec {
+        self.padding = p;
+        self
+    }
+    pub fn dilation(mut self, d: i64) -> ConvSpec {
+        self.dilation = d;
+        self
+    }
+    pub fn groups(mut self, g: i64) -> ConvSpec {
+        self.groups = g;
+        self
+    }
+    pub fn bias(mut self, b: bool) -> ConvSpec {
+        self.bias = b;
+        self
+    }
+}
+
+impl Conv2d {
+    /// Weights drawn as MMSeg's backbones draw them: normal with std
+    /// `sqrt(2 / fan_out)` (the values do not change memory or speed).
+    pub fn new(p: &mut ParamScope, spec: ConvSpec) -> Conv2d {
+        let fan_out = spec.kernel * spec.kernel * spec.out_channels / spec.groups;
+        let std = (2.0 / fan_out as f64).sqrt();
+        let weight = p.param_normal(
+            "weight",
+            &[
+                spec.out_channels,
+                spec.in_channels / spec.groups,
+                spec.kernel,
+                spec.kernel,
+            ],
+            std,
+        );
+        let bias = spec
+            .bias
+            .then(|| p.param_zeros("bias", &[spec.out_channels]));
+        Conv2d {
+            weight,
+            bias,
+            stride: spec.stride,
+            padding: spec.padding,
+            dilation: spec.dilation,
+            groups: spec.groups,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let (b, h, w) = (x.size()[0], x.size()[2], x.size()[3]);
+        let ws = self.weight.size();
+        let out =
+            |n: i64, k: i64| (n + 2 * self.padding - self.dilation * (k - 1) - 1) / self.stride + 1;
+        count_flops(
+            2.0 * (b * ws[0] * ws[1] * ws[2] * ws[3]) as f64
+                * (out(h, ws[2]) * out(w, ws[3])) as f64,
+        );
+        x.conv2d(
+            &self.weight,
+            self.bias.as_ref(),
+            [self.stride, self.stride],
+            [self.padding, self.padding],
+            [self.dilation, self.dilation],
+            self.groups,
+        )
+    }
+}
+
+/// mmcv's `ConvModule` with the default order conv -> norm -> act, BN and
+/// an in-place ReLU (mmcv's default `inplace=True`).
+pub struct ConvModule {
+    conv: Conv2d,
+    norm: Option<BatchNorm2d>,
+    relu: bool,
+}
+
+impl ConvModule {
+    /// `norm`: BN eps/momentum/requires_grad, or `None` for no norm (then
+    /// the conv has a bias, as mmcv's `bias='auto'` gives).
+    pub fn new(
+        p: &mut ParamScope,
+        spec: ConvSpec,
+        norm: Option<NormCfg>,
+        relu: bool,
+    ) -> ConvModule {
+        let conv = Conv2d::new(&mut p.sub("conv"), spec.bias(norm.is_none()));
+        let norm = norm.map(|n| {
+            BatchNorm2d::new(
+                &mut p.sub(n.module_name()),
+                spec.out_channels,
+                n.eps,
+                n.momentum,
+                n.requires_grad,
+            )
+        });
+        ConvModule { conv, norm, relu }
+    }
+    pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        let mut y = self.conv.forward(x);
+        if let Some(n) = &self.norm {
+            y = n.forward(&y, training);
+        }
+        if self.relu {
+            let _ = y.relu_();
+        }
+        y
+    }
+}

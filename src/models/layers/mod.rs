@@ -1,0 +1,74 @@
+//! The building blocks MMSeg models are made of, each calling the same ATen
+//! ops, with the same views and copies, as the PyTorch/mmcv module it
+//! reproduces: so that libtorch allocates, saves for backward and frees
+//! exactly what the Python model does.
+//!
+//! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
+//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`]
+//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`shape`]
+//! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`). This file holds what
+//! every block reports to: the softmax-input emulation and the FLOP count.
+
+pub mod attention;
+pub mod conv;
+pub mod drop;
+pub mod linear;
+pub mod norm;
+pub mod shape;
+
+pub use attention::MultiheadAttention;
+pub use conv::{Conv2d, ConvModule, ConvSpec};
+pub use drop::DropPath;
+pub use linear::Linear;
+pub use norm::{BatchNorm2d, LayerNorm};
+pub use shape::{nchw_to_nlc, nlc_to_nchw, resize_bilinear};
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+use tch::Tensor;
+
+/// Keeps a softmax's input alive as long as its output (see
+/// [`emulate_softmax_saving_input`]).
+type KeepInputHook = fn(input: &Tensor, output: &Tensor);
+
+static SOFTMAX_KEEPS_INPUT: OnceLock<KeepInputHook> = OnceLock::new();
+
+/// Makes `softmax` and `log_softmax` keep their input for backward next to
+/// their output, as autograd did up to PyTorch 1.10 (pytorch/pytorch#64000,
+/// fixed in 1.11): what MMSeg's model-zoo memory figures were measured with.
+/// `hook` ties the input's lifetime to the output's. Process-wide; PyTorch
+/// 2.x behaviour (output only) is the default.
+pub fn emulate_softmax_saving_input(hook: KeepInputHook) {
+    let _ = SOFTMAX_KEEPS_INPUT.set(hook);
+}
+
+/// Whether softmax inputs are being kept (see [`emulate_softmax_saving_input`]).
+pub fn softmax_keeps_input() -> bool {
+    SOFTMAX_KEEPS_INPUT.get().is_some()
+}
+
+/// Called after every softmax / log_softmax whose backward may run.
+pub fn softmax_saved(input: &Tensor, output: &Tensor) {
+    if let Some(hook) = SOFTMAX_KEEPS_INPUT.get() {
+        if input.requires_grad() {
+            hook(input, output);
+        }
+    }
+}
+
+thread_local! {
+    static FORWARD_FLOPS: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// Adds to the forward FLOP count of the current thread (multiply-adds
+/// count two). Blocks outside `layers` that multiply matrices themselves
+/// (window attention) count theirs here too.
+pub(crate) fn count_flops(flops: f64) {
+    FORWARD_FLOPS.with(|f| f.set(f.get() + flops));
+}
+
+/// Takes (and resets) the forward FLOPs counted by convolutions, linear
+/// layers and attention matmuls on this thread.
+pub fn take_forward_flops() -> f64 {
+    FORWARD_FLOPS.with(|f| f.replace(0.0))
+}

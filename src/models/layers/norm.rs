@@ -1,0 +1,96 @@
+//! `nn.LayerNorm` and `nn.BatchNorm2d`.
+
+use crate::models::params::ParamScope;
+use tch::{Kind, Tensor};
+
+/// `nn.LayerNorm` over the last dimension.
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    dim: i64,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(p: &mut ParamScope, dim: i64, eps: f64) -> LayerNorm {
+        LayerNorm {
+            weight: p.param_ones("weight", &[dim]),
+            bias: p.param_zeros("bias", &[dim]),
+            dim,
+            eps,
+        }
+    }
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        // F.layer_norm passes torch.backends.cudnn.enabled (True).
+        x.layer_norm(
+            [self.dim],
+            Some(&self.weight),
+            Some(&self.bias),
+            self.eps,
+            true,
+        )
+    }
+}
+
+/// `nn.BatchNorm2d` in training mode (SyncBN on one device is plain BN).
+pub struct BatchNorm2d {
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+    num_batches_tracked: Tensor,
+    eps: f64,
+    momentum: f64,
+}
+
+impl BatchNorm2d {
+    pub fn new(
+        p: &mut ParamScope,
+        channels: i64,
+        eps: f64,
+        momentum: f64,
+        requires_grad: bool,
+    ) -> BatchNorm2d {
+        let weight = p.param_ones("weight", &[channels]);
+        let bias = p.param_zeros("bias", &[channels]);
+        if !requires_grad {
+            p.freeze_last(2);
+        }
+        BatchNorm2d {
+            weight,
+            bias,
+            running_mean: p.buffer(
+                "running_mean",
+                Tensor::zeros([channels], (Kind::Float, p.device())),
+            ),
+            running_var: p.buffer(
+                "running_var",
+                Tensor::ones([channels], (Kind::Float, p.device())),
+            ),
+            num_batches_tracked: p.buffer(
+                "num_batches_tracked",
+                Tensor::zeros([], (Kind::Int64, p.device())),
+            ),
+            eps,
+            momentum,
+        }
+    }
+    pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        if training {
+            tch::no_grad(|| {
+                let _ = self.num_batches_tracked.shallow_clone().g_add_scalar_(1);
+            });
+        }
+        Tensor::batch_norm(
+            x,
+            Some(&self.weight),
+            Some(&self.bias),
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            training,
+            self.momentum,
+            self.eps,
+            true,
+        )
+    }
+}

@@ -1,0 +1,118 @@
+//! `CrossEntropyLoss` (`mmseg/models/losses/cross_entropy_loss.py`): softmax
+//! cross-entropy per pixel (`F.cross_entropy(..., reduction='none')`) reduced
+//! by MMSeg's `weight_reduce_loss` (a sum divided by the pixel count, or by
+//! the summed class weights).
+
+use crate::config::{Dict, Value};
+use crate::models::component_config::ComponentConfig;
+use crate::models::layers::{softmax_keeps_input, softmax_saved};
+use crate::models::ModelError;
+use tch::{Kind, Reduction, Tensor};
+
+const SOURCE: &str = "mmseg/models/losses/cross_entropy_loss.py";
+
+/// One `CrossEntropyLoss` of a head's `loss_decode`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrossEntropyCfg {
+    pub loss_weight: f64,
+    pub class_weight: Option<Vec<f64>>,
+    pub avg_non_ignore: bool,
+    pub loss_name: String,
+}
+
+impl Default for CrossEntropyCfg {
+    /// `dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)`,
+    /// BaseDecodeHead's default `loss_decode`.
+    fn default() -> Self {
+        CrossEntropyCfg {
+            loss_weight: 1.0,
+            class_weight: None,
+            avg_non_ignore: false,
+            loss_name: "loss_ce".into(),
+        }
+    }
+}
+
+impl CrossEntropyCfg {
+    pub fn from_cfg(d: &Dict) -> Result<CrossEntropyCfg, ModelError> {
+        let mut c = ComponentConfig::new(d, "CrossEntropyLoss", SOURCE);
+        if c.flag("use_sigmoid", false) || c.flag("use_mask", false) {
+            return Err(ModelError::Unsupported(
+                "CrossEntropyLoss with use_sigmoid or use_mask".into(),
+            ));
+        }
+        c.unimplemented("reduction", &Value::Str("mean".into()))?;
+        let class_weight = match c.value("class_weight") {
+            None | Some(Value::None) => None,
+            Some(Value::List(l)) | Some(Value::Tuple(l)) => {
+                Some(l.iter().filter_map(Value::as_f64).collect())
+            }
+            Some(Value::Str(_)) => {
+                return Err(ModelError::Unsupported(
+                    "class_weight read from a file".into(),
+                ))
+            }
+            Some(other) => {
+                return Err(ModelError::Config(format!(
+                    "class_weight must be a list, not {}",
+                    other.type_name()
+                )))
+            }
+        };
+        let loss = CrossEntropyCfg {
+            loss_weight: c.float("loss_weight", 1.0)?,
+            class_weight,
+            avg_non_ignore: c.flag("avg_non_ignore", false),
+            loss_name: c.string("loss_name")?.unwrap_or("loss_ce").to_string(),
+        };
+        c.finish()?;
+        Ok(loss)
+    }
+
+    /// `CrossEntropyLoss.forward(pred, label, ignore_index=...)` ->
+    /// `cross_entropy` -> `weight_reduce_loss`; `pred` is `[B, K, H, W]`,
+    /// `label` `[B, H, W]`.
+    pub fn forward(&self, pred: &Tensor, label: &Tensor, ignore_index: i64) -> Tensor {
+        let class_weight = self.class_weight.as_ref().map(|w| {
+            Tensor::from_slice(w)
+                .to_kind(pred.kind())
+                .to_device(pred.device())
+        });
+        let loss = if softmax_keeps_input() {
+            // F.cross_entropy = nll_loss(log_softmax(pred, 1)), as ATen composes
+            // it; spelled out to reach the log_softmax.
+            let log_probs = pred.log_softmax(1, pred.kind());
+            softmax_saved(pred, &log_probs);
+            log_probs.nll_loss_nd(label, class_weight.as_ref(), Reduction::None, ignore_index)
+        } else {
+            // One op, as CPU autocast has its own rule for it.
+            pred.cross_entropy_loss(
+                label,
+                class_weight.as_ref(),
+                Reduction::None,
+                ignore_index,
+                0.0,
+            )
+        };
+        let eps = f32::EPSILON as f64;
+        let avg_factor = match &class_weight {
+            None if self.avg_non_ignore => {
+                let ignored = label.eq(ignore_index).sum(Kind::Int64).int64_value(&[]);
+                label.numel() as f64 - ignored as f64
+            }
+            None => label.numel() as f64,
+            Some(w) => {
+                // torch.stack([class_weight[cls] for cls in label]) gathers one weight per pixel.
+                let safe = label.clamp(0, w.size()[0] - 1);
+                let mut weights = w.index(&[Some(&safe)]);
+                if self.avg_non_ignore {
+                    let _ = weights.masked_fill_(&label.eq(ignore_index), 0.0);
+                }
+                weights.sum(Kind::Float).double_value(&[])
+            }
+        };
+        let reduced = loss.sum(loss.kind()) / (avg_factor + eps);
+        drop(loss);
+        reduced * self.loss_weight
+    }
+}

@@ -1,0 +1,28 @@
+//! Necks (`mmseg/models/necks/`): the [`Neck`] trait and the [`NECKS`]
+//! table from MMSeg's `type` name to a constructor. `EncoderDecoder` applies
+//! `model.neck` to the backbone's features in `extract_feat`.
+//!
+//! None is implemented yet. Adding one (`FPN`, `JPU`, `MultiLevelNeck`):
+//! its own file here following the pattern of `backbones/mit.rs`, plus its
+//! `mod` line and its table row below.
+
+use super::params::ParamScope;
+use super::ModelError;
+use crate::config::Dict;
+use tch::Tensor;
+
+/// A neck in training.
+pub trait Neck {
+    /// `forward(inputs)`: new multi-level features from the backbone's.
+    /// `features` is handed over so that each map is released when MMSeg
+    /// releases it (the Python list lives until `forward` returns, then
+    /// `extract_feat` rebinds `x`).
+    fn forward(&self, features: Vec<Tensor>, training: bool) -> Vec<Tensor>;
+}
+
+/// Builds a neck from its resolved config dict, registering its parameters
+/// under `scope` (`neck`).
+pub type NeckCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Neck>, ModelError>;
+
+/// Neck types (`model.neck.type`).
+pub const NECKS: &[(&str, NeckCtor)] = &[];

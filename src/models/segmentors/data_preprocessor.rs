@@ -1,0 +1,139 @@
+//! `SegDataPreProcessor` (`mmseg/models/data_preprocessor.py`): in training,
+//! BGR->RGB, normalisation, padding of every image and label map to `size`,
+//! and stacking the images into the batch the backbone takes.
+
+use crate::config::{Dict, Value};
+use crate::models::component_config::ComponentConfig;
+use crate::models::params::ParamScope;
+use crate::models::ModelError;
+use tch::{Device, Kind, Tensor};
+
+const SOURCE: &str = "mmseg/models/data_preprocessor.py";
+
+/// `SegDataPreProcessor` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreprocessorCfg {
+    pub mean: Option<Vec<f64>>,
+    pub std: Option<Vec<f64>>,
+    pub bgr_to_rgb: bool,
+    pub size: Option<(i64, i64)>,
+    pub pad_val: f64,
+    pub seg_pad_val: f64,
+}
+
+impl PreprocessorCfg {
+    /// `model.data_preprocessor`; unset reads as all defaults.
+    pub fn from_cfg(d: Option<&Dict>) -> Result<PreprocessorCfg, ModelError> {
+        let empty = Dict::new();
+        let d = d.unwrap_or(&empty);
+        if let Some(ty) = d.get("type").and_then(Value::as_str) {
+            if ty != "SegDataPreProcessor" {
+                return Err(ModelError::Unsupported(format!(
+                    "data_preprocessor type `{ty}` (supported: SegDataPreProcessor)"
+                )));
+            }
+        }
+        let mut c = ComponentConfig::new(d, "SegDataPreProcessor", SOURCE);
+        let mut floats = |k: &str| -> Option<Vec<f64>> {
+            c.value(k)
+                .and_then(Value::as_seq)
+                .map(|s| s.iter().filter_map(Value::as_f64).collect())
+        };
+        let (mean, std) = (floats("mean"), floats("std"));
+        let size = match c.value("size") {
+            None | Some(Value::None) => None,
+            Some(v) => match v.as_seq() {
+                Some([h, w]) => Some((h.as_i64().unwrap_or(0), w.as_i64().unwrap_or(0))),
+                _ => {
+                    return Err(ModelError::Config(
+                        "data_preprocessor.size must be (h, w)".into(),
+                    ))
+                }
+            },
+        };
+        let (bgr_to_rgb, rgb_to_bgr) = (c.value("bgr_to_rgb"), c.value("rgb_to_bgr"));
+        c.unimplemented("batch_augments", &Value::None)?;
+        // Training pads to `size` (segtune always sets it: the crop).
+        c.unimplemented("size_divisor", &Value::None)?;
+        // `test_cfg` is read at inference only.
+        c.inert(&["test_cfg"]);
+        let cfg = PreprocessorCfg {
+            mean,
+            std,
+            bgr_to_rgb: bgr_to_rgb.or(rgb_to_bgr).is_some_and(Value::truthy),
+            size,
+            pad_val: c.float("pad_val", 0.0)?,
+            seg_pad_val: c.float("seg_pad_val", 255.0)?,
+        };
+        c.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// The preprocessor with its `mean` and `std` buffers.
+pub struct SegDataPreProcessor {
+    pub cfg: PreprocessorCfg,
+    mean: Option<Tensor>,
+    std: Option<Tensor>,
+}
+
+impl SegDataPreProcessor {
+    /// `p`: `data_preprocessor`.
+    pub fn new(p: &mut ParamScope, cfg: PreprocessorCfg) -> SegDataPreProcessor {
+        let buffer = |p: &mut ParamScope, name: &str, v: &Option<Vec<f64>>| {
+            v.as_ref().map(|v| {
+                let t = Tensor::from_slice(&v.iter().map(|x| *x as f32).collect::<Vec<f32>>())
+                    .view([-1, 1, 1])
+                    .to_device(p.device());
+                p.buffer(name, t)
+            })
+        };
+        let mean = buffer(p, "mean", &cfg.mean);
+        let std = buffer(p, "std", &cfg.std);
+        SegDataPreProcessor { cfg, mean, std }
+    }
+
+    /// `forward(data, training=True)`: BGR->RGB, normalise, pad to `size`,
+    /// stack. The labels are padded copies; the originals stay with the
+    /// caller (mmengine's `cast_data` gives the preprocessor new data samples,
+    /// so the loader's batch keeps its label tensors for the whole step).
+    /// Images `[3, h, w]` -> batch `[B, 3, H, W]`; labels `[1, h, w]` ->
+    /// `[1, H, W]` each.
+    pub fn forward(
+        &self,
+        images: &[Tensor],
+        labels: &[Tensor],
+        device: Device,
+    ) -> (Tensor, Vec<Tensor>) {
+        let mut inputs: Vec<Tensor> = images.iter().map(|x| x.to_device(device)).collect();
+        if self.cfg.bgr_to_rgb && inputs[0].size()[0] == 3 {
+            let order = Tensor::from_slice(&[2i64, 1, 0]).to_device(device);
+            inputs = inputs.iter().map(|x| x.index(&[Some(&order)])).collect();
+        }
+        inputs = inputs.iter().map(|x| x.to_kind(Kind::Float)).collect();
+        if let (Some(mean), Some(std)) = (&self.mean, &self.std) {
+            inputs = inputs
+                .iter()
+                .map(|x| {
+                    let centred = x - mean;
+                    centred / std
+                })
+                .collect();
+        }
+        let mut padded_inputs = Vec::with_capacity(inputs.len());
+        let mut padded_labels = Vec::with_capacity(labels.len());
+        for (x, label) in inputs.iter().zip(labels) {
+            let (h, w) = (x.size()[1], x.size()[2]);
+            let pad = match self.cfg.size {
+                Some((sh, sw)) => [0, (sw - w).max(0), 0, (sh - h).max(0)],
+                None => [0, 0, 0, 0],
+            };
+            padded_inputs.push(x.pad(pad, "constant", self.cfg.pad_val));
+            let label = label.to_device(device);
+            let label = &label;
+            padded_labels.push(label.pad(pad, "constant", self.cfg.seg_pad_val));
+        }
+        drop(inputs);
+        (Tensor::stack(&padded_inputs, 0), padded_labels)
+    }
+}

@@ -1,0 +1,384 @@
+//! `EncoderDecoder` (`mmseg/models/segmentors/encoder_decoder.py`): the
+//! segmentor that owns the data preprocessor, the backbone, the optional
+//! neck, the decode head and the optional auxiliary heads, and the training
+//! forward `data_preprocessor(data) -> extract_feat (backbone, neck) ->
+//! decode_head.loss -> auxiliary_head.loss`.
+//!
+//! Each component is built from its role's registry table by its MMSeg
+//! `type`, its parameters named under MMSeg's attribute (`backbone`, `neck`,
+//! `decode_head`, `auxiliary_head` or `auxiliary_head.<i>` for a list).
+
+use super::data_preprocessor::{PreprocessorCfg, SegDataPreProcessor};
+use crate::config::{Dict, Value};
+use crate::models::backbones::{Backbone, BACKBONES};
+use crate::models::component_config::{type_of, ComponentConfig};
+use crate::models::decode_heads::{DecodeHead, DECODE_HEADS};
+use crate::models::necks::{Neck, NECKS};
+use crate::models::params::ParamStore;
+use crate::models::registry::{check_supported, lookup};
+use crate::models::ModelError;
+use tch::{Device, Tensor};
+
+const SOURCE: &str = "mmseg/models/segmentors/encoder_decoder.py";
+
+/// `EncoderDecoder.__init__`'s arguments: the components' config dicts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderDecoderCfg<'a> {
+    pub backbone: &'a Dict,
+    pub neck: Option<&'a Dict>,
+    pub decode_head: &'a Dict,
+    /// `(loss prefix, parameter prefix, config)` per auxiliary head:
+    /// `("aux", "auxiliary_head", ..)` for one dict, `("aux_<i>",
+    /// "auxiliary_head.<i>", ..)` for the i-th of a list, as
+    /// `_auxiliary_head_forward_train` and `nn.ModuleList` name them.
+    pub auxiliary_heads: Vec<(String, String, &'a Dict)>,
+    pub data_preprocessor: Option<&'a Dict>,
+}
+
+impl<'a> EncoderDecoderCfg<'a> {
+    /// Reads `cfg.model`.
+    pub fn from_cfg(model: &'a Dict) -> Result<EncoderDecoderCfg<'a>, ModelError> {
+        let mut c = ComponentConfig::new(model, "EncoderDecoder", SOURCE);
+        let backbone = c
+            .value("backbone")
+            .and_then(Value::as_dict)
+            .ok_or_else(|| ModelError::Config("model has no `backbone`".into()))?;
+        let neck = match c.value("neck") {
+            None | Some(Value::None) => None,
+            Some(Value::Dict(d)) => Some(d),
+            Some(other) => {
+                return Err(ModelError::Config(format!(
+                    "model.neck must be a dict, not {}",
+                    other.type_name()
+                )))
+            }
+        };
+        let decode_head = match c.value("decode_head") {
+            Some(Value::Dict(d)) => d,
+            Some(Value::List(_)) => {
+                return Err(ModelError::Unsupported(
+                    "a list of decode heads (CascadeEncoderDecoder)".into(),
+                ))
+            }
+            _ => return Err(ModelError::Config("model has no `decode_head`".into())),
+        };
+        let auxiliary_heads = match c.value("auxiliary_head") {
+            None | Some(Value::None) => Vec::new(),
+            Some(Value::Dict(d)) => vec![("aux".to_string(), "auxiliary_head".to_string(), d)],
+            Some(Value::List(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    item.as_dict()
+                        .map(|d| (format!("aux_{i}"), format!("auxiliary_head.{i}"), d))
+                        .ok_or_else(|| {
+                            ModelError::Config(format!("model.auxiliary_head[{i}] must be a dict"))
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(ModelError::Config(format!(
+                    "model.auxiliary_head must be a dict or a list of dicts, not {}",
+                    other.type_name()
+                )))
+            }
+        };
+        let data_preprocessor = c.value("data_preprocessor").and_then(Value::as_dict);
+        // `train_cfg` is handed to heads that sample points (PointHead), none
+        // implemented yet; `test_cfg` is for inference; `pretrained` and
+        // `init_cfg` load weights.
+        c.inert(&["train_cfg", "test_cfg", "pretrained", "init_cfg"]);
+        c.finish()?;
+        Ok(EncoderDecoderCfg {
+            backbone,
+            neck,
+            decode_head,
+            auxiliary_heads,
+            data_preprocessor,
+        })
+    }
+}
+
+/// The `SEGMENTORS` row's check: every component's `type` is in its table.
+/// Components are checked in the order MMSeg builds them.
+pub fn check_components(model: &Dict) -> Result<(), ModelError> {
+    let cfg = EncoderDecoderCfg::from_cfg(model)?;
+    lookup(BACKBONES, "backbone", type_of(cfg.backbone, "backbone")?)?;
+    if let Some(neck) = cfg.neck {
+        lookup(NECKS, "neck", type_of(neck, "neck")?)?;
+    }
+    lookup(
+        DECODE_HEADS,
+        "decode head",
+        type_of(cfg.decode_head, "decode_head")?,
+    )?;
+    for (_, _, aux) in &cfg.auxiliary_heads {
+        lookup(
+            DECODE_HEADS,
+            "auxiliary head",
+            type_of(aux, "auxiliary_head")?,
+        )?;
+    }
+    Ok(())
+}
+
+/// The segmentor, its parameters and buffers.
+pub struct EncoderDecoder {
+    pub params: ParamStore,
+    preprocessor: SegDataPreProcessor,
+    backbone: Box<dyn Backbone>,
+    neck: Option<Box<dyn Neck>>,
+    decode_head: Box<dyn DecodeHead>,
+    /// `(loss prefix, head)`: `aux` or `aux_<i>`.
+    auxiliary_heads: Vec<(String, Box<dyn DecodeHead>)>,
+    device: Device,
+    pub num_classes: i64,
+    pub ignore_index: i64,
+}
+
+impl EncoderDecoder {
+    /// Builds `cfg.model` (a resolved config) on `device`, in MMSeg's
+    /// registration order: data preprocessor, backbone, neck, decode head,
+    /// auxiliary heads.
+    pub fn build(cfg: &Dict, device: Device) -> Result<EncoderDecoder, ModelError> {
+        check_supported(cfg)?;
+        let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
+        let parts = EncoderDecoderCfg::from_cfg(model)?;
+        let pre_cfg = PreprocessorCfg::from_cfg(parts.data_preprocessor)?;
+        let mut params = ParamStore::new(device);
+        let preprocessor =
+            SegDataPreProcessor::new(&mut params.scope("data_preprocessor"), pre_cfg);
+        let build_backbone = lookup(BACKBONES, "backbone", type_of(parts.backbone, "backbone")?)?;
+        let backbone = build_backbone(&mut params.scope("backbone"), parts.backbone)?;
+        let neck = match parts.neck {
+            Some(neck_cfg) => {
+                let build_neck = lookup(NECKS, "neck", type_of(neck_cfg, "neck")?)?;
+                Some(build_neck(&mut params.scope("neck"), neck_cfg)?)
+            }
+            None => None,
+        };
+        let build_head = lookup(
+            DECODE_HEADS,
+            "decode head",
+            type_of(parts.decode_head, "decode_head")?,
+        )?;
+        let decode_head = build_head(&mut params.scope("decode_head"), parts.decode_head)?;
+        let mut auxiliary_heads = Vec::with_capacity(parts.auxiliary_heads.len());
+        for (loss_prefix, param_prefix, head_cfg) in &parts.auxiliary_heads {
+            let build_aux = lookup(
+                DECODE_HEADS,
+                "auxiliary head",
+                type_of(head_cfg, "auxiliary_head")?,
+            )?;
+            let head = build_aux(&mut params.scope(param_prefix), head_cfg)?;
+            auxiliary_heads.push((loss_prefix.clone(), head));
+        }
+        let (num_classes, ignore_index) = (decode_head.num_classes(), decode_head.ignore_index());
+        Ok(EncoderDecoder {
+            params,
+            preprocessor,
+            backbone,
+            neck,
+            decode_head,
+            auxiliary_heads,
+            device,
+            num_classes,
+            ignore_index,
+        })
+    }
+
+    /// The crop the data preprocessor pads to, if set.
+    pub fn preprocessor_size(&self) -> Option<(i64, i64)> {
+        self.preprocessor.cfg.size
+    }
+
+    /// Overrides the data preprocessor's `size` (what a crop change does).
+    pub fn set_preprocessor_size(&mut self, size: (i64, i64)) {
+        self.preprocessor.cfg.size = Some(size);
+    }
+
+    /// Data preprocessing: returns the batch tensor and the padded labels.
+    pub fn preprocess(&self, images: &[Tensor], labels: &[Tensor]) -> (Tensor, Vec<Tensor>) {
+        self.preprocessor.forward(images, labels, self.device)
+    }
+
+    /// `extract_feat`: the backbone's features, through the neck if any.
+    fn extract_feat(&self, inputs: &Tensor, training: bool) -> Vec<Tensor> {
+        let features = self.backbone.forward(inputs, training); // [B, C_i, H_i, W_i] per level
+        match &self.neck {
+            Some(neck) => neck.forward(features, training),
+            None => features,
+        }
+    }
+
+    /// `EncoderDecoder.loss`: the decode head's items (`decode.loss_ce`,
+    /// `decode.acc_seg`), then each auxiliary head's (`aux.loss_ce`, or
+    /// `aux_0.loss_ce`, ... for a list), before `parse_losses`. The features
+    /// live until every head is done, as `x` does in Python.
+    pub fn loss(&self, inputs: &Tensor, labels: &[Tensor]) -> Vec<(String, Tensor)> {
+        let features = self.extract_feat(inputs, true);
+        let mut items = with_prefix("decode", self.decode_head.loss(&features, labels, true));
+        for (prefix, head) in &self.auxiliary_heads {
+            items.extend(with_prefix(prefix, head.loss(&features, labels, true)));
+        }
+        drop(features);
+        items
+    }
+}
+
+/// mmseg's `add_prefix(losses, prefix)`: `<prefix>.<name>`.
+fn with_prefix(prefix: &str, items: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    items
+        .into_iter()
+        .map(|(name, value)| (format!("{prefix}.{name}"), value))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::component_config::test_support::dict;
+    use serde_json::json;
+
+    /// A SegFormer-B0 ADE20K model (`segformer_mit-b0_8xb2-160k_ade20k-512x512`)
+    /// with `auxiliary_head` set to `aux`.
+    fn b0_config(aux: serde_json::Value) -> Dict {
+        let head = json!({
+            "type": "SegformerHead",
+            "in_channels": [32, 64, 160, 256],
+            "in_index": [0, 1, 2, 3],
+            "channels": 256,
+            "dropout_ratio": 0.1,
+            "num_classes": 150,
+            "norm_cfg": {"type": "SyncBN", "requires_grad": true},
+            "align_corners": false,
+            "loss_decode": {"type": "CrossEntropyLoss", "use_sigmoid": false, "loss_weight": 1.0},
+        });
+        let aux = match aux {
+            serde_json::Value::Bool(true) => head.clone(),
+            serde_json::Value::Number(n) => {
+                serde_json::Value::Array(vec![head.clone(); n.as_u64().unwrap() as usize])
+            }
+            other => other,
+        };
+        dict(json!({"model": {
+            "type": "EncoderDecoder",
+            "data_preprocessor": {
+                "type": "SegDataPreProcessor",
+                "mean": [123.675, 116.28, 103.53],
+                "std": [58.395, 57.12, 57.375],
+                "bgr_to_rgb": true, "pad_val": 0, "seg_pad_val": 255, "size": [64, 64],
+            },
+            "pretrained": null,
+            "backbone": {
+                "type": "MixVisionTransformer", "in_channels": 3, "embed_dims": 32,
+                "num_stages": 4, "num_layers": [2, 2, 2, 2], "num_heads": [1, 2, 5, 8],
+                "patch_sizes": [7, 3, 3, 3], "sr_ratios": [8, 4, 2, 1],
+                "out_indices": [0, 1, 2, 3], "mlp_ratio": 4, "qkv_bias": true,
+                "drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.1,
+            },
+            "decode_head": head,
+            "auxiliary_head": aux,
+            "train_cfg": {},
+            "test_cfg": {"mode": "whole"},
+        }}))
+    }
+
+    fn item_names(model: &EncoderDecoder) -> Vec<String> {
+        let images = vec![Tensor::zeros([3, 64, 64], (tch::Kind::Uint8, Device::Cpu))];
+        let labels = vec![Tensor::zeros([1, 64, 64], (tch::Kind::Int64, Device::Cpu))];
+        let (inputs, padded) = model.preprocess(&images, &labels);
+        model
+            .loss(&inputs, &padded)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    // params_all.json, segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py:
+    // by_prefix.backbone.total and by_prefix.decode_head.total.
+    const B0_BACKBONE: i64 = 3_319_392;
+    const B0_ADE_HEAD: i64 = 434_326;
+
+    #[test]
+    fn segformer_b0_matches_the_oracle_and_logs_decode_items() {
+        let model = EncoderDecoder::build(&b0_config(json!(null)), Device::Cpu).unwrap();
+        // params_all.json, segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py: total
+        assert_eq!(model.params.total(), 3_753_718);
+        assert_eq!(item_names(&model), ["decode.loss_ce", "decode.acc_seg"]);
+        assert_eq!((model.num_classes, model.ignore_index), (150, 255));
+    }
+
+    #[test]
+    fn one_auxiliary_head_adds_its_parameters_and_aux_items() {
+        let model = EncoderDecoder::build(&b0_config(json!(true)), Device::Cpu).unwrap();
+        assert_eq!(model.params.total(), B0_BACKBONE + 2 * B0_ADE_HEAD);
+        let by_prefix = model.params.by_prefix();
+        assert_eq!(
+            by_prefix,
+            [
+                ("backbone".to_string(), B0_BACKBONE, B0_BACKBONE),
+                ("decode_head".to_string(), B0_ADE_HEAD, B0_ADE_HEAD),
+                ("auxiliary_head".to_string(), B0_ADE_HEAD, B0_ADE_HEAD),
+            ]
+        );
+        assert!(model
+            .params
+            .params
+            .iter()
+            .any(|p| p.name == "auxiliary_head.conv_seg.weight"));
+        // EncoderDecoder._auxiliary_head_forward_train: add_prefix(loss_aux, 'aux').
+        assert_eq!(
+            item_names(&model),
+            [
+                "decode.loss_ce",
+                "decode.acc_seg",
+                "aux.loss_ce",
+                "aux.acc_seg"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_list_of_auxiliary_heads_is_numbered() {
+        let model = EncoderDecoder::build(&b0_config(json!(2)), Device::Cpu).unwrap();
+        assert_eq!(model.params.total(), B0_BACKBONE + 3 * B0_ADE_HEAD);
+        assert!(model
+            .params
+            .params
+            .iter()
+            .any(|p| p.name == "auxiliary_head.1.fusion_conv.conv.weight"));
+        // add_prefix(loss_aux, f'aux_{idx}') per head of the nn.ModuleList.
+        assert_eq!(
+            item_names(&model),
+            [
+                "decode.loss_ce",
+                "decode.acc_seg",
+                "aux_0.loss_ce",
+                "aux_0.acc_seg",
+                "aux_1.loss_ce",
+                "aux_1.acc_seg"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_component_types_list_the_registry() {
+        let mut cfg = b0_config(json!({"type": "FCNHead", "in_channels": 160, "channels": 64}));
+        let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "unknown auxiliary head type `FCNHead`; segtune supports: SegformerHead"
+        );
+        let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
+        model.insert(
+            "neck".into(),
+            crate::models::component_config::test_support::to_value(&json!({"type": "FPN"})),
+        );
+        let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "unknown neck type `FPN`; segtune supports no neck yet"
+        );
+    }
+}

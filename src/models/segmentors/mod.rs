@@ -1,0 +1,19 @@
+//! Segmentors (`mmseg/models/segmentors/`): the model types a config's
+//! `model.type` names, with the data preprocessor and the loss parsing they
+//! share. [`SEGMENTORS`] maps each type to the check of its components
+//! against the registry tables.
+
+pub mod base;
+pub mod data_preprocessor;
+pub mod encoder_decoder;
+
+use super::ModelError;
+use crate::config::Dict;
+
+/// Checks the components of a `model` dict of this segmentor type (their
+/// structure and `type`s), without building anything.
+pub type SegmentorCheck = fn(&Dict) -> Result<(), ModelError>;
+
+/// Segmentor types (`model.type`).
+pub const SEGMENTORS: &[(&str, SegmentorCheck)] =
+    &[("EncoderDecoder", encoder_decoder::check_components)];

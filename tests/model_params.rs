@@ -1,0 +1,130 @@
+//! Parameter counts of every MMSeg config segtune can build, against the
+//! oracle `../shared/oracle/params_all.json` (`MODELS.build(cfg.model)` of
+//! MMSeg 1.2.2 on CPU, one record per config of the 1.2.2 tree): total,
+//! trainable and per first name component (`backbone`, `decode_head`,
+//! `auxiliary_head`, `neck`) must be equal.
+//!
+//! Every record with status `ok` whose component types (the oracle's
+//! `model_type` and `components`) are all in segtune's registry tables is
+//! resolved with segtune's config engine, must pass `check_supported` and
+//! build. The oracle's own changes (SyncBN turned into BN, `pretrained`
+//! dropped) need no counterpart: segtune builds SyncBN as BN and ignores
+//! `pretrained`.
+
+mod common;
+
+use segtune::models::registry::names;
+use segtune::models::{
+    check_supported, EncoderDecoder, BACKBONES, DECODE_HEADS, NECKS, SEGMENTORS,
+};
+use serde_json::{json, Value};
+use tch::Device;
+
+/// Whether the registry has every component type the oracle record names.
+fn registry_has_components(record: &Value) -> bool {
+    let known = |table: &[&str], v: &Value| match v {
+        Value::String(s) => table.contains(&s.as_str()),
+        Value::Array(items) => items
+            .iter()
+            .all(|i| i.as_str().is_some_and(|s| table.contains(&s))),
+        _ => false,
+    };
+    let segmentors = names(SEGMENTORS);
+    let backbones = names(BACKBONES);
+    let necks = names(NECKS);
+    let heads = names(DECODE_HEADS);
+    record["model_type"]
+        .as_str()
+        .is_some_and(|t| segmentors.contains(&t))
+        && record["components"].as_object().is_some_and(|components| {
+            components.iter().all(|(role, ty)| match role.as_str() {
+                "backbone" => known(&backbones, ty),
+                "neck" => known(&necks, ty),
+                "decode_head" | "auxiliary_head" => known(&heads, ty),
+                _ => false,
+            })
+        })
+}
+
+#[test]
+fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
+    let Some(shared) =
+        common::require_shared("every_buildable_mmseg_config_has_the_oracles_parameter_counts")
+    else {
+        return;
+    };
+    let oracle: Value = serde_json::from_str(
+        &std::fs::read_to_string(shared.join("oracle/params_all.json")).unwrap(),
+    )
+    .unwrap();
+    let configs = shared.join("mmseg-configs/configs");
+    let ok_records: Vec<&Value> = oracle["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "ok")
+        .collect();
+    let mut built = 0;
+    let mut exact = 0;
+    let mut failures = Vec::new();
+    for record in &ok_records {
+        // Resolving all 679 configs takes a minute in a debug build: the
+        // oracle's component types pick the ones to build.
+        if !registry_has_components(record) {
+            continue;
+        }
+        let path = record["path"].as_str().unwrap();
+        let cfg = match segtune::config::resolve(&configs.join(path), &[]) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                failures.push(format!("{path}: does not resolve: {e}"));
+                continue;
+            }
+        };
+        if let Err(e) = check_supported(&cfg) {
+            failures.push(format!(
+                "{path}: check_supported refuses it ({e}), though the registry has its components {}",
+                record["components"]
+            ));
+            continue;
+        }
+        let model = match EncoderDecoder::build(&cfg, Device::Cpu) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{path}: does not build: {e}"));
+                continue;
+            }
+        };
+        built += 1;
+        let by_prefix: serde_json::Map<String, Value> = model
+            .params
+            .by_prefix()
+            .into_iter()
+            .map(|(k, total, trainable)| (k, json!({"total": total, "trainable": trainable})))
+            .collect();
+        let got = json!({
+            "total": model.params.total(),
+            "trainable": model.params.trainable(),
+            "by_prefix": by_prefix,
+        });
+        let want = &record["params"];
+        let same = ["total", "trainable", "by_prefix"]
+            .iter()
+            .all(|k| got[k] == want[k]);
+        if same {
+            exact += 1;
+        } else {
+            failures.push(format!(
+                "{path}: segtune {got}, oracle total {} trainable {} by_prefix {}",
+                want["total"], want["trainable"], want["by_prefix"]
+            ));
+        }
+    }
+    println!("{exact}/{built} exact");
+    println!(
+        "segtune builds {built} of {} MMSeg model configs",
+        ok_records.len()
+    );
+    assert!(built > 0, "no oracle record was compared");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
