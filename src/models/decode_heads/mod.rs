@@ -6,6 +6,7 @@
 //! pattern), plus its `mod` line and its table row below.
 
 pub mod decode_head;
+pub mod fcn_head;
 pub mod segformer_head;
 
 use super::params::ParamScope;
@@ -36,4 +37,7 @@ pub trait DecodeHead {
 pub type DecodeHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn DecodeHead>, ModelError>;
 
 /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
-pub const DECODE_HEADS: &[(&str, DecodeHeadCtor)] = &[("SegformerHead", segformer_head::build)];
+pub const DECODE_HEADS: &[(&str, DecodeHeadCtor)] = &[
+    ("FCNHead", fcn_head::build),
+    ("SegformerHead", segformer_head::build),
+];
