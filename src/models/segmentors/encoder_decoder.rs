@@ -364,11 +364,11 @@ mod tests {
 
     #[test]
     fn unknown_component_types_list_the_registry() {
-        let mut cfg = b0_config(json!({"type": "FCNHead", "in_channels": 160, "channels": 64}));
+        let mut cfg = b0_config(json!({"type": "PSPHead", "in_channels": 160, "channels": 64}));
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown auxiliary head type `FCNHead`; segtune supports: SegformerHead"
+            "unknown auxiliary head type `PSPHead`; segtune supports: FCNHead, SegformerHead"
         );
         let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
         model.insert(
