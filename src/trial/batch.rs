@@ -1,6 +1,6 @@
 //! The synthetic training batch of a trial, shaped like the recipe's.
 
-use super::TrialSpec;
+use super::TrialRequest;
 use tch::{Device, Kind, Tensor};
 
 /// One synthetic batch: `images` are `3 x H x W` float32 holding integers
@@ -12,18 +12,18 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub fn synthetic(spec: &TrialSpec, num_classes: i64, ignore_index: i64) -> Batch {
-        let (h, w) = spec.crop;
+    pub fn synthetic(request: &TrialRequest, num_classes: i64, ignore_index: i64) -> Batch {
+        let (h, w) = request.crop;
         let mut images = Vec::new();
         let mut labels = Vec::new();
-        for _ in 0..spec.batch_size {
+        for _ in 0..request.batch_size {
             images.push(
                 Tensor::randint(256, [3, h, w], (Kind::Int64, Device::Cpu)).to_kind(Kind::Float),
             );
             let mut label = Tensor::randint(num_classes, [1, h, w], (Kind::Int64, Device::Cpu));
-            if spec.ignore_fraction > 0.0 {
+            if request.ignore_fraction > 0.0 {
                 let mask =
-                    Tensor::rand([1, h, w], (Kind::Float, Device::Cpu)).lt(spec.ignore_fraction);
+                    Tensor::rand([1, h, w], (Kind::Float, Device::Cpu)).lt(request.ignore_fraction);
                 let _ = label.masked_fill_(&mask, ignore_index);
             }
             labels.push(label);

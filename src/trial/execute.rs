@@ -4,7 +4,7 @@
 //! parameters). Runs in the process that loads libtorch.
 
 use super::report::PrefixCount;
-use super::{DeviceChoice, TrialReport, TrialRequest, TrialSpec};
+use super::{DeviceChoice, TrialReport, TrialRequest};
 use crate::config::{self, Value};
 use crate::error::{Error, Result};
 use crate::models::{check_supported, EncoderDecoder};
@@ -31,24 +31,7 @@ pub fn execute(request: &TrialRequest) -> Result<TrialReport> {
             )))
         }
     };
-    let spec = TrialSpec {
-        batch_size: request.batch_size,
-        crop: request.crop,
-        amp: request.amp,
-        accumulative_counts: request.accumulative_counts,
-        warmup_steps: request.warmup_steps,
-        measured_steps: request.measured_steps,
-        device,
-        seed: request.seed,
-        ignore_fraction: request.ignore_fraction,
-        cpu_cap_bytes: request.cpu_cap_bytes.map(|b| b as i64),
-        trace: request.trace_out.is_some(),
-        threads: request.threads,
-        stack: request.setup.stack,
-        gpus: request.setup.gpus,
-        as_cuda: request.as_cuda,
-    };
-    let mut report = super::run(&cfg, &spec);
+    let mut report = super::run(&cfg, request, device);
     if let (Some(path), Some(trace)) = (&request.trace_out, report.trace.take()) {
         std::fs::write(path, super::trace::to_text(&trace)).map_err(|e| {
             Error::Environment(format!("cannot write the trace to {}: {e}", path.display()))

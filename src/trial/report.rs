@@ -2,8 +2,9 @@
 //! read back by the parent (the text form is the `report` layer's).
 
 use super::memory::{DeviceStats, TraceEvent};
-use super::{Amp, TrialRequest, TrialSpec};
+use super::{Amp, TrialRequest};
 use crate::models::EncoderDecoder;
+use tch::Device;
 
 /// How a trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -105,18 +106,18 @@ pub struct TrialReport {
 }
 
 impl TrialReport {
-    pub fn new(spec: &TrialSpec) -> TrialReport {
+    pub fn new(request: &TrialRequest, device: Device) -> TrialReport {
         TrialReport {
             status: TrialStatus::Ok,
             message: None,
-            device: format!("{:?}", spec.device).to_lowercase(),
-            batch_size: spec.batch_size,
-            crop: [spec.crop.0, spec.crop.1],
-            amp: spec.amp,
-            accumulative_counts: spec.accumulative_counts.unwrap_or(1),
-            stack: spec.stack,
-            gpus: spec.gpus,
-            as_cuda: spec.as_cuda,
+            device: format!("{device:?}").to_lowercase(),
+            batch_size: request.batch_size,
+            crop: [request.crop.0, request.crop.1],
+            amp: request.amp,
+            accumulative_counts: request.accumulative_counts.unwrap_or(1),
+            stack: request.setup.stack,
+            gpus: request.setup.gpus,
+            as_cuda: request.as_cuda,
             optimizer: String::new(),
             params_total: 0,
             params_trainable: 0,
@@ -141,17 +142,7 @@ impl TrialReport {
     /// The report of a request the worker never answered (see
     /// [`super::worker::Worker::trial`]): no figures, only the request.
     pub fn unanswered(request: &TrialRequest, status: TrialStatus, message: String) -> TrialReport {
-        let spec = TrialSpec {
-            batch_size: request.batch_size,
-            crop: request.crop,
-            amp: request.amp,
-            accumulative_counts: request.accumulative_counts,
-            stack: request.setup.stack,
-            gpus: request.setup.gpus,
-            as_cuda: request.as_cuda,
-            ..TrialSpec::default()
-        };
-        let mut report = TrialReport::new(&spec);
+        let mut report = TrialReport::new(request, Device::Cpu);
         report.device = request.device.to_string();
         report.failed(status, message)
     }

@@ -65,7 +65,10 @@ pub struct TrialRequest {
     /// Write every CPU allocation and free (from the model build on) here.
     pub trace_out: Option<PathBuf>,
     pub setup: TrainingSetup,
-    /// A CPU trial standing in for a CUDA run (see [`super::TrialSpec::as_cuda`]).
+    /// The CPU trial stands in for a CUDA run: where CUDA's PyTorch does
+    /// otherwise, do as it does (CUDA's autocast rules with half precision
+    /// held as bf16, the same two bytes; fp16's GradScaler; the optimizers'
+    /// foreach implementation). For traces that predict a GPU.
     pub as_cuda: bool,
 }
 

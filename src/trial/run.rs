@@ -7,7 +7,7 @@ use super::memory::{self, CpuCounter, Phase, TraceEvent};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
-use super::{ddp, Stack, TrialSpec};
+use super::{ddp, Stack, TrialRequest};
 use crate::config::Dict;
 use crate::models::EncoderDecoder;
 use std::time::Instant;
@@ -15,42 +15,42 @@ use tch::{Device, Kind, Tensor};
 
 /// Runs a trial of the resolved config `cfg`. Memory figures are relative
 /// to the CPU allocator's count before the model is built.
-pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
+pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
     let counter = CpuCounter::install();
-    if let Some(n) = spec.threads {
+    if let Some(n) = request.threads {
         tch::set_num_threads(n);
     }
-    let mut report = TrialReport::new(spec);
-    if spec.trace {
+    let mut report = TrialReport::new(request, device);
+    if request.trace_out.is_some() {
         let _ = counter.take_trace();
         counter.set_phase_code(0);
         counter.trace(true);
     }
     let base = counter.current();
-    tch::manual_seed(spec.seed);
+    tch::manual_seed(request.seed);
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        EncoderDecoder::build(cfg, spec.device)
+        EncoderDecoder::build(cfg, device)
     }));
     let mut model = match built {
         Ok(Ok(m)) => m,
         Ok(Err(e)) => return report.failed(TrialStatus::Error, e.to_string()),
         Err(panic) => return report.failed_from_panic(panic),
     };
-    model.set_preprocessor_size(spec.crop);
+    model.set_preprocessor_size(request.crop);
     report.set_params(&model);
     report.bytes_after_model_build = counter.current() - base;
     let mut optim_cfg = match OptimCfg::from_cfg(cfg) {
         Ok(c) => c,
         Err(e) => return report.failed(TrialStatus::Error, e),
     };
-    if let Some(n) = spec.accumulative_counts {
+    if let Some(n) = request.accumulative_counts {
         optim_cfg.accumulative_counts = n;
     }
     report.optimizer = optim_cfg.type_name.clone();
     report.accumulative_counts = optim_cfg.accumulative_counts;
-    let mut optimizer = OptimWrapper::new(optim_cfg, &model.params, spec.amp);
-    if spec.stack == Stack::Zoo2021 {
-        if spec.device != Device::Cpu {
+    let mut optimizer = OptimWrapper::new(optim_cfg, &model.params, request.amp);
+    if request.setup.stack == Stack::Zoo2021 {
+        if device != Device::Cpu {
             return report.failed(
                 TrialStatus::Error,
                 "--stack zoo-2021 is reproduced on the CPU only (for `segtune estimate`)".into(),
@@ -62,43 +62,43 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
         });
         optimizer.zero_grad_in_place(true);
     }
-    if spec.as_cuda {
-        if spec.device != Device::Cpu {
+    if request.as_cuda {
+        if device != Device::Cpu {
             return report.failed(
                 TrialStatus::Error,
                 "--as-cuda makes a CPU trial stand in for a GPU; on CUDA, leave it out".into(),
             );
         }
-        if spec.amp != Amp::Off {
+        if request.amp != Amp::Off {
             if let Err(e) = memory::autocast_cuda_policy(true) {
                 return report.failed(TrialStatus::Error, e);
             }
         }
-        if spec.amp == Amp::Fp16 {
+        if request.amp == Amp::Fp16 {
             optimizer.use_grad_scaler();
         }
         optimizer.use_foreach();
     }
     // DistributedDataParallel wraps the model before training starts.
-    let ddp_buckets = ddp::allocate_buckets(&model.params, spec.gpus, spec.device);
-    if spec.amp == Amp::Bf16 && spec.device.is_cuda() && !bf16_supported(spec.device) {
+    let ddp_buckets = ddp::allocate_buckets(&model.params, request.setup.gpus, device);
+    if request.amp == Amp::Bf16 && device.is_cuda() && !bf16_supported(device) {
         return report.failed(TrialStatus::Error, "this GPU does not support bf16".into());
     }
-    if let Some(cap) = spec.cpu_cap_bytes {
-        counter.set_cap(base + cap);
+    if let Some(cap) = request.cpu_cap_bytes {
+        counter.set_cap(base + cap as i64);
     }
-    let cuda_index = match spec.device {
+    let cuda_index = match device {
         Device::Cuda(i) => Some(i),
         _ => None,
     };
-    let total_steps = spec.warmup_steps + spec.measured_steps;
+    let total_steps = request.warmup_steps + request.measured_steps;
     // mmengine keeps the last step's log_vars alive into the next step.
     let mut previous_items: Vec<(String, Tensor)> = Vec::new();
     let mut trace: Vec<TraceEvent> = Vec::new();
     for step in 0..total_steps {
-        let measured = step >= spec.warmup_steps;
+        let measured = step >= request.warmup_steps;
         counter.set_phase_code(phase_code(step + 1, Phase::Data));
-        let batch = Batch::synthetic(spec, model.num_classes, model.ignore_index);
+        let batch = Batch::synthetic(request, model.num_classes, model.ignore_index);
         counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         if step == 0 {
             report.batch_bytes = batch.bytes();
@@ -117,7 +117,8 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
                 &model,
                 &mut optimizer,
                 batch,
-                spec,
+                request,
+                device,
                 &counter,
                 base,
                 step + 1,
@@ -170,12 +171,12 @@ pub fn run(cfg: &Dict, spec: &TrialSpec) -> TrialReport {
     drop(previous_items);
     drop(ddp_buckets);
     counter.set_cap(0);
-    if spec.trace {
+    if request.trace_out.is_some() {
         counter.trace(false);
         trace.extend(counter.take_trace());
     }
     report.optimizer_state_bytes = optimizer.state_bytes();
-    if spec.trace {
+    if request.trace_out.is_some() {
         report.trace = Some(trace);
     }
     report.finish();
@@ -200,7 +201,8 @@ fn train_step(
     model: &EncoderDecoder,
     optimizer: &mut OptimWrapper,
     batch: Batch,
-    spec: &TrialSpec,
+    request: &TrialRequest,
+    device: Device,
     counter: &CpuCounter,
     base: i64,
     step: usize,
@@ -208,12 +210,10 @@ fn train_step(
     let Batch { images, labels } = batch;
     counter.set_phase_code(phase_code(step, Phase::Forward));
     let (inputs, padded_labels, losses) = {
-        let _autocast = match spec.amp.kind() {
+        let _autocast = match request.amp.kind() {
             // Half precision stands in as bf16 (same size) under CUDA's rules on the CPU.
-            Some(_) if spec.as_cuda => {
-                Some(memory::AutocastGuard::new(spec.device, Kind::BFloat16)?)
-            }
-            Some(kind) => Some(memory::AutocastGuard::new(spec.device, kind)?),
+            Some(_) if request.as_cuda => Some(memory::AutocastGuard::new(device, Kind::BFloat16)?),
+            Some(kind) => Some(memory::AutocastGuard::new(device, kind)?),
             None => None,
         };
         counter.set_phase_code(phase_code(step, Phase::Preprocess));
