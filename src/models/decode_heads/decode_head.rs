@@ -8,9 +8,11 @@
 //!
 //! A head built on BaseDecodeHead reads these settings with
 //! [`DecodeHeadCfg::from_cfg`] from its own [`ComponentConfig`], creates a
-//! [`DecodeHeadBase`] before its own layers and ends `loss` with
+//! [`DecodeHeadBase`] before its own layers and implements [`BaseHead`]
+//! (its base and its logits); the loss comes from
 //! [`DecodeHeadBase::loss_by_feat`].
 
+use super::DecodeHead;
 use crate::config::Value;
 use crate::models::component_config::{ComponentConfig, NormCfg};
 use crate::models::layers::{resize_bilinear, Conv2d, ConvSpec};
@@ -216,5 +218,40 @@ impl DecodeHeadBase {
         let acc_seg = accuracy(&seg_logits, &seg_label, self.cfg.ignore_index);
         losses.push(("acc_seg".into(), acc_seg));
         losses
+    }
+}
+
+/// A head built on BaseDecodeHead: it computes its logits; the loss, the
+/// classes and the ignored index are the base's, so every such head is a
+/// [`DecodeHead`] without writing those again.
+pub trait BaseHead {
+    fn base(&self) -> &DecodeHeadBase;
+
+    /// `forward(inputs)`: `[B, num_classes, h, w]` logits from the features.
+    fn logits(&self, features: &[Tensor], training: bool) -> Tensor;
+}
+
+impl<H: BaseHead> DecodeHead for H {
+    fn forward(&self, features: &[Tensor], training: bool) -> Tensor {
+        self.logits(features, training)
+    }
+
+    fn loss(
+        &self,
+        features: &[Tensor],
+        labels: &[Tensor],
+        training: bool,
+    ) -> Vec<(String, Tensor)> {
+        // `seg_logits` stays alive in `loss()` while `loss_by_feat` runs.
+        let logits = self.logits(features, training);
+        self.base().loss_by_feat(&logits, labels)
+    }
+
+    fn num_classes(&self) -> i64 {
+        self.base().cfg.num_classes
+    }
+
+    fn ignore_index(&self) -> i64 {
+        self.base().cfg.ignore_index
     }
 }

@@ -9,7 +9,7 @@
 //! feature map, optionally concatenated with that input and fused by
 //! `conv_cat`, then classified.
 
-use super::decode_head::{DecodeHeadBase, DecodeHeadCfg};
+use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
@@ -98,8 +98,12 @@ impl FcnHead {
     }
 }
 
-impl DecodeHead for FcnHead {
-    fn forward(&self, features: &[Tensor], training: bool) -> Tensor {
+impl BaseHead for FcnHead {
+    fn base(&self) -> &DecodeHeadBase {
+        &self.base
+    }
+
+    fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
         let x = self.base.transform_inputs(features); // [B, C_in, h, w]
                                                       // nn.Sequential rebinds its input: each intermediate dies when the next exists.
         let mut feats = x.shallow_clone();
@@ -113,24 +117,6 @@ impl DecodeHead for FcnHead {
             feats = fused;
         }
         self.base.cls_seg(feats, training) // [B, num_classes, h, w]
-    }
-
-    fn loss(
-        &self,
-        features: &[Tensor],
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        let logits = self.forward(features, training);
-        self.base.loss_by_feat(&logits, labels)
-    }
-
-    fn num_classes(&self) -> i64 {
-        self.base.cfg.num_classes
-    }
-
-    fn ignore_index(&self) -> i64 {
-        self.base.cfg.ignore_index
     }
 }
 

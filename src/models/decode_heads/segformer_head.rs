@@ -8,7 +8,7 @@
 //! is upsampled to the first level's size, all are concatenated and fused by
 //! another 1x1 ConvModule, then classified.
 
-use super::decode_head::{DecodeHeadBase, DecodeHeadCfg, InputTransform};
+use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, InputTransform};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
@@ -83,8 +83,12 @@ impl SegformerHead {
     }
 }
 
-impl DecodeHead for SegformerHead {
-    fn forward(&self, features: &[Tensor], training: bool) -> Tensor {
+impl BaseHead for SegformerHead {
+    fn base(&self) -> &DecodeHeadBase {
+        &self.base
+    }
+
+    fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
         let inputs = self.base.selected_inputs(features); // [B, C_i, H_i, W_i]
         let size = (inputs[0].size()[2], inputs[0].size()[3]); // (H_0, W_0)
         let mut outs = Vec::with_capacity(inputs.len());
@@ -97,25 +101,6 @@ impl DecodeHead for SegformerHead {
         let logits = self.base.cls_seg(fused, training); // [B, num_classes, H_0, W_0]
         drop(outs);
         logits
-    }
-
-    fn loss(
-        &self,
-        features: &[Tensor],
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        // `seg_logits` stays alive in `loss()` while `loss_by_feat` runs.
-        let logits = self.forward(features, training);
-        self.base.loss_by_feat(&logits, labels)
-    }
-
-    fn num_classes(&self) -> i64 {
-        self.base.cfg.num_classes
-    }
-
-    fn ignore_index(&self) -> i64 {
-        self.base.cfg.ignore_index
     }
 }
 
