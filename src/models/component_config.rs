@@ -250,21 +250,8 @@ pub(crate) mod test_support {
 
     use crate::config::{Dict, Value};
 
-    pub fn to_value(j: &serde_json::Value) -> Value {
-        match j {
-            serde_json::Value::Null => Value::None,
-            serde_json::Value::Bool(b) => Value::Bool(*b),
-            serde_json::Value::Number(n) => match n.as_i64() {
-                Some(i) if !n.is_f64() => Value::Int(i),
-                _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-            },
-            serde_json::Value::String(s) => Value::Str(s.clone()),
-            serde_json::Value::Array(items) => Value::List(items.iter().map(to_value).collect()),
-            serde_json::Value::Object(map) => {
-                Value::Dict(map.iter().map(|(k, v)| (k.clone(), to_value(v))).collect())
-            }
-        }
-    }
+    /// `dump`'s JSON reader: lists stay lists (the models read tuples alike).
+    pub use crate::config::dump::from_json as to_value;
 
     pub fn dict(j: serde_json::Value) -> Dict {
         match to_value(&j) {

@@ -105,6 +105,15 @@ impl OptimWrapper {
         }
     }
 
+    /// The gradients that exist, parameter by parameter.
+    fn grads(&self) -> Vec<Tensor> {
+        self.params
+            .iter()
+            .map(|p| p.param.grad())
+            .filter(Tensor::defined)
+            .collect()
+    }
+
     /// Whether this call is the last of an accumulation window.
     pub fn should_update(&self) -> bool {
         (self.calls + 1) % self.cfg.accumulative_counts == 0
@@ -120,12 +129,7 @@ impl OptimWrapper {
         let mut stepped = true;
         tch::no_grad(|| -> Result<(), String> {
             if let Some(mut s) = self.scaler.take() {
-                let mut grads: Vec<Tensor> = self
-                    .params
-                    .iter()
-                    .map(|p| p.param.grad())
-                    .filter(Tensor::defined)
-                    .collect();
+                let mut grads = self.grads();
                 let inv_scale = s
                     .scale
                     .to_kind(Kind::Double)
@@ -150,12 +154,7 @@ impl OptimWrapper {
                 self.scaler = Some(s);
             } else {
                 if let Some((max_norm, norm_type)) = self.cfg.clip_grad {
-                    let mut grads: Vec<Tensor> = self
-                        .params
-                        .iter()
-                        .map(|p| p.param.grad())
-                        .filter(Tensor::defined)
-                        .collect();
+                    let mut grads = self.grads();
                     memory::clip_grad_norm_(&mut grads, max_norm, norm_type)?;
                 }
                 self.apply();
