@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod models;
+pub mod named;
 pub mod predict;
 pub mod report;
 pub mod search;

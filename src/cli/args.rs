@@ -4,25 +4,18 @@
 
 use crate::config::dump;
 use crate::error::Result;
+use crate::named::Named;
 use crate::predict::{EstimateRequest, Gpu};
 use crate::search::{Objective, SearchRequest, SearchSpec};
 use crate::trial::{Amp, DeviceChoice, Stack, TrainingSetup, TrialRequest};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
 
-/// A parser for a library enum from its listed names.
-fn named<T>(names: &'static [&'static str]) -> impl TypedValueParser<Value = T>
-where
-    T: std::str::FromStr + Clone + Send + Sync + 'static,
-    T::Err: std::fmt::Debug,
-{
-    PossibleValuesParser::new(names).map(|s| s.parse::<T>().expect("a listed name parses"))
+/// A parser for a library enum, offering its names as the choices.
+fn named<T: Named + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::ALL.iter().map(|v| v.name()))
+        .map(|s| crate::named::parse(&s, "a choice").expect("a listed name parses"))
 }
-
-const AMPS: &[&str] = &["off", "fp16", "bf16"];
-const STACKS: &[&str] = &["current", "zoo-2021"];
-const FORMATS: &[&str] = &["py", "json", "rhai"];
-const OBJECTIVES: &[&str] = &["keep-crop", "throughput"];
 
 /// A crop size `HxW` (or one number for a square).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +53,7 @@ pub enum Command {
         config: PathBuf,
         /// Output format: py (loadable by mmengine, keys sorted), json
         /// (tuples as {"__tuple__": [...]}), rhai.
-        #[arg(long, value_parser = named::<dump::Format>(FORMATS), default_value = "py")]
+        #[arg(long, value_parser = named::<dump::Format>(), default_value = "py")]
         format: dump::Format,
         /// Override settings, as tools/train.py's --cfg-options: KEY=VALUE
         /// with dotted keys (list items by index: a.0.b=1).
@@ -100,7 +93,7 @@ pub struct TrialArgs {
     /// Crop HxW (also sets data_preprocessor.size, as changing the crop does).
     #[arg(long, default_value = "512x512")]
     pub crop: Crop,
-    #[arg(long, value_parser = named::<Amp>(AMPS), default_value = "off")]
+    #[arg(long, value_parser = named::<Amp>(), default_value = "off")]
     pub amp: Amp,
     /// accumulative_counts (default: the config's).
     #[arg(long)]
@@ -174,7 +167,7 @@ pub struct SetupArgs {
     /// Whose memory behaviour to reproduce: `current` (PyTorch 2.x +
     /// MMEngine) or `zoo-2021` (PyTorch <= 1.10 + mmcv 1.x, as MMSeg's
     /// model-zoo memory was measured; CPU traces only).
-    #[arg(long, value_parser = named::<Stack>(STACKS), default_value = "current")]
+    #[arg(long, value_parser = named::<Stack>(), default_value = "current")]
     pub stack: Stack,
 }
 
@@ -210,7 +203,7 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub crop: Option<Crop>,
     /// Mixed precision (default: the recipe's; AmpOptimWrapper means its dtype).
-    #[arg(long, value_parser = named::<Amp>(AMPS))]
+    #[arg(long, value_parser = named::<Amp>())]
     pub amp: Option<Amp>,
     /// CPU threads for the traced step (default: every core).
     #[arg(long)]
@@ -268,7 +261,7 @@ pub struct SearchArgs {
     pub out: PathBuf,
     /// keep-crop (default: the recipe's crop if anything fits at it, then
     /// throughput) or throughput.
-    #[arg(long, value_parser = named::<Objective>(OBJECTIVES))]
+    #[arg(long, value_parser = named::<Objective>())]
     pub objective: Option<Objective>,
     /// Also list the infeasible candidates with their reason.
     #[arg(long)]

@@ -17,17 +17,11 @@ pub enum Format {
     Rhai,
 }
 
-impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Format, String> {
-        match s {
-            "py" => Ok(Format::Py),
-            "json" => Ok(Format::Json),
-            "rhai" => Ok(Format::Rhai),
-            other => Err(format!("`{other}` is not a format; use py, json or rhai")),
-        }
-    }
-}
+crate::named::named_enum!(Format, "a format", {
+    Py => "py",
+    Json => "json",
+    Rhai => "rhai",
+});
 
 /// Renders `cfg` in `format`.
 pub fn render(cfg: &Dict, format: Format) -> Result<String, ConfigError> {

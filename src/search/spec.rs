@@ -26,25 +26,10 @@ pub enum Objective {
     Throughput,
 }
 
-impl Objective {
-    pub fn name(self) -> &'static str {
-        match self {
-            Objective::KeepCrop => "keep-crop",
-            Objective::Throughput => "throughput",
-        }
-    }
-}
-
-impl std::str::FromStr for Objective {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Objective, String> {
-        match s {
-            "keep-crop" => Ok(Objective::KeepCrop),
-            "throughput" => Ok(Objective::Throughput),
-            other => Err(format!("objective `{other}`: use keep-crop or throughput")),
-        }
-    }
-}
+crate::named::named_enum!(Objective, "an objective", {
+    KeepCrop => "keep-crop",
+    Throughput => "throughput",
+});
 
 /// Where candidates are evaluated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -118,7 +118,6 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
                 &mut optimizer,
                 batch,
                 request,
-                device,
                 &counter,
                 base,
                 step + 1,
@@ -202,12 +201,12 @@ fn train_step(
     optimizer: &mut OptimWrapper,
     batch: Batch,
     request: &TrialRequest,
-    device: Device,
     counter: &CpuCounter,
     base: i64,
     step: usize,
 ) -> Result<(Phases, Vec<(String, Tensor)>), String> {
     let Batch { images, labels } = batch;
+    let device = model.device();
     counter.set_phase_code(phase_code(step, Phase::Forward));
     let (inputs, padded_labels, losses) = {
         let _autocast = match request.amp.kind() {

@@ -27,30 +27,10 @@ pub enum Stack {
     Zoo2021,
 }
 
-impl Stack {
-    pub fn name(self) -> &'static str {
-        match self {
-            Stack::Current => "current",
-            Stack::Zoo2021 => "zoo-2021",
-        }
-    }
-}
-
-impl std::fmt::Display for Stack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Stack {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Stack, String> {
-        [Stack::Current, Stack::Zoo2021]
-            .into_iter()
-            .find(|v| v.name() == s)
-            .ok_or_else(|| format!("`{s}` is not a stack; use current or zoo-2021"))
-    }
-}
+crate::named::named_enum!(Stack, "a stack", {
+    Current => "current",
+    Zoo2021 => "zoo-2021",
+});
 
 /// The training run around the step: how many GPUs, which software stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -187,6 +187,11 @@ impl EncoderDecoder {
         })
     }
 
+    /// The device the model lives on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
     /// The crop the data preprocessor pads to, if set.
     pub fn preprocessor_size(&self) -> Option<(i64, i64)> {
         self.preprocessor.cfg.size
