@@ -197,6 +197,11 @@ mod tests {
         (explored, evaluator)
     }
 
+    fn ranked_fits(explored: Explored, objective: Objective) -> Vec<Outcome> {
+        let fits = explored.outcomes.into_iter().filter(|o| o.record.fits());
+        rank(fits.collect(), objective)
+    }
+
     #[test]
     fn binary_search_finds_the_largest_fitting_batch_with_few_trials() {
         let dir = tempfile::tempdir().unwrap();
@@ -215,14 +220,7 @@ mod tests {
         assert!(evaluator.evaluated.len() <= 8, "{:?}", evaluator.evaluated);
         // keep-crop: something fits at 512x512, so 384x384 is never tried.
         assert!(evaluator.evaluated.iter().all(|c| c.crop == (512, 512)));
-        let ranked = rank(
-            explored
-                .outcomes
-                .into_iter()
-                .filter(|o| o.record.fits())
-                .collect(),
-            Objective::KeepCrop,
-        );
+        let ranked = ranked_fits(explored, Objective::KeepCrop);
         assert_eq!(ranked[0].candidate.batch_size, 6);
         assert_eq!(ranked[0].candidate.amp, Amp::Fp16);
     }
@@ -232,14 +230,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // Not even one 512x512 image in half precision (131072), but one 384x384 (73728).
         let (explored, _) = explore(100_000, 0, Objective::KeepCrop, dir.path());
-        let winner = rank(
-            explored
-                .outcomes
-                .into_iter()
-                .filter(|o| o.record.fits())
-                .collect(),
-            Objective::KeepCrop,
-        );
+        let winner = ranked_fits(explored, Objective::KeepCrop);
         assert_eq!(winner[0].candidate.crop, (384, 384));
     }
 

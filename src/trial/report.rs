@@ -4,7 +4,6 @@
 use super::memory::{DeviceStats, TraceEvent};
 use super::{Amp, TrialRequest};
 use crate::models::EncoderDecoder;
-use tch::Device;
 
 /// How a trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -106,11 +105,12 @@ pub struct TrialReport {
 }
 
 impl TrialReport {
-    pub fn new(request: &TrialRequest, device: Device) -> TrialReport {
+    /// An empty report of `request` running on `device` (its name in reports).
+    pub fn new(request: &TrialRequest, device: String) -> TrialReport {
         TrialReport {
             status: TrialStatus::Ok,
             message: None,
-            device: format!("{device:?}").to_lowercase(),
+            device,
             batch_size: request.batch_size,
             crop: [request.crop.0, request.crop.1],
             amp: request.amp,
@@ -142,9 +142,7 @@ impl TrialReport {
     /// The report of a request the worker never answered (see
     /// [`super::worker::Worker::trial`]): no figures, only the request.
     pub fn unanswered(request: &TrialRequest, status: TrialStatus, message: String) -> TrialReport {
-        let mut report = TrialReport::new(request, Device::Cpu);
-        report.device = request.device.to_string();
-        report.failed(status, message)
+        TrialReport::new(request, request.device.to_string()).failed(status, message)
     }
 
     pub fn set_params(&mut self, model: &EncoderDecoder) {

@@ -20,7 +20,7 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
     if let Some(n) = request.threads {
         tch::set_num_threads(n);
     }
-    let mut report = TrialReport::new(request, device);
+    let mut report = TrialReport::new(request, format!("{device:?}").to_lowercase());
     if request.trace_out.is_some() {
         let _ = counter.take_trace();
         counter.set_phase_code(0);
