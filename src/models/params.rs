@@ -156,6 +156,20 @@ impl ParamScope<'_> {
         }
     }
 
+    /// How many parameters the model has so far (a mark for [`Self::freeze_since`]).
+    pub fn registered(&self) -> usize {
+        self.store.params.len()
+    }
+
+    /// Freezes (`requires_grad=False`) every parameter registered since
+    /// `mark` (a [`Self::registered`] count): what `param.requires_grad =
+    /// False` over a module's `parameters()` does.
+    pub fn freeze_since(&mut self, mark: usize) {
+        for p in &mut self.store.params[mark..] {
+            let _ = p.tensor.set_requires_grad(false);
+        }
+    }
+
     pub fn buffer(&mut self, name: &str, t: Tensor) -> Tensor {
         let full = if self.prefix.is_empty() {
             name.to_string()

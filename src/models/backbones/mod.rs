@@ -5,6 +5,7 @@
 //! plus its `mod` line and its table row below.
 
 pub mod mit;
+pub mod resnet;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -23,4 +24,9 @@ pub trait Backbone {
 pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, ModelError>;
 
 /// Backbone types (`model.backbone.type`).
-pub const BACKBONES: &[(&str, BackboneCtor)] = &[("MixVisionTransformer", mit::build)];
+pub const BACKBONES: &[(&str, BackboneCtor)] = &[
+    ("MixVisionTransformer", mit::build),
+    ("ResNet", resnet::build_resnet),
+    ("ResNetV1c", resnet::build_resnet_v1c),
+    ("ResNetV1d", resnet::build_resnet_v1d),
+];

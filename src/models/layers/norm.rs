@@ -1,6 +1,7 @@
 //! `nn.LayerNorm` and `nn.BatchNorm2d`.
 
 use crate::models::params::ParamScope;
+use crate::models::NormCfg;
 use tch::{Kind, Tensor};
 
 /// `nn.LayerNorm` over the last dimension.
@@ -75,6 +76,14 @@ impl BatchNorm2d {
             momentum,
         }
     }
+    /// A BN layer from a config's `norm_cfg`.
+    pub fn from_cfg(p: &mut ParamScope, channels: i64, norm: &NormCfg) -> BatchNorm2d {
+        BatchNorm2d::new(p, channels, norm.eps, norm.momentum, norm.requires_grad)
+    }
+
+    /// `training`: batch statistics (and running-stat updates), as in
+    /// `train()` mode; `false` for `eval()` mode (also what `norm_eval` and
+    /// frozen stages give).
     pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
         if training {
             tch::no_grad(|| {

@@ -1,0 +1,746 @@
+//! `ResNet`, `ResNetV1c` and `ResNetV1d` as MMSeg's
+//! `mmseg/models/backbones/resnet.py` builds them, with the residual blocks
+//! (`BasicBlock`, `Bottleneck`) and `ResLayer`
+//! (`mmseg/models/utils/res_layer.py`) that HRNet reuses.
+//!
+//! He et al., "Deep Residual Learning for Image Recognition", CVPR 2016,
+//! arXiv:1512.03385; the V1c deep stem (three 3x3 convs) and V1d average-pool
+//! shortcut from He et al., "Bag of Tricks for Image Classification with
+//! Convolutional Neural Networks", CVPR 2019, arXiv:1812.01187; dilated
+//! (D8/D16) stages and multi-grid from Chen et al., "Rethinking Atrous
+//! Convolution for Semantic Image Segmentation", arXiv:1706.05587.
+//!
+//! A stem (7x7 conv or the deep stem) and a 3x3/2 max pool, then
+//! `num_stages` ResLayers of `depth`'s blocks; `strides`/`dilations` per
+//! stage set the output stride. `frozen_stages` freezes the stem and the
+//! first stages (no gradients, BN in eval mode), `norm_eval` puts every BN
+//! in eval mode.
+
+use super::Backbone;
+use crate::config::{Dict, Value};
+use crate::models::component_config::ComponentConfig;
+use crate::models::layers::{BatchNorm2d, Conv2d, ConvSpec};
+use crate::models::params::ParamScope;
+use crate::models::{ModelError, NormCfg};
+use tch::Tensor;
+
+const SOURCE: &str = "mmseg/models/backbones/resnet.py";
+
+/// The registry's constructor for `ResNet`.
+pub fn build_resnet(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbone>, ModelError> {
+    let cfg = ResNetCfg::from_cfg(cfg, Variant::ResNet)?;
+    Ok(Box::new(ResNet::new(p, &cfg)))
+}
+
+/// The registry's constructor for `ResNetV1c` (deep stem).
+pub fn build_resnet_v1c(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbone>, ModelError> {
+    let cfg = ResNetCfg::from_cfg(cfg, Variant::V1c)?;
+    Ok(Box::new(ResNet::new(p, &cfg)))
+}
+
+/// The registry's constructor for `ResNetV1d` (deep stem, average-pool shortcut).
+pub fn build_resnet_v1d(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbone>, ModelError> {
+    let cfg = ResNetCfg::from_cfg(cfg, Variant::V1d)?;
+    Ok(Box::new(ResNet::new(p, &cfg)))
+}
+
+/// Which class the config names: the V1c/V1d subclasses fix `deep_stem`
+/// (and `avg_down`) themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    ResNet,
+    V1c,
+    V1d,
+}
+
+impl Variant {
+    fn class_name(self) -> &'static str {
+        match self {
+            Variant::ResNet => "ResNet",
+            Variant::V1c => "ResNetV1c",
+            Variant::V1d => "ResNetV1d",
+        }
+    }
+}
+
+/// The residual block kind of a depth (`ResNet.arch_settings`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    Basic,
+    Bottleneck,
+}
+
+impl BlockKind {
+    /// `block.expansion`.
+    pub fn expansion(self) -> i64 {
+        match self {
+            BlockKind::Basic => 1,
+            BlockKind::Bottleneck => 4,
+        }
+    }
+}
+
+/// Where a Bottleneck puts its stride: on the 3x3 conv (`pytorch`) or on the
+/// first 1x1 conv (`caffe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    Pytorch,
+    Caffe,
+}
+
+/// The backbone's settings (`model.backbone` of the config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResNetCfg {
+    pub depth: i64,
+    pub block: BlockKind,
+    /// Blocks per stage, cut to `num_stages`.
+    pub stage_blocks: Vec<i64>,
+    pub in_channels: i64,
+    pub stem_channels: i64,
+    pub base_channels: i64,
+    pub strides: Vec<i64>,
+    pub dilations: Vec<i64>,
+    pub out_indices: Vec<i64>,
+    pub style: Style,
+    pub deep_stem: bool,
+    pub avg_down: bool,
+    pub frozen_stages: i64,
+    pub norm: NormCfg,
+    pub norm_eval: bool,
+    pub multi_grid: Option<Vec<i64>>,
+    pub contract_dilation: bool,
+}
+
+impl ResNetCfg {
+    pub fn from_cfg(d: &Dict, variant: Variant) -> Result<ResNetCfg, ModelError> {
+        let mut c = ComponentConfig::new(d, variant.class_name(), SOURCE);
+        let depth = match c.value("depth") {
+            Some(Value::Int(depth)) => *depth,
+            Some(_) => return Err(c.config_error("`depth` must be an int")),
+            None => return Err(c.config_error("lacks `depth` (18, 34, 50, 101 or 152)")),
+        };
+        let (block, blocks): (BlockKind, &[i64]) = match depth {
+            18 => (BlockKind::Basic, &[2, 2, 2, 2]),
+            34 => (BlockKind::Basic, &[3, 4, 6, 3]),
+            50 => (BlockKind::Bottleneck, &[3, 4, 6, 3]),
+            101 => (BlockKind::Bottleneck, &[3, 4, 23, 3]),
+            152 => (BlockKind::Bottleneck, &[3, 8, 36, 3]),
+            other => {
+                return Err(c.config_error(format!(
+                    "invalid depth {other} for resnet (18, 34, 50, 101 or 152)"
+                )))
+            }
+        };
+        let num_stages = c.int("num_stages", 4)?;
+        if !(1..=4).contains(&num_stages) {
+            return Err(c.config_error(format!("num_stages must be 1 to 4, not {num_stages}")));
+        }
+        let strides = c.ints("strides", &[1, 2, 2, 2])?;
+        let dilations = c.ints("dilations", &[1, 1, 1, 1])?;
+        if strides.len() != num_stages as usize || dilations.len() != num_stages as usize {
+            return Err(c.config_error(format!(
+                "strides ({}) and dilations ({}) must have num_stages ({num_stages}) entries",
+                strides.len(),
+                dilations.len()
+            )));
+        }
+        let out_indices = c.ints("out_indices", &[0, 1, 2, 3])?;
+        if out_indices.iter().any(|&i| i < 0 || i >= num_stages) {
+            return Err(c.config_error(format!(
+                "out_indices {out_indices:?} must be below num_stages ({num_stages})"
+            )));
+        }
+        let style = match c.string("style")? {
+            None | Some("pytorch") => Style::Pytorch,
+            Some("caffe") => Style::Caffe,
+            Some(other) => {
+                return Err(
+                    c.config_error(format!("style must be 'pytorch' or 'caffe', not '{other}'"))
+                )
+            }
+        };
+        // ResNetV1c/V1d pass deep_stem (and avg_down) to ResNet themselves.
+        let fixed = |c: &mut ComponentConfig, key: &str, value: bool| {
+            if c.has(key) {
+                return Err(c.config_error(format!(
+                    "sets `{key}` itself (to {}); remove it from the config",
+                    if value { "True" } else { "False" }
+                )));
+            }
+            Ok(value)
+        };
+        let (deep_stem, avg_down) = match variant {
+            Variant::ResNet => (c.flag("deep_stem", false), c.flag("avg_down", false)),
+            Variant::V1c => (
+                fixed(&mut c, "deep_stem", true)?,
+                fixed(&mut c, "avg_down", false)?,
+            ),
+            Variant::V1d => (
+                fixed(&mut c, "deep_stem", true)?,
+                fixed(&mut c, "avg_down", true)?,
+            ),
+        };
+        let multi_grid = match c.value("multi_grid") {
+            None | Some(Value::None) => None,
+            Some(v) => Some(
+                v.as_seq()
+                    .and_then(|s| s.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+                    .ok_or_else(|| c.config_error("`multi_grid` must be a tuple of ints"))?,
+            ),
+        };
+        let last_blocks = blocks[num_stages as usize - 1];
+        if let Some(grid) = &multi_grid {
+            // ResLayer indexes multi_grid by block in the last stage.
+            if (grid.len() as i64) < last_blocks {
+                return Err(c.config_error(format!(
+                    "multi_grid {grid:?} needs one dilation per block of the last stage ({last_blocks})"
+                )));
+            }
+        }
+        let norm = c.batch_norm("norm_cfg")?.unwrap_or(NormCfg {
+            eps: 1e-5,
+            momentum: 0.1,
+            requires_grad: true,
+        });
+        c.unimplemented("conv_cfg", &Value::None)?;
+        c.unimplemented("dcn", &Value::None)?;
+        c.unimplemented("plugins", &Value::None)?;
+        c.unimplemented("with_cp", &Value::Bool(false))?;
+        // Only read when `dcn` is set; weight initialisation and checkpoints.
+        c.inert(&[
+            "stage_with_dcn",
+            "zero_init_residual",
+            "pretrained",
+            "init_cfg",
+        ]);
+        let cfg = ResNetCfg {
+            depth,
+            block,
+            stage_blocks: blocks[..num_stages as usize].to_vec(),
+            in_channels: c.int("in_channels", 3)?,
+            stem_channels: c.int("stem_channels", 64)?,
+            base_channels: c.int("base_channels", 64)?,
+            strides,
+            dilations,
+            out_indices,
+            style,
+            deep_stem,
+            avg_down,
+            frozen_stages: c.int("frozen_stages", -1)?,
+            norm,
+            norm_eval: c.flag("norm_eval", false),
+            multi_grid,
+            contract_dilation: c.flag("contract_dilation", false),
+        };
+        c.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// `nn.Conv2d` without bias, as `build_conv_layer(None, ...)` is called in
+/// the blocks.
+fn conv(p: &mut ParamScope, name: &str, spec: ConvSpec) -> Conv2d {
+    Conv2d::new(&mut p.sub(name), spec.bias(false))
+}
+
+/// `BasicBlock`: two 3x3 convs.
+pub struct BasicBlock {
+    conv1: Conv2d,
+    bn1: BatchNorm2d,
+    conv2: Conv2d,
+    bn2: BatchNorm2d,
+    downsample: Option<Downsample>,
+}
+
+/// `Bottleneck`: 1x1 reduce, 3x3, 1x1 expand (x4).
+pub struct Bottleneck {
+    conv1: Conv2d,
+    bn1: BatchNorm2d,
+    conv2: Conv2d,
+    bn2: BatchNorm2d,
+    conv3: Conv2d,
+    bn3: BatchNorm2d,
+    downsample: Option<Downsample>,
+}
+
+/// The shortcut projection: optional `AvgPool2d` (avg_down), 1x1 conv, BN.
+pub struct Downsample {
+    avg_pool_stride: Option<i64>,
+    conv: Conv2d,
+    bn: BatchNorm2d,
+}
+
+impl Downsample {
+    fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
+        let pooled;
+        let input = match self.avg_pool_stride {
+            Some(s) => {
+                // nn.AvgPool2d(stride, stride, ceil_mode=True, count_include_pad=False)
+                pooled = x.avg_pool2d([s, s], [s, s], [0, 0], true, false, None::<i64>);
+                &pooled
+            }
+            None => x,
+        };
+        let y = self.conv.forward(input);
+        self.bn.forward(&y, bn_training)
+    }
+}
+
+/// One residual block of either kind.
+pub enum ResBlock {
+    Basic(BasicBlock),
+    Bottleneck(Bottleneck),
+}
+
+/// A block's shape: `BasicBlock(inplanes, planes, stride, dilation,
+/// downsample, style)` / `Bottleneck(...)`.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockSpec {
+    pub kind: BlockKind,
+    pub inplanes: i64,
+    pub planes: i64,
+    pub stride: i64,
+    pub dilation: i64,
+    pub style: Style,
+}
+
+impl ResBlock {
+    /// Builds a block under `p` (`layer1.0`); `downsample` is the shortcut
+    /// built by [`ResBlock::downsample`] when the shape changes.
+    pub fn new(
+        p: &mut ParamScope,
+        spec: BlockSpec,
+        norm: &NormCfg,
+        downsample: Option<(i64, bool)>,
+    ) -> ResBlock {
+        let BlockSpec {
+            inplanes,
+            planes,
+            stride,
+            dilation,
+            ..
+        } = spec;
+        match spec.kind {
+            BlockKind::Basic => {
+                let conv1 = conv(
+                    p,
+                    "conv1",
+                    ConvSpec::new(inplanes, planes, 3)
+                        .stride(stride)
+                        .padding(dilation)
+                        .dilation(dilation),
+                );
+                let bn1 = BatchNorm2d::from_cfg(&mut p.sub("bn1"), planes, norm);
+                let conv2 = conv(p, "conv2", ConvSpec::new(planes, planes, 3).padding(1));
+                let bn2 = BatchNorm2d::from_cfg(&mut p.sub("bn2"), planes, norm);
+                let downsample = downsample
+                    .map(|(stride, avg)| Downsample::new(p, inplanes, planes, stride, avg, norm));
+                ResBlock::Basic(BasicBlock {
+                    conv1,
+                    bn1,
+                    conv2,
+                    bn2,
+                    downsample,
+                })
+            }
+            BlockKind::Bottleneck => {
+                let (conv1_stride, conv2_stride) = match spec.style {
+                    Style::Pytorch => (1, stride),
+                    Style::Caffe => (stride, 1),
+                };
+                let conv1 = conv(
+                    p,
+                    "conv1",
+                    ConvSpec::new(inplanes, planes, 1).stride(conv1_stride),
+                );
+                let bn1 = BatchNorm2d::from_cfg(&mut p.sub("bn1"), planes, norm);
+                let conv2 = conv(
+                    p,
+                    "conv2",
+                    ConvSpec::new(planes, planes, 3)
+                        .stride(conv2_stride)
+                        .padding(dilation)
+                        .dilation(dilation),
+                );
+                let bn2 = BatchNorm2d::from_cfg(&mut p.sub("bn2"), planes, norm);
+                let conv3 = conv(p, "conv3", ConvSpec::new(planes, planes * 4, 1));
+                let bn3 = BatchNorm2d::from_cfg(&mut p.sub("bn3"), planes * 4, norm);
+                let downsample = downsample.map(|(stride, avg)| {
+                    Downsample::new(p, inplanes, planes * 4, stride, avg, norm)
+                });
+                ResBlock::Bottleneck(Bottleneck {
+                    conv1,
+                    bn1,
+                    conv2,
+                    bn2,
+                    conv3,
+                    bn3,
+                    downsample,
+                })
+            }
+        }
+    }
+
+    /// `forward(x)`: the residual branch plus the (projected) input, then an
+    /// in-place ReLU. `bn_training`: BN in train mode.
+    pub fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
+        // mmseg: `out += identity` and `nn.ReLU(inplace=True)` throughout.
+        let (mut out, downsample) = match self {
+            ResBlock::Basic(b) => {
+                let out = b.conv1.forward(x);
+                let mut out = b.bn1.forward(&out, bn_training);
+                let _ = out.relu_();
+                let out = b.conv2.forward(&out);
+                (b.bn2.forward(&out, bn_training), &b.downsample)
+            }
+            ResBlock::Bottleneck(b) => {
+                let out = b.conv1.forward(x);
+                let mut out = b.bn1.forward(&out, bn_training);
+                let _ = out.relu_();
+                let out = b.conv2.forward(&out);
+                let mut out = b.bn2.forward(&out, bn_training);
+                let _ = out.relu_();
+                let out = b.conv3.forward(&out);
+                (b.bn3.forward(&out, bn_training), &b.downsample)
+            }
+        };
+        match downsample {
+            Some(d) => {
+                let identity = d.forward(x, bn_training);
+                let _ = out.g_add_(&identity);
+            }
+            None => {
+                let _ = out.g_add_(x);
+            }
+        }
+        let _ = out.relu_();
+        out
+    }
+}
+
+impl Downsample {
+    fn new(
+        p: &mut ParamScope,
+        inplanes: i64,
+        out_channels: i64,
+        stride: i64,
+        avg_down: bool,
+        norm: &NormCfg,
+    ) -> Downsample {
+        let mut ds = p.sub("downsample");
+        // nn.Sequential numbering: the pool, when present, is item 0.
+        let (avg_pool_stride, conv_stride, first) = if avg_down {
+            (Some(stride), 1, 1)
+        } else {
+            (None, stride, 0)
+        };
+        let conv = conv(
+            &mut ds,
+            &first.to_string(),
+            ConvSpec::new(inplanes, out_channels, 1).stride(conv_stride),
+        );
+        let bn = BatchNorm2d::from_cfg(&mut ds.sub(first + 1), out_channels, norm);
+        Downsample {
+            avg_pool_stride,
+            conv,
+            bn,
+        }
+    }
+}
+
+/// `ResLayer`: the blocks of one stage.
+pub struct ResLayer {
+    blocks: Vec<ResBlock>,
+}
+
+/// `ResLayer(block, inplanes, planes, num_blocks, stride, dilation,
+/// avg_down, multi_grid, contract_dilation, style)`.
+#[derive(Debug, Clone)]
+pub struct ResLayerSpec {
+    pub kind: BlockKind,
+    pub inplanes: i64,
+    pub planes: i64,
+    pub num_blocks: i64,
+    pub stride: i64,
+    pub dilation: i64,
+    pub avg_down: bool,
+    pub multi_grid: Option<Vec<i64>>,
+    pub contract_dilation: bool,
+    pub style: Style,
+}
+
+impl ResLayer {
+    pub fn new(p: &mut ParamScope, spec: &ResLayerSpec, norm: &NormCfg) -> ResLayer {
+        let expansion = spec.kind.expansion();
+        // With avg_down the shortcut pools (even a 1x1 pool at stride 1, a
+        // copy MMSeg makes too) and its conv keeps stride 1.
+        let downsample = (spec.stride != 1 || spec.inplanes != spec.planes * expansion)
+            .then_some((spec.stride, spec.avg_down));
+        let first_dilation = match &spec.multi_grid {
+            Some(grid) => grid[0],
+            None if spec.dilation > 1 && spec.contract_dilation => spec.dilation / 2,
+            None => spec.dilation,
+        };
+        let mut blocks = Vec::with_capacity(spec.num_blocks as usize);
+        let mut inplanes = spec.inplanes;
+        for i in 0..spec.num_blocks {
+            let (stride, dilation) = if i == 0 {
+                (spec.stride, first_dilation)
+            } else {
+                let dilation = spec
+                    .multi_grid
+                    .as_ref()
+                    .map_or(spec.dilation, |g| g[i as usize]);
+                (1, dilation)
+            };
+            let block_spec = BlockSpec {
+                kind: spec.kind,
+                inplanes,
+                planes: spec.planes,
+                stride,
+                dilation,
+                style: spec.style,
+            };
+            let ds = if i == 0 { downsample } else { None };
+            blocks.push(ResBlock::new(&mut p.sub(i), block_spec, norm, ds));
+            inplanes = spec.planes * expansion;
+        }
+        ResLayer { blocks }
+    }
+
+    /// The blocks in sequence; each intermediate dies when the next exists.
+    pub fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
+        let mut x = x.shallow_clone();
+        for block in &self.blocks {
+            x = block.forward(&x, bn_training);
+        }
+        x
+    }
+}
+
+/// The stem: `conv1`, `bn1`, ReLU, or the deep stem (`stem.0`..`stem.7`).
+enum Stem {
+    Plain { conv1: Conv2d, bn1: BatchNorm2d },
+    Deep(Vec<(Conv2d, BatchNorm2d)>),
+}
+
+pub struct ResNet {
+    stem: Stem,
+    layers: Vec<ResLayer>,
+    out_indices: Vec<i64>,
+    /// Stages `1..=frozen_stages` (and the stem when >= 0) run BN in eval mode.
+    frozen_stages: i64,
+    norm_eval: bool,
+}
+
+impl ResNet {
+    pub fn new(p: &mut ParamScope, cfg: &ResNetCfg) -> ResNet {
+        let norm = &cfg.norm;
+        let stem_mark = p.registered();
+        let stem = if cfg.deep_stem {
+            let half = cfg.stem_channels / 2;
+            let mut sp = p.sub("stem");
+            let shapes = [
+                (cfg.in_channels, half, 2),
+                (half, half, 1),
+                (half, cfg.stem_channels, 1),
+            ];
+            Stem::Deep(
+                shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(from, to, stride))| {
+                        // nn.Sequential(conv, bn, relu) x 3: items 0,1 / 3,4 / 6,7.
+                        let conv = conv(
+                            &mut sp,
+                            &(3 * i).to_string(),
+                            ConvSpec::new(from, to, 3).stride(stride).padding(1),
+                        );
+                        let bn = BatchNorm2d::from_cfg(&mut sp.sub(3 * i + 1), to, norm);
+                        (conv, bn)
+                    })
+                    .collect(),
+            )
+        } else {
+            let conv1 = conv(
+                p,
+                "conv1",
+                ConvSpec::new(cfg.in_channels, cfg.stem_channels, 7)
+                    .stride(2)
+                    .padding(3),
+            );
+            let bn1 = BatchNorm2d::from_cfg(&mut p.sub("bn1"), cfg.stem_channels, norm);
+            Stem::Plain { conv1, bn1 }
+        };
+        if cfg.frozen_stages >= 0 {
+            p.freeze_since(stem_mark);
+        }
+        let mut inplanes = cfg.stem_channels;
+        let last = cfg.stage_blocks.len() - 1;
+        let mut layers = Vec::with_capacity(cfg.stage_blocks.len());
+        for (i, &num_blocks) in cfg.stage_blocks.iter().enumerate() {
+            let planes = cfg.base_channels * (1 << i);
+            let spec = ResLayerSpec {
+                kind: cfg.block,
+                inplanes,
+                planes,
+                num_blocks,
+                stride: cfg.strides[i],
+                dilation: cfg.dilations[i],
+                avg_down: cfg.avg_down,
+                // "multi grid is applied to last layer only"
+                multi_grid: if i == last {
+                    cfg.multi_grid.clone()
+                } else {
+                    None
+                },
+                contract_dilation: cfg.contract_dilation,
+                style: cfg.style,
+            };
+            let mark = p.registered();
+            layers.push(ResLayer::new(
+                &mut p.sub(format!("layer{}", i + 1)),
+                &spec,
+                norm,
+            ));
+            if (i as i64) < cfg.frozen_stages {
+                p.freeze_since(mark);
+            }
+            inplanes = planes * cfg.block.expansion();
+        }
+        ResNet {
+            stem,
+            layers,
+            out_indices: cfg.out_indices.clone(),
+            frozen_stages: cfg.frozen_stages,
+            norm_eval: cfg.norm_eval,
+        }
+    }
+}
+
+impl Backbone for ResNet {
+    /// One `[B, base_channels * 2^i * expansion, H / s_i, W / s_i]` map per
+    /// output stage (`s_i`: 4 times the product of the strides so far).
+    fn forward(&self, x: &Tensor, training: bool) -> Vec<Tensor> {
+        let bn_training = |frozen: bool| training && !self.norm_eval && !frozen;
+        let stem_training = bn_training(self.frozen_stages >= 0);
+        let mut x = match &self.stem {
+            Stem::Plain { conv1, bn1 } => {
+                let y = conv1.forward(x); // [B, stem, H/2, W/2]
+                let mut y = bn1.forward(&y, stem_training);
+                let _ = y.relu_();
+                y
+            }
+            Stem::Deep(convs) => {
+                let mut y = x.shallow_clone();
+                for (conv, bn) in convs {
+                    let z = conv.forward(&y);
+                    y = bn.forward(&z, stem_training);
+                    let _ = y.relu_();
+                }
+                y // [B, stem, H/2, W/2]
+            }
+        };
+        // nn.MaxPool2d(3, 2, 1)
+        x = x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false); // [B, stem, H/4, W/4]
+        let mut outs = Vec::with_capacity(self.out_indices.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x, bn_training((i as i64) < self.frozen_stages));
+            if self.out_indices.contains(&(i as i64)) {
+                outs.push(x.shallow_clone());
+            }
+        }
+        outs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::component_config::test_support::dict;
+    use crate::models::params::ParamStore;
+    use serde_json::json;
+    use tch::{Device, Kind};
+
+    fn backbone(extra: serde_json::Value) -> Dict {
+        let mut d = json!({
+            "type": "ResNetV1c", "depth": 50, "num_stages": 4, "out_indices": [0, 1, 2, 3],
+            "dilations": [1, 1, 2, 4], "strides": [1, 2, 1, 1],
+            "norm_cfg": {"type": "SyncBN", "requires_grad": true},
+            "norm_eval": false, "style": "pytorch", "contract_dilation": true,
+        });
+        d.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        dict(d)
+    }
+
+    fn count(variant: Variant, d: &Dict) -> (ParamStore, ResNet) {
+        let mut store = ParamStore::new(Device::Cpu);
+        let cfg = ResNetCfg::from_cfg(d, variant).unwrap();
+        let net = ResNet::new(&mut store.scope("backbone"), &cfg);
+        (store, net)
+    }
+
+    #[test]
+    fn the_backbones_have_mmsegs_parameter_counts() {
+        // params_all.json, by_prefix.backbone.total of
+        // fcn/fcn_r50-d8_4xb2-40k_cityscapes-512x1024.py (ResNetV1c-50),
+        // deeplabv3plus/deeplabv3plus_r101-d8_4xb2-40k_cityscapes-512x1024.py
+        // (ResNetV1c-101) and deeplabv3plus_r18-d8_4xb2-80k_cityscapes-512x1024.py
+        // (ResNetV1c-18).
+        for (depth, want) in [(50, 23_527_264), (101, 42_519_392), (18, 11_195_744)] {
+            let (store, _) = count(Variant::V1c, &backbone(json!({"depth": depth})));
+            assert_eq!(store.total(), want, "ResNetV1c-{depth}");
+        }
+    }
+
+    #[test]
+    fn a_d8_resnet50_keeps_an_eighth_of_the_resolution() {
+        let (_, net) = count(Variant::V1c, &backbone(json!({})));
+        let x = Tensor::zeros([2, 3, 64, 64], (Kind::Float, Device::Cpu));
+        let shapes: Vec<Vec<i64>> = net.forward(&x, true).iter().map(|t| t.size()).collect();
+        assert_eq!(
+            shapes,
+            [
+                vec![2, 256, 16, 16],
+                vec![2, 512, 8, 8],
+                vec![2, 1024, 8, 8],
+                vec![2, 2048, 8, 8]
+            ]
+        );
+    }
+
+    #[test]
+    fn frozen_stages_freeze_the_stem_and_the_first_stages() {
+        let (store, _) = count(
+            Variant::ResNet,
+            &backbone(json!({"type": "ResNet", "frozen_stages": 1})),
+        );
+        let frozen: Vec<&str> = store
+            .params
+            .iter()
+            .filter(|p| !p.trainable())
+            .map(|p| p.name.as_str())
+            .collect();
+        assert!(frozen.contains(&"backbone.conv1.weight"));
+        assert!(frozen.contains(&"backbone.layer1.2.bn3.bias"));
+        assert!(!frozen.iter().any(|n| n.starts_with("backbone.layer2")));
+    }
+
+    #[test]
+    fn v1c_refuses_a_deep_stem_setting_and_unknown_keys() {
+        let err = ResNetCfg::from_cfg(&backbone(json!({"deep_stem": false})), Variant::V1c)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ResNetV1c: sets `deep_stem` itself"), "{err}");
+        let err = ResNetCfg::from_cfg(&backbone(json!({"with_cp": true})), Variant::V1c)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`with_cp`"), "{err}");
+        let err = ResNetCfg::from_cfg(&backbone(json!({"depth": 42})), Variant::V1c)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid depth 42"), "{err}");
+    }
+}
