@@ -18,6 +18,9 @@ pub enum CandidateStatus {
     /// The trial failed for another reason (see the record's reason).
     Error,
     NonFiniteLoss,
+    /// Cannot train at this setting whatever the memory (BatchNorm on one
+    /// value per channel at batch 1); the reason says why.
+    Infeasible,
     Timeout,
     /// The trial's process died without a report.
     Crash,
@@ -30,6 +33,7 @@ impl CandidateStatus {
             CandidateStatus::Oom => "oom",
             CandidateStatus::Error => "error",
             CandidateStatus::NonFiniteLoss => "non_finite_loss",
+            CandidateStatus::Infeasible => "infeasible",
             CandidateStatus::Timeout => "timeout",
             CandidateStatus::Crash => "crash",
         }

@@ -3,6 +3,7 @@
 
 use super::memory::{DeviceStats, TraceEvent};
 use super::{Amp, TrialRequest};
+use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::models::EncoderDecoder;
 
 /// How a trial ended.
@@ -16,6 +17,9 @@ pub enum TrialStatus {
     Error,
     /// The loss was NaN or infinite.
     NonFiniteLoss,
+    /// The setting cannot train at all, whatever the memory: BatchNorm in
+    /// training on one value per channel (batch 1 after global pooling).
+    Infeasible,
     /// No report within the time allowed; the worker was stopped.
     Timeout,
     /// The worker died without a report (a signal, an abort).
@@ -30,6 +34,7 @@ impl TrialStatus {
             TrialStatus::Oom => "oom",
             TrialStatus::Error => "error",
             TrialStatus::NonFiniteLoss => "non_finite_loss",
+            TrialStatus::Infeasible => "infeasible",
             TrialStatus::Timeout => "timeout",
             TrialStatus::Crash => "crash",
         }
@@ -172,7 +177,9 @@ impl TrialReport {
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "libtorch failed".into());
-        let status = if is_out_of_memory(&message) {
+        let status = if message.contains(ONE_VALUE_PER_CHANNEL) {
+            TrialStatus::Infeasible
+        } else if is_out_of_memory(&message) {
             TrialStatus::Oom
         } else {
             TrialStatus::Error

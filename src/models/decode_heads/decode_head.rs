@@ -16,7 +16,7 @@ use super::DecodeHead;
 use crate::config::Value;
 use crate::models::component_config::{ComponentConfig, NormCfg};
 use crate::models::layers::{resize_bilinear, Conv2d, ConvSpec};
-use crate::models::losses::{accuracy, loss_decode_from_cfg, CrossEntropyCfg};
+use crate::models::losses::{accuracy, loss_decode_from_cfg, CrossEntropyCfg, OhemPixelSampler};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 use tch::Tensor;
@@ -46,6 +46,7 @@ pub struct DecodeHeadCfg {
     pub ignore_index: i64,
     pub norm: Option<NormCfg>,
     pub losses: Vec<CrossEntropyCfg>,
+    pub sampler: Option<OhemPixelSampler>,
 }
 
 impl DecodeHeadCfg {
@@ -99,7 +100,6 @@ impl DecodeHeadCfg {
             }
             _ => {}
         }
-        c.unimplemented("sampler", &Value::None)?;
         c.unimplemented("conv_cfg", &Value::None)?;
         c.default_activation("act_cfg", "ReLU")?;
         let num_classes = c.int("num_classes", 0)?;
@@ -124,6 +124,7 @@ impl DecodeHeadCfg {
             ignore_index: c.int("ignore_index", 255)?,
             norm: c.batch_norm("norm_cfg")?,
             losses: loss_decode_from_cfg(c.value("loss_decode"))?,
+            sampler: OhemPixelSampler::from_cfg(c.value("sampler"))?,
         })
     }
 }
@@ -206,10 +207,23 @@ impl DecodeHeadBase {
         let mut seg_label = Tensor::stack(labels, 0); // [B, 1, H, W]
         let size = (seg_label.size()[2], seg_label.size()[3]);
         let seg_logits = resize_bilinear(seg_logits, size, self.cfg.align_corners); // [B, K, H, W]
+        let seg_weight = self.cfg.sampler.as_ref().map(|sampler| {
+            sampler.sample(
+                &seg_logits,
+                &seg_label,
+                &self.cfg.losses,
+                self.cfg.ignore_index,
+            )
+        }); // [B, H, W]
         seg_label = seg_label.squeeze_dim(1); // [B, H, W]
         let mut losses: Vec<(String, Tensor)> = Vec::new();
         for loss_cfg in &self.cfg.losses {
-            let value = loss_cfg.forward(&seg_logits, &seg_label, self.cfg.ignore_index);
+            let value = loss_cfg.forward(
+                &seg_logits,
+                &seg_label,
+                seg_weight.as_ref(),
+                self.cfg.ignore_index,
+            );
             match losses.iter_mut().find(|(n, _)| *n == loss_cfg.loss_name) {
                 Some((_, acc)) => *acc = &*acc + value,
                 None => losses.push((loss_cfg.loss_name.clone(), value)),
@@ -231,14 +245,22 @@ pub trait BaseHead {
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor;
 }
 
+/// Not a cascade head: `prev_output` is never given (the segmentor checks
+/// [`DecodeHead::is_cascade`] when it is built).
 impl<H: BaseHead> DecodeHead for H {
-    fn forward(&self, features: &[Tensor], training: bool) -> Tensor {
+    fn forward(
+        &self,
+        features: &[Tensor],
+        _prev_output: Option<&Tensor>,
+        training: bool,
+    ) -> Tensor {
         self.logits(features, training)
     }
 
     fn loss(
         &self,
         features: &[Tensor],
+        _prev_output: Option<&Tensor>,
         labels: &[Tensor],
         training: bool,
     ) -> Vec<(String, Tensor)> {

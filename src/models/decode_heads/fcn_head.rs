@@ -180,12 +180,12 @@ mod tests {
             .iter()
             .map(|c| Tensor::zeros([2, *c, 8, 8], (tch::Kind::Float, tch::Device::Cpu)))
             .collect();
-        assert_eq!(head.forward(&features, true).size(), [2, 19, 8, 8]);
+        assert_eq!(head.forward(&features, None, true).size(), [2, 19, 8, 8]);
         let labels: Vec<Tensor> = (0..2)
             .map(|_| Tensor::zeros([1, 64, 64], (tch::Kind::Int64, tch::Device::Cpu)))
             .collect();
         let names: Vec<String> = head
-            .loss(&features, &labels, true)
+            .loss(&features, None, &labels, true)
             .into_iter()
             .map(|(n, _)| n)
             .collect();

@@ -5,9 +5,14 @@
 //! Adding a head: its own file here (see `segformer_head.rs` for the
 //! pattern), plus its `mod` line and its table row below.
 
+pub mod aspp_head;
 pub mod decode_head;
 pub mod fcn_head;
+pub mod ocr_head;
+pub mod psp_head;
 pub mod segformer_head;
+pub mod sep_aspp_head;
+pub mod uper_head;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -16,16 +21,31 @@ use tch::Tensor;
 
 /// A decode (or auxiliary) head in training.
 pub trait DecodeHead {
-    /// `forward(inputs)`: the segmentation logits, `[B, num_classes, h, w]`
-    /// at the resolution the head works at, from the multi-level features.
-    fn forward(&self, features: &[Tensor], training: bool) -> Tensor;
+    /// `forward(inputs)`, or `forward(inputs, prev_output)` for a cascade
+    /// head: the segmentation logits, `[B, num_classes, h, w]` at the
+    /// resolution the head works at, from the multi-level features (and the
+    /// previous stage's logits).
+    fn forward(&self, features: &[Tensor], prev_output: Option<&Tensor>, training: bool) -> Tensor;
 
-    /// `loss(inputs, batch_data_samples, train_cfg)`: the head's loss items
-    /// unprefixed and in MMSeg's order (`loss_ce`, `acc_seg`). `labels` are
-    /// the padded per-image `[1, H, W]` label maps. Tensors must be created
-    /// and dropped in the order MMSeg's Python creates and releases them.
-    fn loss(&self, features: &[Tensor], labels: &[Tensor], training: bool)
-        -> Vec<(String, Tensor)>;
+    /// `loss(inputs, batch_data_samples, train_cfg)` (a cascade head takes
+    /// `prev_output` after `inputs`): the head's loss items unprefixed and in
+    /// MMSeg's order (`loss_ce`, `acc_seg`). `labels` are the padded
+    /// per-image `[1, H, W]` label maps. Tensors must be created and dropped
+    /// in the order MMSeg's Python creates and releases them.
+    fn loss(
+        &self,
+        features: &[Tensor],
+        prev_output: Option<&Tensor>,
+        labels: &[Tensor],
+        training: bool,
+    ) -> Vec<(String, Tensor)>;
+
+    /// Whether this is a `BaseCascadeDecodeHead` (its forward takes the
+    /// previous stage's logits): only such heads follow the first stage of
+    /// a `CascadeEncoderDecoder`, and they cannot come first.
+    fn is_cascade(&self) -> bool {
+        false
+    }
 
     fn num_classes(&self) -> i64;
 
@@ -38,6 +58,11 @@ pub type DecodeHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn DecodeHea
 
 /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
 pub const DECODE_HEADS: &[(&str, DecodeHeadCtor)] = &[
+    ("ASPPHead", aspp_head::build),
+    ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
     ("FCNHead", fcn_head::build),
+    ("OCRHead", ocr_head::build),
+    ("PSPHead", psp_head::build),
     ("SegformerHead", segformer_head::build),
+    ("UPerHead", uper_head::build),
 ];

@@ -114,11 +114,13 @@ impl Conv2d {
 }
 
 /// mmcv's `ConvModule` with the default order conv -> norm -> act, BN and
-/// an in-place ReLU (mmcv's default `inplace=True`).
+/// a ReLU, in place unless built with `inplace=False`
+/// ([`ConvModule::out_of_place`]).
 pub struct ConvModule {
     conv: Conv2d,
     norm: Option<BatchNorm2d>,
     relu: bool,
+    inplace: bool,
 }
 
 impl ConvModule {
@@ -140,16 +142,79 @@ impl ConvModule {
                 n.requires_grad,
             )
         });
-        ConvModule { conv, norm, relu }
+        ConvModule {
+            conv,
+            norm,
+            relu,
+            inplace: true,
+        }
     }
+
+    /// `ConvModule(..., inplace=False)`: the ReLU makes a new tensor (which
+    /// autograd saves instead of the norm's output).
+    pub fn out_of_place(mut self) -> ConvModule {
+        self.inplace = false;
+        self
+    }
+
     pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
         let mut y = self.conv.forward(x);
         if let Some(n) = &self.norm {
             y = n.forward(&y, training);
         }
         if self.relu {
-            let _ = y.relu_();
+            if self.inplace {
+                let _ = y.relu_();
+            } else {
+                y = y.relu();
+            }
         }
         y
+    }
+}
+
+/// mmcv's `DepthwiseSeparableConvModule`
+/// (`mmcv/cnn/bricks/depthwise_separable_conv_module.py`): a depthwise
+/// ConvModule (`groups = in_channels`) then a pointwise 1x1 ConvModule, both
+/// with the module's norm; the pointwise one with a ReLU, the depthwise one
+/// too unless `dw_act_cfg=None` (`depthwise_relu == false`).
+pub struct DepthwiseSeparableConvModule {
+    depthwise_conv: ConvModule,
+    pointwise_conv: ConvModule,
+}
+
+impl DepthwiseSeparableConvModule {
+    /// `spec`: the depthwise conv's shape with the module's in/out channels
+    /// (its groups are set here).
+    pub fn new(
+        p: &mut ParamScope,
+        spec: ConvSpec,
+        norm: Option<NormCfg>,
+        depthwise_relu: bool,
+    ) -> Self {
+        let depthwise = ConvSpec {
+            out_channels: spec.in_channels,
+            groups: spec.in_channels,
+            ..spec
+        };
+        DepthwiseSeparableConvModule {
+            depthwise_conv: ConvModule::new(
+                &mut p.sub("depthwise_conv"),
+                depthwise,
+                norm,
+                depthwise_relu,
+            ),
+            pointwise_conv: ConvModule::new(
+                &mut p.sub("pointwise_conv"),
+                ConvSpec::new(spec.in_channels, spec.out_channels, 1),
+                norm,
+                true,
+            ),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        let x = self.depthwise_conv.forward(x, training);
+        self.pointwise_conv.forward(&x, training)
     }
 }

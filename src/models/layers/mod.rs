@@ -17,7 +17,7 @@ pub mod norm;
 pub mod shape;
 
 pub use attention::MultiheadAttention;
-pub use conv::{Conv2d, ConvModule, ConvSpec};
+pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 pub use drop::DropPath;
 pub use linear::Linear;
 pub use norm::{BatchNorm2d, LayerNorm};

@@ -86,6 +86,12 @@ impl BatchNorm2d {
     /// frozen stages give).
     pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
         if training {
+            let size = x.size();
+            if size[0] * size[2..].iter().product::<i64>() == 1 {
+                // F.batch_norm's `_verify_batch_size` (Python-side, so libtorch
+                // does not check it): one value per channel has no variance.
+                panic!("{}", one_value_per_channel(&size));
+            }
             tch::no_grad(|| {
                 let _ = self.num_batches_tracked.shallow_clone().g_add_scalar_(1);
             });
@@ -103,3 +109,16 @@ impl BatchNorm2d {
         )
     }
 }
+
+/// What PyTorch raises (`ValueError`) for BN in training on one value per
+/// channel: batch 1 after global pooling (PSP, ASPP image pool).
+pub fn one_value_per_channel(size: &[i64]) -> String {
+    let dims: Vec<String> = size.iter().map(i64::to_string).collect();
+    format!(
+        "{ONE_VALUE_PER_CHANNEL}, got input size torch.Size([{}])",
+        dims.join(", ")
+    )
+}
+
+/// The start of [`one_value_per_channel`]'s message, to recognise it.
+pub const ONE_VALUE_PER_CHANNEL: &str = "Expected more than 1 value per channel when training";

@@ -69,10 +69,36 @@ impl CrossEntropyCfg {
         Ok(loss)
     }
 
-    /// `CrossEntropyLoss.forward(pred, label, ignore_index=...)` ->
+    /// `CrossEntropyLoss.forward(pred, label, weight=None,
+    /// ignore_index=..., reduction_override='none')`, as a pixel sampler
+    /// calls it: the per-pixel loss times `loss_weight`, `[B, H, W]`.
+    pub fn per_pixel(&self, pred: &Tensor, label: &Tensor, ignore_index: i64) -> Tensor {
+        let class_weight = self.class_weight.as_ref().map(|w| {
+            Tensor::from_slice(w)
+                .to_kind(pred.kind())
+                .to_device(pred.device())
+        });
+        let loss = pred.cross_entropy_loss(
+            label,
+            class_weight.as_ref(),
+            Reduction::None,
+            ignore_index,
+            0.0,
+        );
+        loss * self.loss_weight
+    }
+
+    /// `CrossEntropyLoss.forward(pred, label, weight, ignore_index=...)` ->
     /// `cross_entropy` -> `weight_reduce_loss`; `pred` is `[B, K, H, W]`,
-    /// `label` `[B, H, W]`.
-    pub fn forward(&self, pred: &Tensor, label: &Tensor, ignore_index: i64) -> Tensor {
+    /// `label` `[B, H, W]`, `weight` the `[B, H, W]` pixel weights of a
+    /// sampler.
+    pub fn forward(
+        &self,
+        pred: &Tensor,
+        label: &Tensor,
+        weight: Option<&Tensor>,
+        ignore_index: i64,
+    ) -> Tensor {
         let class_weight = self.class_weight.as_ref().map(|w| {
             Tensor::from_slice(w)
                 .to_kind(pred.kind())
@@ -110,6 +136,11 @@ impl CrossEntropyCfg {
                 }
                 weights.sum(Kind::Float).double_value(&[])
             }
+        };
+        // weight_reduce_loss: `loss = loss * weight` before the reduction.
+        let loss = match weight {
+            Some(w) => loss * w.to_kind(Kind::Float),
+            None => loss,
         };
         let reduced = loss.sum(loss.kind()) / (avg_factor + eps);
         drop(loss);

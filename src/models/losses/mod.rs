@@ -4,9 +4,11 @@
 
 pub mod accuracy;
 pub mod cross_entropy_loss;
+pub mod ohem_pixel_sampler;
 
 pub use accuracy::accuracy;
 pub use cross_entropy_loss::CrossEntropyCfg;
+pub use ohem_pixel_sampler::OhemPixelSampler;
 
 use super::ModelError;
 use crate::config::{Dict, Value};

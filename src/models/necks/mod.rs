@@ -2,9 +2,10 @@
 //! table from MMSeg's `type` name to a constructor. `EncoderDecoder` applies
 //! `model.neck` to the backbone's features in `extract_feat`.
 //!
-//! None is implemented yet. Adding one (`FPN`, `JPU`, `MultiLevelNeck`):
-//! its own file here following the pattern of `backbones/mit.rs`, plus its
-//! `mod` line and its table row below.
+//! Adding one (`FPN`, `MultiLevelNeck`): its own file here following the
+//! pattern of `jpu.rs`, plus its `mod` line and its table row below.
+
+pub mod jpu;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -25,4 +26,4 @@ pub trait Neck {
 pub type NeckCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Neck>, ModelError>;
 
 /// Neck types (`model.neck.type`).
-pub const NECKS: &[(&str, NeckCtor)] = &[];
+pub const NECKS: &[(&str, NeckCtor)] = &[("JPU", jpu::build)];

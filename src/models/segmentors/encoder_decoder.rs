@@ -7,6 +7,11 @@
 //! Each component is built from its role's registry table by its MMSeg
 //! `type`, its parameters named under MMSeg's attribute (`backbone`, `neck`,
 //! `decode_head`, `auxiliary_head` or `auxiliary_head.<i>` for a list).
+//!
+//! The same struct is `CascadeEncoderDecoder` (its subclass in MMSeg, see
+//! [`super::cascade_encoder_decoder`]): a list of `num_stages` decode heads
+//! (`decode_head.<i>`), each after the first taking the previous one's
+//! logits.
 
 use super::data_preprocessor::{PreprocessorCfg, SegDataPreProcessor};
 use crate::config::{Dict, Value};
@@ -26,7 +31,8 @@ const SOURCE: &str = "mmseg/models/segmentors/encoder_decoder.py";
 pub struct EncoderDecoderCfg<'a> {
     pub backbone: &'a Dict,
     pub neck: Option<&'a Dict>,
-    pub decode_head: &'a Dict,
+    /// One head, or a cascade's heads in order.
+    pub decode_head: DecodeHeads<'a>,
     /// `(loss prefix, parameter prefix, config)` per auxiliary head:
     /// `("aux", "auxiliary_head", ..)` for one dict, `("aux_<i>",
     /// "auxiliary_head.<i>", ..)` for the i-th of a list, as
@@ -35,10 +41,51 @@ pub struct EncoderDecoderCfg<'a> {
     pub data_preprocessor: Option<&'a Dict>,
 }
 
+/// `model.decode_head`: one dict (`EncoderDecoder`) or the stages of a
+/// `CascadeEncoderDecoder`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecodeHeads<'a> {
+    Single(&'a Dict),
+    Cascade(Vec<&'a Dict>),
+}
+
+impl<'a> DecodeHeads<'a> {
+    /// `(loss prefix, parameter prefix, config)` per head: `decode` and
+    /// `decode_head`, or `decode_<i>` and `decode_head.<i>` in a cascade.
+    pub fn named(&self) -> Vec<(String, String, &'a Dict)> {
+        match self {
+            DecodeHeads::Single(d) => vec![("decode".into(), "decode_head".into(), *d)],
+            DecodeHeads::Cascade(stages) => stages
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (format!("decode_{i}"), format!("decode_head.{i}"), *d))
+                .collect(),
+        }
+    }
+}
+
 impl<'a> EncoderDecoderCfg<'a> {
-    /// Reads `cfg.model`.
+    /// Reads `cfg.model` of an `EncoderDecoder`.
     pub fn from_cfg(model: &'a Dict) -> Result<EncoderDecoderCfg<'a>, ModelError> {
         let mut c = ComponentConfig::new(model, "EncoderDecoder", SOURCE);
+        let decode_head = match c.value("decode_head") {
+            Some(Value::Dict(d)) => DecodeHeads::Single(d),
+            Some(Value::List(_)) => {
+                return Err(c.config_error(
+                    "decode_head is a list: that is a CascadeEncoderDecoder (set model.type)",
+                ))
+            }
+            _ => return Err(ModelError::Config("model has no `decode_head`".into())),
+        };
+        Self::read_components(c, decode_head)
+    }
+
+    /// The keys EncoderDecoder and CascadeEncoderDecoder share, after the
+    /// decode head(s) were read.
+    pub(super) fn read_components(
+        mut c: ComponentConfig<'a>,
+        decode_head: DecodeHeads<'a>,
+    ) -> Result<EncoderDecoderCfg<'a>, ModelError> {
         let backbone = c
             .value("backbone")
             .and_then(Value::as_dict)
@@ -52,15 +99,6 @@ impl<'a> EncoderDecoderCfg<'a> {
                     other.type_name()
                 )))
             }
-        };
-        let decode_head = match c.value("decode_head") {
-            Some(Value::Dict(d)) => d,
-            Some(Value::List(_)) => {
-                return Err(ModelError::Unsupported(
-                    "a list of decode heads (CascadeEncoderDecoder)".into(),
-                ))
-            }
-            _ => return Err(ModelError::Config("model has no `decode_head`".into())),
         };
         let auxiliary_heads = match c.value("auxiliary_head") {
             None | Some(Value::None) => Vec::new(),
@@ -102,16 +140,18 @@ impl<'a> EncoderDecoderCfg<'a> {
 /// The `SEGMENTORS` row's check: every component's `type` is in its table.
 /// Components are checked in the order MMSeg builds them.
 pub fn check_components(model: &Dict) -> Result<(), ModelError> {
-    let cfg = EncoderDecoderCfg::from_cfg(model)?;
+    check_parts(&EncoderDecoderCfg::from_cfg(model)?)
+}
+
+/// Every component's `type` is in its table, in MMSeg's build order.
+pub(super) fn check_parts(cfg: &EncoderDecoderCfg) -> Result<(), ModelError> {
     lookup(BACKBONES, "backbone", type_of(cfg.backbone, "backbone")?)?;
     if let Some(neck) = cfg.neck {
         lookup(NECKS, "neck", type_of(neck, "neck")?)?;
     }
-    lookup(
-        DECODE_HEADS,
-        "decode head",
-        type_of(cfg.decode_head, "decode_head")?,
-    )?;
+    for (_, _, head) in cfg.decode_head.named() {
+        lookup(DECODE_HEADS, "decode head", type_of(head, "decode_head")?)?;
+    }
     for (_, _, aux) in &cfg.auxiliary_heads {
         lookup(
             DECODE_HEADS,
@@ -128,7 +168,8 @@ pub struct EncoderDecoder {
     preprocessor: SegDataPreProcessor,
     backbone: Box<dyn Backbone>,
     neck: Option<Box<dyn Neck>>,
-    decode_head: Box<dyn DecodeHead>,
+    /// `(loss prefix, head)`: `decode`, or `decode_<i>` per cascade stage.
+    decode_heads: Vec<(String, Box<dyn DecodeHead>)>,
     /// `(loss prefix, head)`: `aux` or `aux_<i>`.
     auxiliary_heads: Vec<(String, Box<dyn DecodeHead>)>,
     device: Device,
@@ -143,7 +184,10 @@ impl EncoderDecoder {
     pub fn build(cfg: &Dict, device: Device) -> Result<EncoderDecoder, ModelError> {
         check_supported(cfg)?;
         let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
-        let parts = EncoderDecoderCfg::from_cfg(model)?;
+        let parts = match type_of(model, "model")? {
+            "CascadeEncoderDecoder" => super::cascade_encoder_decoder::read_cfg(model)?,
+            _ => EncoderDecoderCfg::from_cfg(model)?,
+        };
         let pre_cfg = PreprocessorCfg::from_cfg(parts.data_preprocessor)?;
         let mut params = ParamStore::new(device);
         let preprocessor =
@@ -157,12 +201,35 @@ impl EncoderDecoder {
             }
             None => None,
         };
-        let build_head = lookup(
-            DECODE_HEADS,
-            "decode head",
-            type_of(parts.decode_head, "decode_head")?,
-        )?;
-        let decode_head = build_head(&mut params.scope("decode_head"), parts.decode_head)?;
+        let cascade = matches!(parts.decode_head, DecodeHeads::Cascade(_));
+        let mut decode_heads = Vec::new();
+        for (stage, (loss_prefix, param_prefix, head_cfg)) in
+            parts.decode_head.named().into_iter().enumerate()
+        {
+            let build_head = lookup(
+                DECODE_HEADS,
+                "decode head",
+                type_of(head_cfg, "decode_head")?,
+            )?;
+            let head = build_head(&mut params.scope(&param_prefix), head_cfg)?;
+            // A head's forward takes prev_output exactly when it is a
+            // BaseCascadeDecodeHead; MMSeg fails with a TypeError otherwise.
+            let needs_prev = cascade && stage > 0;
+            if head.is_cascade() != needs_prev {
+                return Err(ModelError::Config(format!(
+                    "model.{param_prefix} ({}) {}",
+                    type_of(head_cfg, "decode_head")?,
+                    if needs_prev {
+                        "follows another stage of a CascadeEncoderDecoder, so it must be a cascade head (OCRHead)"
+                    } else if cascade {
+                        "is the first stage of a CascadeEncoderDecoder: a cascade head needs a stage before it"
+                    } else {
+                        "is a cascade head: it needs a CascadeEncoderDecoder with a stage before it"
+                    }
+                )));
+            }
+            decode_heads.push((loss_prefix, head));
+        }
         let mut auxiliary_heads = Vec::with_capacity(parts.auxiliary_heads.len());
         for (loss_prefix, param_prefix, head_cfg) in &parts.auxiliary_heads {
             let build_aux = lookup(
@@ -173,13 +240,15 @@ impl EncoderDecoder {
             let head = build_aux(&mut params.scope(param_prefix), head_cfg)?;
             auxiliary_heads.push((loss_prefix.clone(), head));
         }
-        let (num_classes, ignore_index) = (decode_head.num_classes(), decode_head.ignore_index());
+        // CascadeEncoderDecoder takes num_classes from the last stage.
+        let last = &decode_heads.last().expect("at least one decode head").1;
+        let (num_classes, ignore_index) = (last.num_classes(), last.ignore_index());
         Ok(EncoderDecoder {
             params,
             preprocessor,
             backbone,
             neck,
-            decode_head,
+            decode_heads,
             auxiliary_heads,
             device,
             num_classes,
@@ -216,15 +285,31 @@ impl EncoderDecoder {
         }
     }
 
+    /// `_decode_head_forward_train`: the decode head's loss items, or each
+    /// cascade stage's.
+    fn decode_head_loss(&self, features: &[Tensor], labels: &[Tensor]) -> Vec<(String, Tensor)> {
+        match self.decode_heads.as_slice() {
+            [(prefix, head)] if prefix == "decode" => {
+                with_prefix(prefix, head.loss(features, None, labels, true))
+            }
+            stages => {
+                super::cascade_encoder_decoder::decode_head_forward_train(stages, features, labels)
+            }
+        }
+    }
+
     /// `EncoderDecoder.loss`: the decode head's items (`decode.loss_ce`,
     /// `decode.acc_seg`), then each auxiliary head's (`aux.loss_ce`, or
     /// `aux_0.loss_ce`, ... for a list), before `parse_losses`. The features
     /// live until every head is done, as `x` does in Python.
     pub fn loss(&self, inputs: &Tensor, labels: &[Tensor]) -> Vec<(String, Tensor)> {
         let features = self.extract_feat(inputs, true);
-        let mut items = with_prefix("decode", self.decode_head.loss(&features, labels, true));
+        let mut items = self.decode_head_loss(&features, labels);
         for (prefix, head) in &self.auxiliary_heads {
-            items.extend(with_prefix(prefix, head.loss(&features, labels, true)));
+            items.extend(with_prefix(
+                prefix,
+                head.loss(&features, None, labels, true),
+            ));
         }
         drop(features);
         items
@@ -232,7 +317,7 @@ impl EncoderDecoder {
 }
 
 /// mmseg's `add_prefix(losses, prefix)`: `<prefix>.<name>`.
-fn with_prefix(prefix: &str, items: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+pub(super) fn with_prefix(prefix: &str, items: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
     items
         .into_iter()
         .map(|(name, value)| (format!("{prefix}.{name}"), value))
@@ -369,11 +454,12 @@ mod tests {
 
     #[test]
     fn unknown_component_types_list_the_registry() {
-        let mut cfg = b0_config(json!({"type": "PSPHead", "in_channels": 160, "channels": 64}));
+        let mut cfg = b0_config(json!({"type": "ANNHead", "in_channels": 160, "channels": 64}));
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown auxiliary head type `PSPHead`; segtune supports: FCNHead, SegformerHead"
+            "unknown auxiliary head type `ANNHead`; segtune supports: ASPPHead, \
+             DepthwiseSeparableASPPHead, FCNHead, OCRHead, PSPHead, SegformerHead, UPerHead"
         );
         let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
         model.insert(
@@ -383,7 +469,7 @@ mod tests {
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown neck type `FPN`; segtune supports no neck yet"
+            "unknown neck type `FPN`; segtune supports: JPU"
         );
     }
 }

@@ -4,6 +4,7 @@
 //! against the registry tables.
 
 pub mod base;
+pub mod cascade_encoder_decoder;
 pub mod data_preprocessor;
 pub mod encoder_decoder;
 
@@ -15,5 +16,10 @@ use crate::config::Dict;
 pub type SegmentorCheck = fn(&Dict) -> Result<(), ModelError>;
 
 /// Segmentor types (`model.type`).
-pub const SEGMENTORS: &[(&str, SegmentorCheck)] =
-    &[("EncoderDecoder", encoder_decoder::check_components)];
+pub const SEGMENTORS: &[(&str, SegmentorCheck)] = &[
+    (
+        "CascadeEncoderDecoder",
+        cascade_encoder_decoder::check_components,
+    ),
+    ("EncoderDecoder", encoder_decoder::check_components),
+];

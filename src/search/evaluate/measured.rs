@@ -28,6 +28,7 @@ fn status_of(status: TrialStatus) -> CandidateStatus {
         TrialStatus::Oom => CandidateStatus::Oom,
         TrialStatus::Error => CandidateStatus::Error,
         TrialStatus::NonFiniteLoss => CandidateStatus::NonFiniteLoss,
+        TrialStatus::Infeasible => CandidateStatus::Infeasible,
         TrialStatus::Timeout => CandidateStatus::Timeout,
         TrialStatus::Crash => CandidateStatus::Crash,
     }

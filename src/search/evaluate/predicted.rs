@@ -1,9 +1,12 @@
 //! Candidates predicted from CPU traces: two traced steps per crop and
-//! precision (batch 2 and 3), any other batch extrapolated from them, each
-//! replayed through the caching allocator model against the budget.
+//! precision (batch 2 and 3), any larger batch extrapolated from them, a
+//! smaller one traced itself (batch 1 can fail where 2 trains: BatchNorm
+//! after global pooling), each replayed through the caching allocator
+//! model against the budget.
 
 use super::Evaluator;
 use crate::error::Result;
+use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes};
 use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
 use crate::predict::replay::{replay, ReplayInputs};
@@ -51,7 +54,16 @@ pub struct PredictedEvaluator {
     budget: Budget,
     tracer: Tracer,
     pairs: HashMap<((i64, i64), Amp), std::result::Result<TracePair, String>>,
+    /// Steps traced at a batch below [`TRACED_BATCHES`].
+    small: HashMap<(i64, (i64, i64), Amp), std::result::Result<SmallTrace, String>>,
     traces_run: usize,
+}
+
+/// One traced step at a batch below [`TRACED_BATCHES`].
+struct SmallTrace {
+    events: Vec<TraceEvent>,
+    flops: f64,
+    step_bytes: f64,
 }
 
 impl PredictedEvaluator {
@@ -60,6 +72,7 @@ impl PredictedEvaluator {
             budget,
             tracer,
             pairs: HashMap::new(),
+            small: HashMap::new(),
             traces_run: 0,
         }
     }
@@ -88,16 +101,39 @@ impl PredictedEvaluator {
         &self.pairs[&(crop, traced)]
     }
 
+    /// The step at `batch` (below the traced pair) traced itself.
+    fn small(
+        &mut self,
+        batch: i64,
+        crop: (i64, i64),
+        amp: Amp,
+    ) -> &std::result::Result<SmallTrace, String> {
+        let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
+        let key = (batch, crop, traced);
+        if !self.small.contains_key(&key) {
+            self.traces_run += 1;
+            let step = (self.tracer)(batch, crop, traced)
+                .map(|s| SmallTrace {
+                    step_bytes: step_bytes(&s.events),
+                    flops: s.forward_flops,
+                    events: s.events,
+                })
+                .map_err(|e| e.to_string());
+            self.small.insert(key, step);
+        }
+        &self.small[&key]
+    }
+
     /// Step time from FLOPs and bytes against the GPU's peak rates (an
     /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth).
-    fn images_per_s(&self, c: &Candidate, flops: f64, bytes: f64) -> f64 {
+    fn images_per_s(budget: &Budget, c: &Candidate, flops: f64, bytes: f64) -> f64 {
         let tflops = match c.amp {
-            Amp::Off => self.budget.fp32_tflops,
-            Amp::Fp16 => self.budget.fp16_tflops,
-            Amp::Bf16 => self.budget.bf16_tflops,
+            Amp::Off => budget.fp32_tflops,
+            Amp::Fp16 => budget.fp16_tflops,
+            Amp::Bf16 => budget.bf16_tflops,
         };
         let compute = 3.0 * flops / (tflops.max(0.1) * 1e12 * 0.4);
-        let memory = 2.0 * bytes / (self.budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
+        let memory = 2.0 * bytes / (budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
         c.batch_size as f64 / (compute + memory)
     }
 }
@@ -115,6 +151,20 @@ impl Evaluator for PredictedEvaluator {
         let budget = self.budget.clone();
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
+        if c.batch_size < TRACED_BATCHES.0 {
+            let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp) {
+                Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
+                    return TrialRecord::failed(
+                        CandidateStatus::Infeasible,
+                        format!("cannot train at batch {}: {e}", c.batch_size),
+                        Mode::Predicted,
+                    )
+                }
+                Err(e) => return failed(e.clone()),
+                Ok(s) => (s.events.clone(), s.flops, s.step_bytes),
+            };
+            return replay_against_budget(&budget, c, &events, flops, bytes);
+        }
         let (events, flops, bytes) = match self.pair(c.crop, c.amp) {
             Err(e) => return failed(e.clone()),
             Ok(p) => {
@@ -138,12 +188,25 @@ impl Evaluator for PredictedEvaluator {
             Ok(e) => e,
             Err(e) => return failed(e),
         };
+        replay_against_budget(&budget, c, &events, flops, bytes)
+    }
+}
+
+/// Replays one step's events for `c` and compares with the budget.
+fn replay_against_budget(
+    budget: &Budget,
+    c: &Candidate,
+    events: &[TraceEvent],
+    flops: f64,
+    bytes: f64,
+) -> TrialRecord {
+    {
         let inputs = ReplayInputs {
             batch_copies: batch_tensors(c.batch_size, c.crop),
             cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
             capacity: Some(budget.allocator_capacity()),
         };
-        let r = replay(&events, &inputs);
+        let r = replay(events, &inputs);
         let device = r.peak_reserved + budget.cuda_context_bytes;
         let mut record = TrialRecord {
             status: CandidateStatus::Fits,
@@ -151,7 +214,7 @@ impl Evaluator for PredictedEvaluator {
             peak_allocated_bytes: Some(r.peak_allocated),
             peak_reserved_bytes: Some(r.peak_reserved),
             device_bytes: Some(device),
-            images_per_s: Some(self.images_per_s(c, flops, bytes)),
+            images_per_s: Some(PredictedEvaluator::images_per_s(budget, c, flops, bytes)),
             mode: Mode::Predicted,
         };
         if r.out_of_memory || device > budget.usable_bytes {
