@@ -5,6 +5,7 @@
 //! plus its `mod` line and its table row below.
 
 pub mod mit;
+pub mod unet;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -23,4 +24,5 @@ pub trait Backbone {
 pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, ModelError>;
 
 /// Backbone types (`model.backbone.type`).
-pub const BACKBONES: &[(&str, BackboneCtor)] = &[("MixVisionTransformer", mit::build)];
+pub const BACKBONES: &[(&str, BackboneCtor)] =
+    &[("MixVisionTransformer", mit::build), ("UNet", unet::build)];
