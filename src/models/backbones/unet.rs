@@ -147,7 +147,7 @@ fn interp_upsample(u: &Dict) -> Result<(f64, bool), ModelError> {
             ))
         }
     };
-    if !(scale_factor > 0.0) {
+    if scale_factor.is_nan() || scale_factor <= 0.0 {
         return Err(c.config_error("`scale_factor` must be positive"));
     }
     match c.string("mode")? {
