@@ -6,6 +6,7 @@
 
 pub mod mit;
 pub mod resnet;
+pub mod unet;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -29,4 +30,5 @@ pub const BACKBONES: &[(&str, BackboneCtor)] = &[
     ("ResNet", resnet::build_resnet),
     ("ResNetV1c", resnet::build_resnet_v1c),
     ("ResNetV1d", resnet::build_resnet_v1d),
+    ("UNet", unet::build),
 ];
