@@ -16,7 +16,7 @@ use super::DecodeHead;
 use crate::config::Value;
 use crate::models::component_config::{ComponentConfig, NormCfg};
 use crate::models::layers::{resize_bilinear, Conv2d, ConvSpec};
-use crate::models::losses::{accuracy, loss_decode_from_cfg, CrossEntropyCfg, OhemPixelSampler};
+use crate::models::losses::{accuracy, loss_decode_from_cfg, DecodeLoss, OhemPixelSampler};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 use tch::Tensor;
@@ -45,7 +45,7 @@ pub struct DecodeHeadCfg {
     pub align_corners: bool,
     pub ignore_index: i64,
     pub norm: Option<NormCfg>,
-    pub losses: Vec<CrossEntropyCfg>,
+    pub losses: Vec<DecodeLoss>,
     pub sampler: Option<OhemPixelSampler>,
 }
 
@@ -111,6 +111,16 @@ impl DecodeHeadCfg {
                 "decode head with out_channels != num_classes (sigmoid heads)".into(),
             ));
         }
+        let losses = loss_decode_from_cfg(c.value("loss_decode"))?;
+        let sampler = OhemPixelSampler::from_cfg(c.value("sampler"))?;
+        if sampler.is_some()
+            && losses
+                .iter()
+                .any(|l| !matches!(l, DecodeLoss::CrossEntropy(_)))
+        {
+            // MMSeg asserts the pixel weights' shape against the loss's.
+            return Err(c.config_error("an OHEMPixelSampler works with CrossEntropyLoss only"));
+        }
         // `threshold` binarises predictions at inference; `init_cfg` draws weights.
         c.inert(&["threshold", "init_cfg"]);
         Ok(DecodeHeadCfg {
@@ -123,8 +133,8 @@ impl DecodeHeadCfg {
             align_corners: c.flag("align_corners", false),
             ignore_index: c.int("ignore_index", 255)?,
             norm: c.batch_norm("norm_cfg")?,
-            losses: loss_decode_from_cfg(c.value("loss_decode"))?,
-            sampler: OhemPixelSampler::from_cfg(c.value("sampler"))?,
+            losses,
+            sampler,
         })
     }
 }
@@ -224,9 +234,9 @@ impl DecodeHeadBase {
                 seg_weight.as_ref(),
                 self.cfg.ignore_index,
             );
-            match losses.iter_mut().find(|(n, _)| *n == loss_cfg.loss_name) {
+            match losses.iter_mut().find(|(n, _)| n == loss_cfg.loss_name()) {
                 Some((_, acc)) => *acc = &*acc + value,
-                None => losses.push((loss_cfg.loss_name.clone(), value)),
+                None => losses.push((loss_cfg.loss_name().to_string(), value)),
             }
         }
         let acc_seg = accuracy(&seg_logits, &seg_label, self.cfg.ignore_index);

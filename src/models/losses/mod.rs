@@ -1,23 +1,60 @@
 //! The losses decode heads train with (`mmseg/models/losses/`), and the
 //! pixel accuracy every BaseDecodeHead logs. A head's `loss_decode` is one
-//! loss dict or a list of them; segtune implements `CrossEntropyLoss`.
+//! loss dict or a list of them ([`DecodeLoss`]); segtune implements
+//! `CrossEntropyLoss` and `DiceLoss`, and the `OHEMPixelSampler` a head
+//! can weight its pixels with.
 
 pub mod accuracy;
 pub mod cross_entropy_loss;
+pub mod dice_loss;
 pub mod ohem_pixel_sampler;
 
 pub use accuracy::accuracy;
 pub use cross_entropy_loss::CrossEntropyCfg;
+pub use dice_loss::DiceLossCfg;
 pub use ohem_pixel_sampler::OhemPixelSampler;
 
 use super::ModelError;
 use crate::config::{Dict, Value};
+use tch::Tensor;
+
+/// One loss of a head's `loss_decode`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecodeLoss {
+    CrossEntropy(CrossEntropyCfg),
+    Dice(DiceLossCfg),
+}
+
+impl DecodeLoss {
+    /// The loss item's name (`loss_ce`, `loss_dice`).
+    pub fn loss_name(&self) -> &str {
+        match self {
+            DecodeLoss::CrossEntropy(l) => &l.loss_name,
+            DecodeLoss::Dice(l) => &l.loss_name,
+        }
+    }
+
+    /// `loss_decode(seg_logits, seg_label, weight=seg_weight,
+    /// ignore_index=...)`: `pred` `[B, K, H, W]`, `label` `[B, H, W]`.
+    pub fn forward(
+        &self,
+        pred: &Tensor,
+        label: &Tensor,
+        weight: Option<&Tensor>,
+        ignore_index: i64,
+    ) -> Tensor {
+        match self {
+            DecodeLoss::CrossEntropy(l) => l.forward(pred, label, weight, ignore_index),
+            DecodeLoss::Dice(l) => l.forward(pred, label),
+        }
+    }
+}
 
 /// A head's `loss_decode`: one dict or a list of dicts, each a loss segtune
 /// implements; unset is MMSeg's default `CrossEntropyLoss`.
-pub fn loss_decode_from_cfg(v: Option<&Value>) -> Result<Vec<CrossEntropyCfg>, ModelError> {
+pub fn loss_decode_from_cfg(v: Option<&Value>) -> Result<Vec<DecodeLoss>, ModelError> {
     let items: Vec<&Dict> = match v {
-        None => return Ok(vec![CrossEntropyCfg::default()]),
+        None => return Ok(vec![DecodeLoss::CrossEntropy(CrossEntropyCfg::default())]),
         Some(Value::Dict(d)) => vec![d],
         Some(Value::List(l)) | Some(Value::Tuple(l)) => {
             l.iter().filter_map(Value::as_dict).collect()
@@ -31,14 +68,14 @@ pub fn loss_decode_from_cfg(v: Option<&Value>) -> Result<Vec<CrossEntropyCfg>, M
     };
     items
         .into_iter()
-        .map(|d| {
-            let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
-            if ty != "CrossEntropyLoss" {
-                return Err(ModelError::Unsupported(format!(
-                    "loss type `{ty}` (supported: CrossEntropyLoss)"
-                )));
-            }
-            CrossEntropyCfg::from_cfg(d)
-        })
+        .map(
+            |d| match d.get("type").and_then(Value::as_str).unwrap_or("") {
+                "CrossEntropyLoss" => CrossEntropyCfg::from_cfg(d).map(DecodeLoss::CrossEntropy),
+                "DiceLoss" => DiceLossCfg::from_cfg(d).map(DecodeLoss::Dice),
+                ty => Err(ModelError::Unsupported(format!(
+                    "loss type `{ty}` (supported: CrossEntropyLoss, DiceLoss)"
+                ))),
+            },
+        )
         .collect()
 }

@@ -10,7 +10,7 @@
 //! softmax over the full-resolution logits, the sorted values and indices)
 //! are allocated in the training step, as in MMSeg.
 
-use super::CrossEntropyCfg;
+use super::DecodeLoss;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::ModelError;
@@ -66,7 +66,7 @@ impl OhemPixelSampler {
         &self,
         seg_logits: &Tensor,
         seg_label: &Tensor,
-        losses: &[CrossEntropyCfg],
+        losses: &[DecodeLoss],
         ignore_index: i64,
     ) -> Tensor {
         tch::no_grad(|| {
@@ -99,6 +99,9 @@ impl OhemPixelSampler {
                 None => {
                     let mut summed: Option<Tensor> = None;
                     for loss in losses {
+                        let DecodeLoss::CrossEntropy(loss) = loss else {
+                            unreachable!("DecodeHeadCfg refuses a sampler with other losses")
+                        };
                         let per_pixel = loss.per_pixel(seg_logits, &seg_label, ignore_index);
                         // `losses = 0.0; losses += loss_module(...)`
                         summed = Some(match summed {
