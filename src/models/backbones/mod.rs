@@ -4,6 +4,7 @@
 //! Adding a backbone: its own file here (see `mit.rs` for the pattern),
 //! plus its `mod` line and its table row below.
 
+pub mod hrnet;
 pub mod mit;
 pub mod resnet;
 pub mod unet;
@@ -26,6 +27,7 @@ pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, 
 
 /// Backbone types (`model.backbone.type`).
 pub const BACKBONES: &[(&str, BackboneCtor)] = &[
+    ("HRNet", hrnet::build),
     ("MixVisionTransformer", mit::build),
     ("ResNet", resnet::build_resnet),
     ("ResNetV1c", resnet::build_resnet_v1c),
