@@ -48,19 +48,22 @@ fn search(config: &Path, out: &Path, extra: &[&str]) -> (String, serde_json::Val
     (table, serde_json::from_slice(&run("--json")).unwrap())
 }
 
-#[test]
-fn search_b0_on_a_3050ti_emits_a_config_mmengine_reads() {
-    let name = "search_b0_on_a_3050ti_emits_a_config_mmengine_reads";
+/// Searches `config` (under `configs/`) for a 3050 Ti twice (the second run
+/// resumes from the journal), then checks that the winner keeps the
+/// recipe's `effective_batch` and that real mmengine loads the emitted
+/// config with the winner's batch, crop, accumulation and precision.
+fn search_emits_a_config_mmengine_reads(name: &str, config: &str, effective_batch: i64) {
     let Some(shared) = common::require_shared(name) else {
         return;
     };
+    let config = shared.join("mmseg-configs/configs").join(config);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let started = std::time::Instant::now();
-    let (table, result) = search(&b0(&shared), &out, &[]);
+    let (table, result) = search(&config, &out, &[]);
     println!("{table}");
     println!(
-        "3050 Ti search (debug build) took {:.1} s including a journal re-read",
+        "{name}: 3050 Ti search (this build) took {:.1} s including a journal re-read",
         started.elapsed().as_secs_f64()
     );
     assert!(
@@ -74,7 +77,7 @@ fn search_b0_on_a_3050ti_emits_a_config_mmengine_reads() {
     let winner = &result["winner"]["candidate"];
     let batch = winner["batch_size"].as_i64().unwrap();
     let accumulation = winner["accumulation"].as_i64().unwrap();
-    assert_eq!(batch * accumulation, 16, "{winner}");
+    assert_eq!(batch * accumulation, effective_batch, "{winner}");
     let emitted = PathBuf::from(result["emitted"][0].as_str().unwrap());
     assert!(emitted.is_file());
 
@@ -133,7 +136,34 @@ print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[lis
     );
     assert_eq!(
         read["batch"].as_i64().unwrap() * read["accumulation"].as_i64().unwrap(),
-        16
+        effective_batch
+    );
+}
+
+#[test]
+fn search_b0_on_a_3050ti_emits_a_config_mmengine_reads() {
+    search_emits_a_config_mmengine_reads(
+        "search_b0_on_a_3050ti_emits_a_config_mmengine_reads",
+        "segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py",
+        16,
+    );
+}
+
+#[test]
+fn search_deeplabv3plus_r50_on_a_3050ti_emits_a_config_mmengine_reads() {
+    search_emits_a_config_mmengine_reads(
+        "search_deeplabv3plus_r50_on_a_3050ti_emits_a_config_mmengine_reads",
+        "deeplabv3plus/deeplabv3plus_r50-d8_4xb2-40k_cityscapes-512x1024.py",
+        8,
+    );
+}
+
+#[test]
+fn search_unet_hrf_on_a_3050ti_emits_a_config_mmengine_reads() {
+    search_emits_a_config_mmengine_reads(
+        "search_unet_hrf_on_a_3050ti_emits_a_config_mmengine_reads",
+        "unet/unet-s5-d16_fcn_4xb4-40k_hrf-256x256.py",
+        16,
     );
 }
 

@@ -17,9 +17,12 @@
 //! component's config dict with MMSeg's defaults, refusing keys segtune does
 //! not implement), [`registry`] (table lookups, [`check_supported`]).
 //!
-//! Supported now: `EncoderDecoder` with `MixVisionTransformer` and
-//! `SegformerHead` (SegFormer B0-B5), with auxiliary heads and necks from
-//! the same tables.
+//! Supported now: `EncoderDecoder` and `CascadeEncoderDecoder` with the
+//! backbones `MixVisionTransformer` (SegFormer B0-B5), `ResNet`,
+//! `ResNetV1c`, `ResNetV1d`, `UNet` and `HRNet`, the `JPU` neck, and the
+//! heads `SegformerHead`, `FCNHead`, `PSPHead`, `ASPPHead`,
+//! `DepthwiseSeparableASPPHead`, `UPerHead` and `OCRHead` (decode or
+//! auxiliary, one or a list), with `CrossEntropyLoss` and `DiceLoss`.
 
 pub mod backbones;
 pub mod component_config;

@@ -633,6 +633,9 @@ impl Backbone for HRNet {
             .layer1
             .forward(&h, bn_training(self.frozen_stages >= 1));
 
+        // HRNet.forward never rebinds `x` after layer1: its output lives
+        // until the backbone returns, even where autograd does not keep it.
+        let layer1_out = h.shallow_clone();
         let mut y_list = vec![h];
         for (n, (transition, stage)) in self.transitions.iter().zip(&self.stages).enumerate() {
             // transition<n+1> is frozen with the stage before it.
@@ -660,6 +663,7 @@ impl Backbone for HRNet {
             }
             y_list = x_list;
         }
+        drop(layer1_out);
         y_list
     }
 }

@@ -106,8 +106,8 @@ mod tests {
 
     #[test]
     fn dice_of_half_sigmoids_against_one_class_matches_the_formula() {
-        let cfg = DiceLossCfg::from_cfg(&dict(json!({"type": "DiceLoss", "loss_weight": 3.0})))
-            .unwrap();
+        let cfg =
+            DiceLossCfg::from_cfg(&dict(json!({"type": "DiceLoss", "loss_weight": 3.0}))).unwrap();
         let pred = Tensor::zeros([1, 2, 2, 2], (Kind::Float, tch::Device::Cpu));
         let label = Tensor::zeros([1, 2, 2], (Kind::Int64, tch::Device::Cpu));
         // sigmoid(0) = 0.5 on 8 values; class 0 is one-hot on 4 of them:
