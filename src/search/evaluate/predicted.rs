@@ -49,13 +49,16 @@ fn lerp(pair: (f64, f64), batch: i64) -> f64 {
     pair.0 + (pair.1 - pair.0) * (batch - ba) as f64 / (bb - ba) as f64
 }
 
+/// A traced step's batch, crop and precision.
+type TraceKey = (i64, (i64, i64), Amp);
+
 /// Predicts candidates from CPU traces (two per crop and precision).
 pub struct PredictedEvaluator {
     budget: Budget,
     tracer: Tracer,
     pairs: HashMap<((i64, i64), Amp), std::result::Result<TracePair, String>>,
     /// Steps traced at a batch below [`TRACED_BATCHES`].
-    small: HashMap<(i64, (i64, i64), Amp), std::result::Result<SmallTrace, String>>,
+    small: HashMap<TraceKey, std::result::Result<SmallTrace, String>>,
     traces_run: usize,
 }
 
