@@ -21,16 +21,67 @@ fn named<T: Named + Send + Sync>() -> impl TypedValueParser<Value = T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crop(pub (i64, i64));
 
+/// The crop sides segtune accepts: below 32 pixels a backbone's 1/32 map
+/// is empty; above 8192 one image alone is gigabytes of activations, more
+/// than any GPU holds.
+pub const CROP_SIDES: std::ops::RangeInclusive<i64> = 32..=8192;
+
 impl std::str::FromStr for Crop {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Crop, String> {
-        let parse = |t: &str| t.trim().parse::<i64>().ok().filter(|v| *v > 0);
+        let parse = |t: &str| t.trim().parse::<i64>().ok();
         let dims = match s.split_once(['x', 'X']) {
             Some((h, w)) => parse(h).zip(parse(w)),
             None => parse(s).map(|v| (v, v)),
         };
-        dims.map(Crop)
-            .ok_or_else(|| format!("`{s}` is not a crop size; write HxW, e.g. 512x512"))
+        let (h, w) =
+            dims.ok_or_else(|| format!("`{s}` is not a crop size; write HxW, e.g. 512x512"))?;
+        for side in [h, w] {
+            if !CROP_SIDES.contains(&side) {
+                return Err(format!(
+                    "crop `{s}`: each side must be {} to {} pixels, not {side}",
+                    CROP_SIDES.start(),
+                    CROP_SIDES.end()
+                ));
+            }
+        }
+        Ok(Crop((h, w)))
+    }
+}
+
+/// `--vram`: checked when parsed (the library parses it again where a
+/// `segtune` dict in the config can give it too).
+fn vram_size(s: &str) -> std::result::Result<String, String> {
+    crate::predict::budget::parse_vram(s).map(|_| s.to_string())
+}
+
+/// A value parser for a count that must be at least `min`.
+fn at_least(min: i64) -> impl Fn(&str) -> std::result::Result<i64, String> + Clone {
+    move |s: &str| {
+        let v: i64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a whole number"))?;
+        if v < min {
+            Err(format!("must be at least {min}, not {v}"))
+        } else {
+            Ok(v)
+        }
+    }
+}
+
+/// A fraction in `[0, max]` (`--ignore-fraction`, `--margin`).
+fn fraction(max: f64) -> impl Fn(&str) -> std::result::Result<f64, String> + Clone {
+    move |s: &str| {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a number"))?;
+        if (0.0..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("`{s}` must be between 0 and {max}"))
+        }
     }
 }
 
@@ -88,7 +139,7 @@ pub enum Command {
 pub struct TrialArgs {
     /// The config (.py or .rhai).
     pub config: PathBuf,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least(1), allow_negative_numbers = true)]
     pub batch_size: i64,
     /// Crop HxW (also sets data_preprocessor.size, as changing the crop does).
     #[arg(long, default_value = "512x512")]
@@ -96,13 +147,13 @@ pub struct TrialArgs {
     #[arg(long, value_parser = named::<Amp>(), default_value = "off")]
     pub amp: Amp,
     /// accumulative_counts (default: the config's).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least(1), allow_negative_numbers = true)]
     pub accum: Option<i64>,
     /// Measured steps.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub steps: usize,
     /// Warm-up steps before the measured ones (optimizer state is created in the first step).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -110,13 +161,13 @@ pub struct TrialArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
     /// Fraction of label pixels set to ignore_index in the synthetic batch.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = fraction(1.0))]
     pub ignore_fraction: f64,
     /// CPU threads for libtorch (default: libtorch's choice).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
     /// Cap on live CPU tensor bytes; an allocation beyond it fails as out of memory.
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub cpu_cap: Option<u64>,
     /// Write every CPU allocation and free (from the model build on) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -191,13 +242,13 @@ pub struct EstimateArgs {
     pub preset: Option<String>,
     /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
     /// are binary (1G = 1024 MiB, as nvidia-smi's MiB).
-    #[arg(long)]
+    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
     pub vram: Option<String>,
     /// Compute capability for --vram (decides the CUDA context and cuBLAS workspace terms).
     #[arg(long, default_value = "8.6")]
     pub compute_capability: String,
     /// Batch size per GPU (default: the recipe's train_dataloader.batch_size).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least(1), allow_negative_numbers = true)]
     pub batch_size: Option<i64>,
     /// Crop HxW (default: the recipe's).
     #[arg(long)]
@@ -206,7 +257,7 @@ pub struct EstimateArgs {
     #[arg(long, value_parser = named::<Amp>())]
     pub amp: Option<Amp>,
     /// CPU threads for the traced step (default: every core).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
     #[command(flatten)]
     pub setup: SetupArgs,
@@ -242,7 +293,7 @@ pub struct SearchArgs {
     pub config: PathBuf,
     /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
     /// are binary (1G = 1 GiB = 1024 MiB, as nvidia-smi's MiB).
-    #[arg(long)]
+    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
     pub vram: Option<String>,
     /// A shipped GPU preset (see `segtune presets`).
     #[arg(long)]
@@ -251,7 +302,7 @@ pub struct SearchArgs {
     #[arg(long)]
     pub compute_capability: Option<String>,
     /// Fraction of the VRAM kept free (default 0.05).
-    #[arg(long)]
+    #[arg(long, value_parser = fraction(0.9))]
     pub margin: Option<f64>,
     /// auto (a CUDA device if there is one, else predict), cpu (predict), cuda:N (measure).
     #[arg(long)]
@@ -273,13 +324,13 @@ pub struct SearchArgs {
     pub quiet: bool,
     /// CPU threads for each traced step (predicted mode; two run side by
     /// side; default: half the cores each).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
     /// Evaluate every candidate of the grid, without pruning (for benchmarks).
     #[arg(long, hide = true)]
     pub exhaustive: bool,
     /// Seconds before a CUDA trial counts as timed out.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub trial_timeout: u64,
     /// GPUs training data-parallel (default 1): the batch is per GPU, the
     /// recipe's effective batch is kept as batch x accumulation x GPUs, and

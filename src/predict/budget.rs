@@ -170,7 +170,17 @@ pub fn parse_vram(text: &str) -> std::result::Result<u64, String> {
     if !(value.is_finite() && value > 0.0) {
         return Err(format!("`{text}` must be a positive size"));
     }
-    Ok((value * scale as f64).round() as u64)
+    let bytes = (value * scale as f64).round();
+    // `as u64` would saturate: 99999999999G is not a GPU, it is a typo.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "`{text}` is beyond any memory size (the largest is 16 EiB); write e.g. 24G"
+        ));
+    }
+    if bytes < 1.0 {
+        return Err(format!("`{text}` must be a positive size"));
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -190,7 +200,17 @@ mod tests {
         ] {
             assert_eq!(parse_vram(t).unwrap(), want, "{t}");
         }
-        for bad in ["", "G", "-1G", "4X", "four"] {
+        for bad in [
+            "",
+            "G",
+            "-1G",
+            "4X",
+            "four",
+            "NaN",
+            "infG",
+            "99999999999G",
+            "0.1",
+        ] {
             assert!(parse_vram(bad).is_err(), "{bad}");
         }
     }
