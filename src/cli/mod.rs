@@ -79,6 +79,18 @@ fn run(cli: Cli) -> Result<Output> {
         }
         Command::Trial(args) => {
             let report = Worker::locate()?.trial(&args.request(), None)?;
+            // A measurement that says "does not fit" or "cannot train" is an
+            // answer; a trial that broke is not: one line on stderr, exit 2.
+            if matches!(
+                report.status,
+                trial::TrialStatus::Error | trial::TrialStatus::Crash | trial::TrialStatus::Timeout
+            ) {
+                return Err(crate::error::Error::Trial(format!(
+                    "the trial failed ({}): {}",
+                    report.status.name(),
+                    report.message.as_deref().unwrap_or("no reason given")
+                )));
+            }
             let text = if args.json {
                 json(&report)
             } else {

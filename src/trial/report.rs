@@ -184,13 +184,7 @@ impl TrialReport {
         } else {
             TrialStatus::Error
         };
-        let first_line = message
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        self.failed(status, first_line)
+        self.failed(status, one_line_reason(&message))
     }
 
     pub fn push_step(&mut self, record: StepRecord) {
@@ -231,4 +225,59 @@ pub fn is_out_of_memory(message: &str) -> bool {
         || m.contains("outofmemoryerror")
         || m.contains("can't allocate memory")
         || m.contains("failed to allocate")
+}
+
+/// The reason of a panic in one line: libtorch's own message without the
+/// `unwrap()` wrapper, the escaped C++ backtrace or the source location
+/// (`called Result::unwrap() on an Err value: Torch("Trying to create tensor
+/// with negative dimension -3: ...\nException raised from ...")` becomes
+/// `Trying to create tensor with negative dimension -3: ...`).
+pub fn one_line_reason(message: &str) -> String {
+    // tch's error, Debug-formatted: its newlines are the two characters `\n`.
+    let torch = message.find("Torch(\"").map(|at| {
+        let inner = &message[at + "Torch(\"".len()..];
+        let inner = inner.split("\\n").next().unwrap_or(inner);
+        inner.strip_suffix("\")").unwrap_or(inner)
+    });
+    let line = torch
+        .unwrap_or(message)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("libtorch failed");
+    const MAX: usize = 300;
+    if line.len() > MAX {
+        let cut = (0..=MAX)
+            .rev()
+            .find(|&i| line.is_char_boundary(i))
+            .unwrap_or(0);
+        format!("{}...", &line[..cut])
+    } else {
+        line.to_string()
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::one_line_reason;
+
+    #[test]
+    fn a_libtorch_error_is_one_line_without_the_backtrace() {
+        let panic = "called `Result::unwrap()` on an `Err` value: Torch(\"Trying to create tensor \
+                     with negative dimension -3: [-3, 256, 1, 1]\\nException raised from \
+                     check_size_nonnegative at /pytorch/aten/src/ATen/EmptyTensor.h:8 (most \
+                     recent call first):\\nframe #0: c10::Error::Error\")";
+        assert_eq!(
+            one_line_reason(panic),
+            "Trying to create tensor with negative dimension -3: [-3, 256, 1, 1]"
+        );
+        assert_eq!(
+            one_line_reason("Expected more than 1 value per channel when training, got input size torch.Size([1, 512, 1, 1])\nmore"),
+            "Expected more than 1 value per channel when training, got input size torch.Size([1, 512, 1, 1])"
+        );
+        assert_eq!(
+            one_line_reason("index out of bounds: the len is 0 but the index is 0"),
+            "index out of bounds: the len is 0 but the index is 0"
+        );
+    }
 }

@@ -1,0 +1,83 @@
+//! A trial that breaks inside libtorch (a config with a negative class
+//! count, an empty embedding, a zero-channel head) ends with exit code 2 and
+//! one line on stderr giving libtorch's reason, without its C++ backtrace,
+//! and nothing on stdout; a trial that does not fit or cannot train is an
+//! answer (a report, exit code 1).
+
+mod common;
+
+use assert_cmd::Command;
+
+fn b0(shared: &std::path::Path) -> std::path::PathBuf {
+    shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py")
+}
+
+#[test]
+fn a_libtorch_error_is_one_line_and_exit_2() {
+    let Some(shared) = common::require_shared("a_libtorch_error_is_one_line_and_exit_2") else {
+        return;
+    };
+    for (option, want) in [
+        (
+            "model.decode_head.num_classes=-3",
+            "Trying to create tensor with negative dimension -3",
+        ),
+        ("model.backbone.embed_dims=0", "the trial failed (error): "),
+        (
+            "model.decode_head.channels=0",
+            "expected weight to be at least 1 at dimension 0",
+        ),
+    ] {
+        let out = Command::cargo_bin("segtune")
+            .unwrap()
+            .arg("trial")
+            .arg(b0(&shared))
+            .args([
+                "--crop",
+                "64x64",
+                "--batch-size",
+                "1",
+                "--cfg-options",
+                option,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{option}: {err}");
+        assert!(out.stdout.is_empty(), "{option}: stdout must be empty");
+        assert!(
+            err.starts_with("error: the trial failed (error): "),
+            "{option}: {err}"
+        );
+        assert!(err.contains(want), "{option}: {err}");
+        assert_eq!(err.lines().count(), 1, "{option}: one line: {err}");
+        assert!(
+            !err.contains("frame #"),
+            "{option}: no C++ backtrace: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_shape_that_cannot_train_is_a_report_not_an_error() {
+    let Some(shared) = common::require_shared("a_shape_that_cannot_train_is_a_report_not_an_error")
+    else {
+        return;
+    };
+    let config =
+        shared.join("mmseg-configs/configs/pspnet/pspnet_r18-d8_4xb2-80k_cityscapes-512x1024.py");
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("trial")
+        .arg(config)
+        .args(["--crop", "64x64", "--batch-size", "1", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["status"], "infeasible", "{report}");
+    assert!(report["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("Expected more than 1 value per channel when training"));
+}
