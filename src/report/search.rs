@@ -98,6 +98,12 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         "trials: {} run now, {} from the journal ({}), of a grid of {}\n",
         r.trials_run, r.trials_resumed, r.journal, r.grid_size
     ));
+    if r.journal_skipped_lines > 0 {
+        out.push_str(&format!(
+            "note: {} line(s) of the journal were not trial records (torn by a killed run, or foreign) and were skipped\n",
+            r.journal_skipped_lines
+        ));
+    }
     if r.auto_scale_lr {
         out.push_str("note: no batch size keeps the recipe's effective batch; auto_scale_lr is enabled in the emitted config\n");
     }

@@ -1,13 +1,20 @@
 //! The search journal: every finished trial appended to `DIR/trials.jsonl`
-//! as it completes (one JSON object per line, flushed), keyed by config
-//! hash, candidate and device, so a re-run resumes without redoing any.
+//! as it completes (one JSON object per line, written whole and synced),
+//! keyed by config hash, candidate and device, so a re-run resumes without
+//! redoing any. One search at a time owns a directory (`DIR/.segtune.lock`,
+//! an exclusive lock held while the journal is open).
 
 use super::record::TrialRecord;
 use super::space::Candidate;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+/// A journal larger than this is not one segtune wrote (a search writes a
+/// few hundred lines of ~500 bytes).
+pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Line {
@@ -20,33 +27,112 @@ struct Line {
 /// An append-only journal of trials.
 pub struct Journal {
     path: PathBuf,
+    file: File,
+    /// Held for the journal's life: the directory's exclusive lock.
+    _lock: File,
     config_hash: String,
     device: String,
     done: HashMap<String, TrialRecord>,
+    /// The file ends in a torn line (a run killed mid-write, a full disk):
+    /// the next record starts on a line of its own.
+    needs_newline: bool,
+    skipped_lines: usize,
+}
+
+fn environment(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Environment(format!("cannot {what} {}: {e}", path.display()))
 }
 
 impl Journal {
-    /// Opens (or starts) `dir/trials.jsonl` for this config and device.
-    /// Lines that do not parse (a run killed mid-write) are ignored.
+    /// Opens (or starts) `dir/trials.jsonl` for this config and device,
+    /// after taking `dir`'s lock. Lines that do not parse (a torn last line,
+    /// foreign text) are skipped and counted; a file none of whose lines is
+    /// a journal line, or that is not a regular file, is refused.
     pub fn open(dir: &Path, config_hash: &str, device: &str) -> Result<Journal> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Environment(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| environment(dir, "create", e))?;
+        let lock_path = dir.join(".segtune.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| environment(dir, "write into", e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Input(format!(
+                    "another segtune search is using {} (it holds {}); wait for it to finish \
+                     or give another --out",
+                    dir.display(),
+                    lock_path.display()
+                )))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(environment(&lock_path, "lock", e)),
+        }
         let path = dir.join("trials.jsonl");
+        let mut text = String::new();
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(environment(&path, "read", e)),
+            Ok(meta) if !meta.is_file() => {
+                return Err(Error::Input(format!(
+                    "{} is not a regular file (a device, a directory or a link to one); \
+                     move it away or give another --out",
+                    path.display()
+                )))
+            }
+            Ok(meta) if meta.len() > MAX_JOURNAL_BYTES => {
+                return Err(Error::Input(format!(
+                    "{} is {} MiB, larger than any journal segtune writes ({} MiB); \
+                     move it away or give another --out",
+                    path.display(),
+                    meta.len() >> 20,
+                    MAX_JOURNAL_BYTES >> 20
+                )))
+            }
+            Ok(_) => {
+                let mut bytes = Vec::new();
+                File::open(&path)
+                    .and_then(|f| f.take(MAX_JOURNAL_BYTES + 1).read_to_end(&mut bytes))
+                    .map_err(|e| environment(&path, "read", e))?;
+                text = String::from_utf8_lossy(&bytes).into_owned();
+            }
+        }
         let mut done = HashMap::new();
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            for line in text.lines() {
-                if let Ok(l) = serde_json::from_str::<Line>(line) {
+        let (mut read, mut skipped_lines) = (0usize, 0usize);
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            match serde_json::from_str::<Line>(line) {
+                Ok(l) => {
+                    read += 1;
                     if l.config_hash == config_hash && l.device == device {
                         done.insert(l.candidate.key(), l.record);
                     }
                 }
+                Err(_) => skipped_lines += 1,
             }
         }
+        if read == 0 && skipped_lines > 0 {
+            return Err(Error::Input(format!(
+                "{} is not a segtune journal (none of its {skipped_lines} lines is a trial \
+                 record); move it away or give another --out",
+                path.display()
+            )));
+        }
+        // Opened now, so that an unwritable --out is found before any trial.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| environment(&path, "write", e))?;
         Ok(Journal {
             path,
+            file,
+            _lock: lock,
             config_hash: config_hash.to_string(),
             device: device.to_string(),
             done,
+            needs_newline: !text.is_empty() && !text.ends_with('\n'),
+            skipped_lines,
         })
     }
 
@@ -54,7 +140,13 @@ impl Journal {
         self.done.get(&c.key())
     }
 
-    /// Appends a finished trial (one write of a whole line, then flush).
+    /// Lines of the file that were not trial records (torn or foreign).
+    pub fn skipped_lines(&self) -> usize {
+        self.skipped_lines
+    }
+
+    /// Appends a finished trial: one write of a whole line (after a newline
+    /// if the file ended in a torn one), then synced to the disk.
     pub fn append(&mut self, c: &Candidate, record: &TrialRecord) -> Result<()> {
         let line = Line {
             config_hash: self.config_hash.clone(),
@@ -62,20 +154,17 @@ impl Journal {
             candidate: *c,
             record: record.clone(),
         };
-        let mut text = serde_json::to_string(&line).expect("journal lines serialise");
+        let mut text = String::new();
+        if self.needs_newline {
+            text.push('\n');
+        }
+        text.push_str(&serde_json::to_string(&line).expect("journal lines serialise"));
         text.push('\n');
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .map_err(|e| {
-                Error::Environment(format!("cannot write {}: {e}", self.path.display()))
-            })?;
-        f.write_all(text.as_bytes())
-            .and_then(|_| f.flush())
-            .map_err(|e| {
-                Error::Environment(format!("cannot write {}: {e}", self.path.display()))
-            })?;
+        self.file
+            .write_all(text.as_bytes())
+            .and_then(|_| self.file.sync_data())
+            .map_err(|e| environment(&self.path, "write", e))?;
+        self.needs_newline = false;
         self.done.insert(c.key(), record.clone());
         Ok(())
     }
@@ -91,4 +180,79 @@ pub fn hash_text(text: &str) -> String {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     });
     format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::record::{CandidateStatus, Mode, TrialRecord};
+    use crate::trial::Amp;
+
+    fn candidate(batch_size: i64) -> Candidate {
+        Candidate {
+            batch_size,
+            crop: (128, 128),
+            amp: Amp::Off,
+            accumulation: 1,
+        }
+    }
+
+    fn record() -> TrialRecord {
+        TrialRecord::failed(CandidateStatus::Oom, "test".into(), Mode::Predicted)
+    }
+
+    #[test]
+    fn a_torn_last_line_does_not_swallow_the_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), "h", "d").unwrap();
+            j.append(&candidate(1), &record()).unwrap();
+        }
+        let path = dir.path().join("trials.jsonl");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"{\"config_hash\":\"h\",\"dev").unwrap();
+        drop(f);
+        {
+            let mut j = Journal::open(dir.path(), "h", "d").unwrap();
+            assert_eq!(j.skipped_lines(), 1);
+            j.append(&candidate(2), &record()).unwrap();
+        }
+        let j = Journal::open(dir.path(), "h", "d").unwrap();
+        assert!(j.get(&candidate(1)).is_some() && j.get(&candidate(2)).is_some());
+        assert_eq!(j.skipped_lines(), 1);
+    }
+
+    #[test]
+    fn foreign_files_and_a_second_search_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trials.jsonl");
+        std::fs::write(&path, [0x9fu8, 0x00, 0x41, b'\n', 0xff, 0xfe]).unwrap();
+        let err = Journal::open(dir.path(), "h", "d")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("is not a segtune journal"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+
+        let _first = Journal::open(dir.path(), "h", "d").unwrap();
+        let err = Journal::open(dir.path(), "h", "d")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("another segtune search is using"), "{err}");
+    }
+
+    #[test]
+    fn a_journal_that_is_a_device_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("trials.jsonl")).unwrap();
+        let err = Journal::open(dir.path(), "h", "d")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("is not a regular file"), "{err}");
+    }
 }

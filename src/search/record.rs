@@ -130,4 +130,8 @@ pub struct SearchResult {
     /// Set when no batch size keeps the recipe's effective batch.
     pub auto_scale_lr: bool,
     pub journal: String,
+    /// Lines of the journal that were not trial records (a torn last line
+    /// of a killed run, foreign text): skipped, not lost silently.
+    #[serde(default)]
+    pub journal_skipped_lines: usize,
 }

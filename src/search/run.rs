@@ -41,6 +41,11 @@ pub fn search(
     progress: &dyn Fn(&Candidate, &TrialRecord),
 ) -> Result<SearchResult> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    // Before any trial: a model segtune cannot build would fail every one.
+    crate::models::check_supported(&cfg).map_err(|source| Error::Model {
+        source,
+        config: request.config.clone(),
+    })?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     let file_name = request
         .config
@@ -172,6 +177,7 @@ pub fn search(
         cfg_options: None,
         auto_scale_lr: false,
         journal: journal.path().display().to_string(),
+        journal_skipped_lines: journal.skipped_lines(),
     };
     if let Some(w) = &winner {
         let c = w.candidate;
