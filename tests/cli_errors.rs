@@ -182,3 +182,97 @@ fn missing_config_file_is_an_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.py"));
 }
+
+#[test]
+fn a_byte_order_mark_is_named_as_mmengine_refuses_it() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "bom.py", "\u{feff}a = 1\n");
+    let err = resolve_fails(&f);
+    assert!(err.contains("U+FEFF"), "{err}");
+    assert!(err.contains("bom.py:1:1"), "{err}");
+    assert!(err.contains("without a byte-order mark"), "{err}");
+}
+
+#[test]
+fn unicode_identifiers_are_python_identifiers() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "uni.py", "é = 1\nnaïve = dict(größe=é + 1)\n");
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({"é": 1, "naïve": {"größe": 2}}));
+}
+
+#[test]
+fn rhai_print_and_debug_go_to_stderr() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        &d,
+        "talk.rhai",
+        "let x = 1;\ndebug(\"hi\");\nprint(\"p\");\n",
+    );
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({"x": 1}));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":2: \"hi\"") && err.contains('p'), "{err}");
+}
+
+#[test]
+fn bad_segtune_settings_in_a_config_name_the_setting() {
+    let d = tempfile::tempdir().unwrap();
+    for (text, want) in [
+        ("segtune = 'fast'\n", "`segtune` must be a dict"),
+        (
+            "segtune = dict(vram='abc')\n",
+            "`segtune.vram`: `abc` is not a memory size",
+        ),
+        (
+            "segtune = dict(vram='4G', spped=1)\n",
+            "unknown key `segtune.spped`",
+        ),
+        (
+            "segtune = dict(vram='4G', margin=3)\n",
+            "`segtune.margin` must be a number",
+        ),
+        (
+            "segtune = dict(vram='4G', gpus=0)\n",
+            "`segtune.gpus` must be a whole number",
+        ),
+    ] {
+        let f = write(&d, "s.py", text);
+        let out = Command::cargo_bin("segtune")
+            .unwrap()
+            .arg("search")
+            .arg(&f)
+            .arg("--quiet")
+            .arg("--out")
+            .arg(d.path().join("out"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {err}");
+        assert!(out.stdout.is_empty());
+        assert!(err.contains(want), "{text}: {err}");
+        assert!(
+            !err.contains("--vram"),
+            "{text}: the config is blamed, not --vram: {err}"
+        );
+        assert!(!d.path().join("out").exists(), "{text}: nothing written");
+    }
+}

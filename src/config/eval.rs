@@ -291,8 +291,14 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
     engine.set_module_resolver(presets::ModuleResolver::new(
         config_dir.map(Path::to_path_buf),
     ));
-    // `print` in a config must not write into `segtune resolve`'s output.
+    // `print` and `debug` in a config must not write into `segtune
+    // resolve`'s output (or break `--json`): both go to stderr.
     engine.on_print(|text| eprintln!("{text}"));
+    engine.on_debug(|text, source, pos| match (source, pos.line()) {
+        (Some(source), Some(line)) => eprintln!("{source}:{line}: {text}"),
+        (None, Some(line)) => eprintln!("line {line}: {text}"),
+        _ => eprintln!("{text}"),
+    });
 
     engine
         .register_type_with_name::<PyTuple>("tuple")

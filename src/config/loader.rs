@@ -84,6 +84,21 @@ impl Loader {
         }
         let kind = FileKind::of(abs)?;
         let raw = eval::read_source(abs)?;
+        if matches!(kind, FileKind::Python) && raw.starts_with('\u{feff}') {
+            // MMEngine reads the file as text and ast.parse refuses the mark.
+            return Err(ConfigError::new(
+                ErrorKind::Syntax,
+                "Python syntax error: invalid non-printable character U+FEFF (the file starts \
+                 with a UTF-8 byte-order mark, which MMEngine refuses too)",
+            )
+            .at(Location {
+                file: abs.to_path_buf(),
+                line: 1,
+                column: 1,
+                source_line: None,
+            })
+            .with_help("save the file as UTF-8 without a byte-order mark"));
+        }
         let (source, placeholders) = match kind {
             FileKind::Python => substitute::before_parsing(&raw, abs)?,
             FileKind::Rhai => (raw, Vec::new()),

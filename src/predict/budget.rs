@@ -48,7 +48,7 @@ impl Gpu {
     /// A GPU known only by its memory (`4G`, `4096MiB`, ...) and compute
     /// capability; its speed figures are generic (for ranking only).
     pub fn custom(vram: &str, compute_capability: &str) -> Result<Gpu> {
-        let vram_bytes = parse_vram(vram).map_err(|e| Error::Input(format!("--vram {e}")))?;
+        let vram_bytes = parse_vram(vram).map_err(|e| Error::Input(format!("vram {e}")))?;
         let bf16 = compute_capability
             .split('.')
             .next()

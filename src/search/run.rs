@@ -41,12 +41,12 @@ pub fn search(
     progress: &dyn Fn(&Candidate, &TrialRecord),
 ) -> Result<SearchResult> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     // Before any trial: a model segtune cannot build would fail every one.
     crate::models::check_supported(&cfg).map_err(|source| Error::Model {
         source,
         config: request.config.clone(),
     })?;
-    let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     let file_name = request
         .config
         .file_name()

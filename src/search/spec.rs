@@ -83,20 +83,86 @@ pub struct SearchSpec {
 impl SearchSpec {
     /// The `segtune` dict of a resolved config.
     pub fn from_config(cfg: &config::Dict) -> Result<SearchSpec> {
-        let d = cfg.get("segtune").and_then(Value::as_dict);
-        let s = |k: &str| d.and_then(|d| d.get(k)).map(config::value::python_str);
-        let objective = s("objective")
+        const KEYS: [&str; 7] = [
+            "vram",
+            "preset",
+            "margin",
+            "objective",
+            "device",
+            "compute_capability",
+            "gpus",
+        ];
+        let bad = |what: String| Error::Input(format!("the config's `segtune` settings: {what}"));
+        let d = match cfg.get("segtune") {
+            None => None,
+            Some(Value::Dict(d)) => Some(d),
+            Some(other) => {
+                return Err(bad(format!(
+                    "`segtune` must be a dict, e.g. segtune = dict(preset='rtx3050ti'), not {} {}",
+                    other.type_name(),
+                    config::value::python_repr(other)
+                )))
+            }
+        };
+        if let Some(key) = d.and_then(|d| d.keys().find(|k| !KEYS.contains(&k.as_str()))) {
+            return Err(bad(format!(
+                "unknown key `segtune.{key}`; the keys are {}",
+                KEYS.join(", ")
+            )));
+        }
+        let get = |k: &str| d.and_then(|d| d.get(k));
+        let s = |k: &str| -> Result<Option<String>> {
+            match get(k) {
+                None | Some(Value::None) => Ok(None),
+                Some(Value::Str(v)) => Ok(Some(v.clone())),
+                Some(other) => Err(bad(format!(
+                    "`segtune.{k}` must be a string, not {} {}",
+                    other.type_name(),
+                    config::value::python_repr(other)
+                ))),
+            }
+        };
+        let objective = s("objective")?
             .map(|o| o.parse::<Objective>())
             .transpose()
-            .map_err(Error::Input)?;
+            .map_err(|e| bad(format!("`segtune.objective`: {e}")))?;
+        let vram = s("vram")?;
+        if let Some(v) = &vram {
+            crate::predict::budget::parse_vram(v)
+                .map_err(|e| bad(format!("`segtune.vram`: {e}")))?;
+        }
+        let margin = match get("margin") {
+            None | Some(Value::None) => None,
+            Some(v) => match v.as_f64() {
+                Some(m) if (0.0..=0.9).contains(&m) => Some(m),
+                _ => {
+                    return Err(bad(format!(
+                        "`segtune.margin` must be a number between 0 and 0.9, not {}",
+                        config::value::python_repr(v)
+                    )))
+                }
+            },
+        };
+        let gpus = match get("gpus") {
+            None | Some(Value::None) => None,
+            Some(v) => match v.as_i64() {
+                Some(g) if g >= 1 => Some(g),
+                _ => {
+                    return Err(bad(format!(
+                        "`segtune.gpus` must be a whole number of at least 1, not {}",
+                        config::value::python_repr(v)
+                    )))
+                }
+            },
+        };
         Ok(SearchSpec {
-            vram: s("vram"),
-            preset: s("preset"),
-            margin: d.and_then(|d| d.get("margin")).and_then(Value::as_f64),
+            vram,
+            preset: s("preset")?,
+            margin,
             objective,
-            device: s("device"),
-            compute_capability: s("compute_capability"),
-            gpus: d.and_then(|d| d.get("gpus")).and_then(Value::as_i64),
+            device: s("device")?,
+            compute_capability: s("compute_capability")?,
+            gpus,
         })
     }
 
