@@ -276,3 +276,28 @@ fn bad_segtune_settings_in_a_config_name_the_setting() {
         assert!(!d.path().join("out").exists(), "{text}: nothing written");
     }
 }
+
+#[test]
+fn top_level_names_keep_pythons_binding_order_and_json_stays_strict() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        &d,
+        "order.py",
+        "x = 1\ny = float('nan')\nx = 3\nz = float('-inf')\n",
+    );
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Strict JSON (no NaN or Infinity tokens), names in first-binding order.
+    let v: serde_json::Value = serde_json::from_str(&text).expect("strict JSON");
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["x", "y", "z"], "{text}");
+    assert_eq!(v["x"], 3);
+    assert_eq!(v["y"], serde_json::json!({"__float__": "nan"}));
+    assert_eq!(v["z"], serde_json::json!({"__float__": "-inf"}));
+}

@@ -1,6 +1,7 @@
 //! Writing a resolved config out: JSON in the encoding of
 //! `mmseg-configs/resolved/*.json` (tuples as `{"__tuple__": [...]}`, floats
-//! with Python's `repr`), a Python config that MMEngine loads back to the same
+//! with Python's `repr`, NaN and infinities as `{"__float__": "nan"}` so that
+//! the output stays strict JSON), a Python config that MMEngine loads back to the same
 //! values (like `Config.dump`, keys sorted), and a native Rhai config.
 
 use super::error::{ConfigError, ErrorKind};
@@ -52,9 +53,17 @@ fn write_json(v: &Value, indent: usize, out: &mut String) {
         Value::Int(i) => {
             let _ = write!(out, "{i}");
         }
-        Value::Float(f) if f.is_nan() => out.push_str("NaN"),
-        Value::Float(f) if f.is_infinite() => {
-            out.push_str(if *f > 0.0 { "Infinity" } else { "-Infinity" })
+        // Strict JSON has no NaN or Infinity: `{"__float__": "nan"}`, as
+        // tuples are `{"__tuple__": [...]}`.
+        Value::Float(f) if !f.is_finite() => {
+            let name = if f.is_nan() {
+                "nan"
+            } else if *f > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            };
+            let _ = write!(out, "{{\"__float__\": \"{name}\"}}");
         }
         Value::Float(f) => out.push_str(&python_float_repr(*f)),
         Value::Str(s) => out.push_str(&json_str(s)),
@@ -109,10 +118,16 @@ pub fn from_json(j: &serde_json::Value) -> Value {
         },
         serde_json::Value::String(s) => Value::Str(s.clone()),
         serde_json::Value::Array(items) => Value::List(items.iter().map(from_json).collect()),
-        serde_json::Value::Object(map) => match map.get("__tuple__") {
-            Some(serde_json::Value::Array(items)) if map.len() == 1 => {
+        serde_json::Value::Object(map) => match (map.get("__tuple__"), map.get("__float__")) {
+            (Some(serde_json::Value::Array(items)), _) if map.len() == 1 => {
                 Value::Tuple(items.iter().map(from_json).collect())
             }
+            (_, Some(serde_json::Value::String(name))) if map.len() == 1 => match name.as_str() {
+                "nan" => Value::Float(f64::NAN),
+                "inf" => Value::Float(f64::INFINITY),
+                "-inf" => Value::Float(f64::NEG_INFINITY),
+                _ => Value::Dict(map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect()),
+            },
             _ => Value::Dict(map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect()),
         },
     }

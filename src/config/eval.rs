@@ -664,7 +664,10 @@ pub fn read_source(path: &Path) -> Result<String, ConfigError> {
 /// Collects the variables a script left in `scope` as the file's config.
 pub fn collect_scope(scope: &Scope, skip: &[&str]) -> Result<Dict, PyError> {
     let mut out = Dict::new();
-    for (name, _constant, value) in scope.iter_raw() {
+    // In binding order (`iter_raw` runs newest first), as Python's module
+    // namespace: a name keeps its first position and takes its last value.
+    let entries: Vec<(&str, bool, &Dynamic)> = scope.iter_raw().collect();
+    for (name, _constant, value) in entries.into_iter().rev() {
         let name = unmangle(name);
         if skip.contains(&name) || name.starts_with("__") {
             continue;
