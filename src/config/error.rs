@@ -136,13 +136,27 @@ impl fmt::Display for ConfigError {
                 loc.column
             )?;
             if let Some(text) = &loc.source_line {
+                // A window of the line around the column: one screen, even
+                // for a generated line of a megabyte.
+                const WIDTH: usize = 100;
+                let chars: Vec<char> = text.chars().collect();
+                let column = loc.column.saturating_sub(1).min(chars.len());
+                let start = column.saturating_sub(WIDTH / 2);
+                let end = (start + WIDTH).min(chars.len());
+                let lead = if start > 0 { "..." } else { "" };
+                let tail = if end < chars.len() { "..." } else { "" };
+                let shown: String = chars[start..end].iter().collect();
                 let gutter = " ".repeat(loc.line.to_string().len());
                 writeln!(f, "{gutter} |")?;
-                writeln!(f, "{} | {}", loc.line, text)?;
-                let pad: String = text
+                writeln!(f, "{} | {lead}{shown}{tail}", loc.line)?;
+                let pad: String = lead
                     .chars()
-                    .take(loc.column.saturating_sub(1))
-                    .map(|c| if c == '\t' { '\t' } else { ' ' })
+                    .map(|_| ' ')
+                    .chain(
+                        chars[start..column]
+                            .iter()
+                            .map(|&c| if c == '\t' { '\t' } else { ' ' }),
+                    )
                     .collect();
                 writeln!(f, "{gutter} | {pad}^")?;
             }

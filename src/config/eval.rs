@@ -651,12 +651,60 @@ const RHAI_RESERVED: &[&str] = &[
     "throw",
 ];
 
-/// Reads a `.rhai` file or returns an I/O config error naming it.
+/// A config file larger than this is refused before it is read: MMSeg's
+/// largest config is under 20 KB, and evaluating a generated file of many
+/// megabytes would take minutes.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Reads a config file (a regular file of at most [`MAX_CONFIG_BYTES`]) or
+/// returns a config error naming it.
 pub fn read_source(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| {
+    use std::io::Read;
+    let io_error = |e: std::io::Error| {
         ConfigError::new(
             ErrorKind::Io,
             format!("cannot read config {}: {e}", path.display()),
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(io_error)?;
+    if !meta.is_file() {
+        return Err(ConfigError::new(
+            ErrorKind::Io,
+            format!(
+                "cannot read config {}: not a regular file (a directory, a device or a pipe)",
+                path.display()
+            ),
+        ));
+    }
+    let too_big = |len: u64| {
+        ConfigError::new(
+            ErrorKind::Limit,
+            format!(
+                "config {} is {:.1} MiB, more than the limit of {} MiB for a config file",
+                path.display(),
+                len as f64 / (1u64 << 20) as f64,
+                MAX_CONFIG_BYTES >> 20
+            ),
+        )
+    };
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(io_error)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        ConfigError::new(
+            ErrorKind::Io,
+            format!(
+                "cannot read config {}: not UTF-8 text (byte {} is invalid)",
+                path.display(),
+                e.utf8_error().valid_up_to()
+            ),
         )
     })
 }

@@ -43,7 +43,7 @@ impl Loader {
     /// value and never imported.
     pub fn load(&mut self, path: &Path) -> Result<Dict, ConfigError> {
         let abs = absolute(path);
-        if !abs.is_file() {
+        if !abs.exists() {
             return Err(ConfigError::new(
                 ErrorKind::Io,
                 format!("config file not found: {}", path.display()),

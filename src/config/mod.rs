@@ -41,18 +41,47 @@ use std::path::Path;
 /// Loads `path` and applies `--cfg-options` items: the whole of
 /// `Config.fromfile(path)` + `merge_from_dict`.
 pub fn resolve(path: &Path, cfg_options: &[String]) -> Result<Dict, ConfigError> {
-    let mut loader = Loader::new(Limits::default());
-    let cfg = loader.load(path)?;
-    if cfg_options.is_empty() {
-        Ok(cfg)
-    } else {
-        merge::apply_cfg_options(cfg, merge::parse_cfg_options(cfg_options)?)
-    }
+    on_evaluation_stack(|| {
+        let mut loader = Loader::new(Limits::default());
+        let cfg = loader.load(path)?;
+        if cfg_options.is_empty() {
+            Ok(cfg)
+        } else {
+            merge::apply_cfg_options(cfg, merge::parse_cfg_options(cfg_options)?)
+        }
+    })
+}
+
+/// Stack for loading a config. The parser's syntax trees of a hostile file
+/// can be deep (a 100 000-term sum parses into a tree that deep), and
+/// dropping or walking them recurses; the translator refuses nesting beyond
+/// [`translate::MAX_EXPR_NESTING`], and this stack holds what comes before.
+/// Only the pages touched are ever committed.
+const EVALUATION_STACK_BYTES: usize = 512 << 20;
+
+/// Runs `f` on a thread with [`EVALUATION_STACK_BYTES`] of stack.
+fn on_evaluation_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("segtune-config".into())
+            .stack_size(EVALUATION_STACK_BYTES)
+            .spawn_scoped(scope, f);
+        match handle {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(e) => panic!("cannot start a thread to load the config: {e}"),
+        }
+    })
 }
 
 /// Evaluates one config's source text on its own (no `_base_` allowed):
 /// the entry point for property tests and fuzzing of the translator.
 pub fn evaluate_source(path: &Path, source: &str) -> Result<Dict, ConfigError> {
+    on_evaluation_stack(|| evaluate_source_here(path, source))
+}
+
+fn evaluate_source_here(path: &Path, source: &str) -> Result<Dict, ConfigError> {
     let limits = Limits::default();
     let prepared = Prepared::new(FileKind::of(path)?, path, source, limits)?;
     if !prepared.bases.paths.is_empty() {

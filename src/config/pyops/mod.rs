@@ -68,6 +68,47 @@ impl std::fmt::Display for PyError {
 
 pub type PyResult = Result<Value, PyError>;
 
+/// Values (counted through nesting) a built sequence may hold: Python
+/// shares the inner list of `[[0] * 1000] * 1000`, segtune's evaluation
+/// copies it, so the bound is on what would be copied.
+pub const MAX_NESTED_VALUES: usize = 1 << 22;
+
+/// Every value of `v`, nested ones included (a leaf counts one).
+pub fn nested_values(v: &Value) -> usize {
+    let mut count = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        count += 1;
+        match v {
+            Value::List(items) | Value::Tuple(items) => stack.extend(items.iter()),
+            Value::Dict(d) => stack.extend(d.values()),
+            _ => {}
+        }
+        if count > MAX_NESTED_VALUES {
+            break;
+        }
+    }
+    count
+}
+
+/// Refuses a sequence of `copies` copies of `items` that would hold more
+/// than [`MAX_NESTED_VALUES`] values in all, before it is built.
+fn check_nested(items: &[Value], copies: usize) -> Result<(), PyError> {
+    let one: usize = items
+        .iter()
+        .map(nested_values)
+        .fold(0usize, usize::saturating_add);
+    let total = one.saturating_mul(copies);
+    if total > MAX_NESTED_VALUES {
+        Err(PyError::limit(format!(
+            "this would build {total} values in all (nested lists counted item by item), \
+             more than the limit of {MAX_NESTED_VALUES}"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
 /// Refuses a sequence over [`MAX_SEQUENCE_LEN`] before it is built.
 fn check_len(len: usize) -> Result<(), PyError> {
     if len > MAX_SEQUENCE_LEN {

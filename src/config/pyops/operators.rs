@@ -3,7 +3,7 @@
 //! overflow as a limit error), sequence concatenation and repetition, unary
 //! operators, `==` across numeric types, ordering, `in` and `is`.
 
-use super::{check_len, PyError, PyResult};
+use super::{check_len, check_nested, PyError, PyResult};
 use crate::config::value::Value;
 
 /// A binary operator of Python's grammar.
@@ -70,6 +70,7 @@ fn py_mod_f(a: f64, b: f64) -> f64 {
 fn repeat(items: &[Value], n: i64) -> Result<Vec<Value>, PyError> {
     let n = n.max(0) as usize;
     check_len(items.len().saturating_mul(n))?;
+    check_nested(items, n)?;
     Ok(items
         .iter()
         .cloned()
@@ -90,6 +91,8 @@ pub fn binary(op: BinOp, a: &Value, b: &Value) -> PyResult {
         }
         (BinOp::Add, Value::List(x), Value::List(y)) => {
             check_len(x.len() + y.len())?;
+            check_nested(x, 1)?;
+            check_nested(y, 1)?;
             Ok(Value::List(x.iter().chain(y).cloned().collect()))
         }
         (BinOp::Add, Value::Tuple(x), Value::Tuple(y)) => {

@@ -7,6 +7,21 @@ use super::*;
 
 impl Translator<'_> {
     pub(super) fn expr(&mut self, e: &Expr) -> Result<String> {
+        if self.depth >= MAX_EXPR_NESTING {
+            return Err(ConfigError::new(
+                ErrorKind::Limit,
+                format!("this expression is nested more than {MAX_EXPR_NESTING} levels deep"),
+            )
+            .at(self.location(e))
+            .with_help("split it into several assignments"));
+        }
+        self.depth += 1;
+        let out = self.expr_at_depth(e);
+        self.depth -= 1;
+        out
+    }
+
+    fn expr_at_depth(&mut self, e: &Expr) -> Result<String> {
         if let Some(i) = negative_int_literal(e) {
             // Parsed as one number so that `-9223372036854775808` does not overflow on the way.
             let v: i64 = format!("-{i}").parse().map_err(|_| {

@@ -98,7 +98,14 @@ struct Translator<'a> {
     /// Names whose value holds objects of other bindings.
     holders: HashSet<String>,
     next_temp: usize,
+    /// How deep [`Translator::expr`] is nested now.
+    depth: usize,
 }
+
+/// Expressions nested deeper than this (`1 + 1 + ...` of 200 terms, a list
+/// in a list 200 times) are refused: no config needs them, and each level
+/// costs stack in the translator and in Rhai.
+pub const MAX_EXPR_NESTING: usize = 100;
 
 /// Rhai string literal for `s`.
 pub fn rhai_string(s: &str) -> String {
@@ -146,6 +153,7 @@ impl<'a> Translator<'a> {
             stored: HashSet::new(),
             holders: HashSet::new(),
             next_temp: 0,
+            depth: 0,
         }
     }
 
