@@ -81,3 +81,29 @@ fn a_shape_that_cannot_train_is_a_report_not_an_error() {
         .unwrap()
         .starts_with("Expected more than 1 value per channel when training"));
 }
+
+#[test]
+fn a_batch_beyond_the_hosts_ram_is_refused_before_it_grows() {
+    let Some(shared) =
+        common::require_shared("a_batch_beyond_the_hosts_ram_is_refused_before_it_grows")
+    else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("trial")
+        .arg(b0(&shared))
+        .args(["--batch-size", "1000000000", "--crop", "512x512"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.contains("the input batch alone is"), "{err}");
+    assert!(err.contains("of RAM"), "{err}");
+    println!(
+        "--batch-size 1000000000 refused in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -26,6 +26,9 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
         counter.set_phase_code(0);
         counter.trace(true);
     }
+    if let Err(why) = check_host_memory(request) {
+        return report.failed(TrialStatus::Error, why);
+    }
     let base = counter.current();
     tch::manual_seed(request.seed);
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -245,4 +248,42 @@ fn train_step(
         ],
         items,
     ))
+}
+
+/// `(MemTotal, MemAvailable)` of this host in bytes, from `/proc/meminfo`.
+pub fn host_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
+}
+
+/// Refuses a request whose input batch alone (fp32 images and int64
+/// labels, before any activation) would not fit in this host's RAM: on the
+/// CPU every activation of the step is host memory too, and a typo such as
+/// `--batch-size 1000000000` must not grow until the kernel kills it.
+fn check_host_memory(request: &TrialRequest) -> Result<(), String> {
+    let (h, w) = request.crop;
+    let pixels = (request.batch_size as u128) * (h as u128) * (w as u128);
+    // 3 fp32 channels + one int64 label per pixel.
+    let input_bytes = pixels * (3 * 4 + 8);
+    let Some((total, _)) = host_memory() else {
+        return Ok(());
+    };
+    if input_bytes > total as u128 / 2 {
+        let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+        return Err(format!(
+            "batch {} x {h}x{w}: the input batch alone is {:.1} GiB, more than half of this \
+             host's {:.1} GiB of RAM; a training step needs many times that",
+            request.batch_size,
+            gib(input_bytes),
+            gib(total as u128)
+        ));
+    }
+    Ok(())
 }
