@@ -1,0 +1,104 @@
+//! The search journal and `--out` as a hostile environment leaves them: a
+//! journal of random bytes or a device, an `--out` that cannot be written,
+//! an unsupported model: each is refused before any trial runs (exit 2, one
+//! screen on stderr, nothing on stdout, no file written). The torn-line and
+//! lock cases are `search::journal`'s unit tests.
+
+mod common;
+
+use assert_cmd::Command;
+use std::path::Path;
+
+fn b0(shared: &Path) -> std::path::PathBuf {
+    shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py")
+}
+
+/// `segtune search CONFIG --preset rtx3050ti --device cpu --out OUT`:
+/// asserts exit 2 and empty stdout, returns stderr.
+fn search_refused(config: &Path, out: &Path) -> String {
+    let run = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("search")
+        .arg(config)
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+        ])
+        .arg(out)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8(run.stderr).unwrap();
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(run.stdout.is_empty());
+    assert!(err.lines().count() <= 24, "{err}");
+    err
+}
+
+#[test]
+fn a_foreign_journal_is_refused_and_left_as_it_was() {
+    let Some(shared) = common::require_shared("a_foreign_journal_is_refused_and_left_as_it_was")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("trials.jsonl");
+    let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
+    std::fs::write(&journal, &bytes).unwrap();
+    let err = search_refused(&b0(&shared), dir.path());
+    assert!(err.contains("is not a segtune journal"), "{err}");
+    assert_eq!(
+        std::fs::read(&journal).unwrap(),
+        bytes,
+        "the file is untouched"
+    );
+}
+
+#[test]
+fn a_journal_that_is_a_device_is_refused() {
+    let Some(shared) = common::require_shared("a_journal_that_is_a_device_is_refused") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("trials.jsonl")).unwrap();
+    let err = search_refused(&b0(&shared), dir.path());
+    assert!(err.contains("is not a regular file"), "{err}");
+}
+
+#[test]
+fn an_out_that_cannot_be_written_is_found_before_any_trial() {
+    let Some(shared) =
+        common::require_shared("an_out_that_cannot_be_written_is_found_before_any_trial")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let started = std::time::Instant::now();
+    let err = search_refused(&b0(&shared), &file.join("out"));
+    assert!(err.contains("cannot create"), "{err}");
+    assert!(started.elapsed().as_secs() < 30, "no trial ran");
+}
+
+#[test]
+fn an_unsupported_model_is_refused_before_any_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("odd.py");
+    std::fs::write(
+        &config,
+        "model = dict(type='EncoderDecoder', backbone=dict(type='NoSuchNet'), \
+         decode_head=dict(type='FCNHead', num_classes=2))\n\
+         train_dataloader = dict(batch_size=2)\ncrop_size = (512, 512)\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let err = search_refused(&config, &out);
+    assert!(err.contains("unknown backbone type `NoSuchNet`"), "{err}");
+    assert!(err.contains("segtune supports:"), "{err}");
+    assert!(!out.join("trials.jsonl").exists(), "no trial journalled");
+}
