@@ -301,3 +301,17 @@ fn top_level_names_keep_pythons_binding_order_and_json_stays_strict() {
     assert_eq!(v["y"], serde_json::json!({"__float__": "nan"}));
     assert_eq!(v["z"], serde_json::json!({"__float__": "-inf"}));
 }
+
+#[test]
+fn a_bad_base_variable_points_at_its_line() {
+    let d = tempfile::tempdir().unwrap();
+    write(&d, "base.py", "a = 1\n");
+    let f = write(
+        &d,
+        "child.py",
+        "_base_ = './base.py'\nb = 2\nc = {{ _base_.nope }}\n",
+    );
+    let err = resolve_fails(&f);
+    assert!(err.contains("the bases have no `nope`"), "{err}");
+    assert!(err.contains("child.py:3:5"), "{err}");
+}

@@ -101,7 +101,7 @@ impl Loader {
         }
         let (source, placeholders) = match kind {
             FileKind::Python => substitute::before_parsing(&raw, abs)?,
-            FileKind::Rhai => (raw, Vec::new()),
+            FileKind::Rhai => (raw.clone(), Vec::new()),
         };
         let prepared = Prepared::new(kind, abs, &source, self.limits)?;
         let base = self.load_bases(abs, &prepared.bases)?;
@@ -110,12 +110,14 @@ impl Loader {
         cfg.shift_remove(DEPRECATION_KEY);
         if !placeholders.is_empty() {
             cfg = substitute::substitute_base_vars(cfg, &placeholders, &base).map_err(|e| {
-                e.at(Location {
-                    file: abs.to_path_buf(),
-                    line: 1,
-                    column: 1,
-                    source_line: None,
-                })
+                // The `{{_base_.x}}` the message names, where it is written.
+                let offset = placeholders
+                    .iter()
+                    .filter(|(_, path)| e.message.contains(&format!("_base_.{path}}}")))
+                    .find_map(|(_, path)| raw.find(&format!("_base_.{path}")))
+                    .map(|at| raw[..at].rfind("{{").unwrap_or(at))
+                    .unwrap_or(0);
+                e.at(Location::from_offset(abs, &raw, offset))
             })?;
         }
         let mut merged = base;
