@@ -102,3 +102,82 @@ fn an_unsupported_model_is_refused_before_any_trial() {
     assert!(err.contains("segtune supports:"), "{err}");
     assert!(!out.join("trials.jsonl").exists(), "no trial journalled");
 }
+
+/// SIGTERM (or Ctrl-C) during a search stops its workers at once and
+/// removes their temporary trace files; SIGKILL still takes the workers
+/// down with it (PR_SET_PDEATHSIG).
+#[test]
+fn a_stopped_search_leaves_no_worker_and_no_temporary_file() {
+    let Some(shared) =
+        common::require_shared("a_stopped_search_leaves_no_worker_and_no_temporary_file")
+    else {
+        return;
+    };
+    let workers = |pid: u32| {
+        std::process::Command::new("pgrep")
+            .args(["-P", &pid.to_string()])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    };
+    for signal in ["-TERM", "-KILL"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("segtune"))
+            .arg("search")
+            .arg(b0(&shared))
+            .args([
+                "--preset",
+                "rtx3050ti",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+            ])
+            .arg(dir.path().join("out"))
+            .env("TMPDIR", &tmp)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Wait until a traced step (a worker) is running.
+        let started = std::time::Instant::now();
+        while workers(pid) == 0 && started.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(workers(pid) > 0, "{signal}: no worker started");
+        let worker_pids: Vec<String> = String::from_utf8_lossy(
+            &std::process::Command::new("pgrep")
+                .args(["-P", &pid.to_string()])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .lines()
+        .map(str::to_string)
+        .collect();
+        std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = child.wait().unwrap();
+        if signal == "-TERM" {
+            assert_eq!(status.code(), Some(130), "{signal}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        for w in &worker_pids {
+            assert!(
+                !Path::new(&format!("/proc/{w}")).exists()
+                    || std::fs::read_to_string(format!("/proc/{w}/stat"))
+                        .is_ok_and(|s| s.contains(") Z ")),
+                "{signal}: worker {w} still runs"
+            );
+        }
+        if signal == "-TERM" {
+            let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+            assert!(left.is_empty(), "{signal}: temporary files left: {left:?}");
+        }
+    }
+}

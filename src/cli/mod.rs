@@ -33,6 +33,13 @@ impl Output {
 
 /// Runs the `segtune` command line; returns the process exit code.
 pub fn main() -> i32 {
+    // Ctrl-C or SIGTERM: stop the workers and remove their temporary files
+    // before exiting (the journal holds every finished trial already).
+    let _ = ctrlc::set_handler(|| {
+        crate::trial::worker::stop_all_workers();
+        eprintln!("segtune: stopped by a signal; finished trials are in the journal");
+        std::process::exit(130);
+    });
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

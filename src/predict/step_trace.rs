@@ -34,7 +34,7 @@ pub struct StepToTrace<'a> {
 
 /// Traces a warm-up and a measured training step on the CPU in the worker.
 pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
-    let dir = tempfile::tempdir()
+    let dir = crate::trial::worker::LiveTempDir::new()
         .map_err(|e| Error::Environment(format!("no temporary directory: {e}")))?;
     let trace_path = dir.path().join("step.trace");
     let request = TrialRequest {

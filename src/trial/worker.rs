@@ -119,13 +119,26 @@ impl Worker {
     }
 
     fn run(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
-        let mut child = Command::new(&self.path)
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(&self.path);
+        command
             .args(argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                // The worker dies with the thread that waits for it: a
+                // killed segtune leaves no worker computing on.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command
             .spawn()
             .map_err(|e| Error::Environment(format!("cannot run {}: {e}", self.path.display())))?;
+        let _registered = LiveWorker::register(child.id());
         // Drained on threads, so that a chatty worker never blocks on a full pipe.
         fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
             std::thread::spawn(move || {
@@ -159,6 +172,80 @@ impl Worker {
             timed_out,
         })
     }
+}
+
+/// Workers running now and temporary files in use, so that a segtune
+/// stopped by SIGINT or SIGTERM can stop the one and remove the other
+/// ([`stop_all_workers`]).
+static LIVE: std::sync::Mutex<(Vec<u32>, Vec<std::path::PathBuf>)> =
+    std::sync::Mutex::new((Vec::new(), Vec::new()));
+
+/// A worker's pid in [`LIVE`] for as long as this lives.
+struct LiveWorker(u32);
+
+impl LiveWorker {
+    fn register(pid: u32) -> LiveWorker {
+        if let Ok(mut live) = LIVE.lock() {
+            live.0.push(pid);
+        }
+        LiveWorker(pid)
+    }
+}
+
+impl Drop for LiveWorker {
+    fn drop(&mut self) {
+        if let Ok(mut live) = LIVE.lock() {
+            live.0.retain(|p| *p != self.0);
+        }
+    }
+}
+
+/// A temporary directory in [`LIVE`] for as long as this lives (removed by
+/// its owner when dropped, by [`stop_all_workers`] on a signal).
+pub struct LiveTempDir(pub tempfile::TempDir);
+
+impl LiveTempDir {
+    pub fn new() -> std::io::Result<LiveTempDir> {
+        // Created under the lock: a signal handler holding it sees every
+        // directory there is.
+        let mut live = LIVE
+            .lock()
+            .map_err(|_| std::io::Error::other("segtune is stopping"))?;
+        let dir = tempfile::Builder::new().prefix("segtune-").tempdir()?;
+        live.1.push(dir.path().to_path_buf());
+        Ok(LiveTempDir(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for LiveTempDir {
+    fn drop(&mut self) {
+        if let Ok(mut live) = LIVE.lock() {
+            live.1.retain(|p| p != self.0.path());
+        }
+    }
+}
+
+/// Kills every running worker and removes every temporary directory in
+/// use: what a signal handler calls before segtune exits.
+pub fn stop_all_workers() {
+    let Ok(live) = LIVE.lock() else {
+        return;
+    };
+    for pid in &live.0 {
+        // SAFETY: kill(2) on a pid this process spawned and still waits for.
+        unsafe {
+            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    for dir in &live.1 {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    // Held until the process exits: no new directory after this.
+    std::mem::forget(live);
 }
 
 /// How a worker that left no report ended, with the likely cause.
