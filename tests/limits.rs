@@ -116,3 +116,33 @@ fn a_config_that_is_a_device_is_refused() {
     let (err, _) = resolve_fails(&f);
     assert!(err.contains("not a regular file"), "{err}");
 }
+
+#[test]
+fn generated_configs_of_many_names_or_keys_stop_at_the_limit_quickly() {
+    let d = tempfile::tempdir().unwrap();
+    let names: String = (0..20_000).map(|i| format!("k{i} = {i}\n")).collect();
+    let keys = format!(
+        "d = dict({})\n",
+        (0..20_000)
+            .map(|i| format!("k{i}={i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let display = format!(
+        "d = {{{}}}\n",
+        (0..20_000)
+            .map(|i| format!("'k{i}': {i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (name, text, want) in [
+        ("names.py", names, "more than 5000 top-level statements"),
+        ("keys.py", keys, "this call has more than 5000 arguments"),
+        ("display.py", display, "this dict has more than 5000 items"),
+    ] {
+        let f = write(&d, name, &text);
+        let (err, seconds) = resolve_fails(&f);
+        assert!(err.contains(want), "{name}: {err}");
+        println!("{name}: 20000 names/keys refused in {seconds:.2} s");
+    }
+}

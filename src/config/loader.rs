@@ -122,8 +122,10 @@ impl Loader {
         }
         let mut merged = base;
         for (k, v) in cfg {
-            let at = prepared.binding_location(abs, &source, &k);
-            merge::merge_entry(&mut merged, k, v, false).map_err(|e| e.at(at))?;
+            // Located only on an error: finding a line is a scan of the file.
+            let at = |k: &str| prepared.binding_location(abs, &source, k);
+            let key = k.clone();
+            merge::merge_entry(&mut merged, k, v, false).map_err(|e| e.at(at(&key)))?;
         }
         let merged: Dict = merged
             .into_iter()

@@ -7,6 +7,13 @@ use super::*;
 
 impl Translator<'_> {
     pub(super) fn call(&mut self, node: &Expr, c: &ast::ExprCall) -> Result<String> {
+        if c.args.len() + c.keywords.len() > MAX_STATEMENTS {
+            return Err(ConfigError::new(
+                ErrorKind::Limit,
+                format!("this call has more than {MAX_STATEMENTS} arguments"),
+            )
+            .at(self.location(node)));
+        }
         match c.func.as_ref() {
             Expr::Name(n) if n.id.as_str() == "dict" && !self.bound.contains("dict") => {
                 self.dict_call(c)

@@ -184,6 +184,13 @@ impl Translator<'_> {
     }
 
     pub(super) fn dict_display(&mut self, d: &ast::ExprDict) -> Result<String> {
+        if let Some(value) = d.values.get(MAX_STATEMENTS) {
+            return Err(ConfigError::new(
+                ErrorKind::Limit,
+                format!("this dict has more than {MAX_STATEMENTS} items"),
+            )
+            .at(self.location(value)));
+        }
         let mut parts: Vec<String> = Vec::new();
         let mut literal: Vec<(String, String)> = Vec::new();
         let flush = |literal: &mut Vec<(String, String)>, parts: &mut Vec<String>| {

@@ -66,6 +66,16 @@ fn is_base_target(e: &Expr) -> bool {
 /// MMEngine's `RemoveAssignFromAST` does).
 pub fn translate_module(path: &Path, source: &str, stmts: &[Stmt]) -> Result<Translation> {
     let mut t = Translator::new(path, source);
+    if let Some(stmt) = stmts.get(MAX_STATEMENTS) {
+        return Err(ConfigError::new(
+            ErrorKind::Limit,
+            format!(
+                "the config has more than {MAX_STATEMENTS} top-level statements \
+                 (MMSeg's configs have a few dozen)"
+            ),
+        )
+        .at(t.location(stmt)));
+    }
     let mut script = String::new();
     let mut line_offsets = Vec::new();
     for stmt in stmts {
@@ -106,6 +116,12 @@ struct Translator<'a> {
 /// in a list 200 times) are refused: no config needs them, and each level
 /// costs stack in the translator and in Rhai.
 pub const MAX_EXPR_NESTING: usize = 100;
+
+/// Top-level statements and items of one dict or list display beyond this
+/// are refused: the evaluator looks names up in a scope that grows with
+/// each binding, so a generated config of 100 000 assignments would take
+/// minutes; MMSeg's largest has under 100.
+pub const MAX_STATEMENTS: usize = 5_000;
 
 /// Rhai string literal for `s`.
 pub fn rhai_string(s: &str) -> String {
