@@ -97,7 +97,10 @@ fn search_emits_a_config_mmengine_reads(name: &str, config: &str, effective_batc
 import json, sys
 from mmengine.config import Config
 cfg = Config.fromfile(sys.argv[1], import_custom_modules=False)
-crops = [t['crop_size'] for t in cfg.train_dataloader.dataset.pipeline if t['type'] == 'RandomCrop']
+ds = cfg.train_dataloader.dataset
+while 'pipeline' not in ds and 'dataset' in ds:
+    ds = ds.dataset
+crops = [t['crop_size'] for t in ds.pipeline if t['type'] == 'RandomCrop']
 print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[list(c) for c in crops],
                       preprocessor=list(cfg.model.data_preprocessor.size), ow=cfg.optim_wrapper.type,
                       dtype=cfg.optim_wrapper.get('dtype'), accumulation=cfg.optim_wrapper.get('accumulative_counts', 1))))

@@ -86,8 +86,8 @@ fn an_unknown_model_type_lists_what_is_supported() {
     else {
         return;
     };
-    let path =
-        shared.join("mmseg-configs/configs/pspnet/pspnet_r50-d8_4xb2-40k_cityscapes-512x1024.py");
+    let path = shared
+        .join("mmseg-configs/configs/mask2former/mask2former_swin-t_8xb2-160k_ade20k-512x512.py");
     let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .args(["trial", path.to_str().unwrap()])
         .output()
@@ -95,7 +95,9 @@ fn an_unknown_model_type_lists_what_is_supported() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("unknown backbone type `ResNetV1c`") && err.contains("MixVisionTransformer"),
+        err.contains("unknown backbone type `SwinTransformer`")
+            && err.contains("MixVisionTransformer")
+            && err.contains("ResNetV1c"),
         "{err}"
     );
 }

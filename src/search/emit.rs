@@ -40,6 +40,20 @@ fn dict(pairs: Vec<(&str, Value)>) -> Value {
     Value::Dict(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
+/// The training pipeline of a dataloader, under `dataset` or under the
+/// `dataset` of dataset wrappers (`RepeatDataset`, `ClassBalancedDataset`):
+/// how many `dataset` levels down, and the pipeline.
+fn dataset_pipeline(loader: &Value) -> Option<(usize, &Value)> {
+    let mut node = loader.get_path("dataset")?;
+    for depth in 1..=4 {
+        if let Some(p) = node.get_path("pipeline") {
+            return Some((depth, p));
+        }
+        node = node.get_path("dataset")?;
+    }
+    None
+}
+
 /// The overrides that turn the recipe into the candidate.
 pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict {
     let mut o = Dict::new();
@@ -56,12 +70,17 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
         o.insert("train_pipeline".into(), p);
     }
     let mut loader = vec![("batch_size", Value::Int(c.batch_size))];
-    if let Some(p) = cfg
+    if let Some((depth, p)) = cfg
         .get("train_dataloader")
-        .and_then(|d| d.get_path("dataset.pipeline"))
-        .and_then(|p| with_crop(p, c.crop))
+        .and_then(dataset_pipeline)
+        .and_then(|(depth, p)| with_crop(p, c.crop).map(|p| (depth, p)))
     {
-        loader.push(("dataset", dict(vec![("pipeline", p)])));
+        // dataset(.dataset)*.pipeline: wrappers such as RepeatDataset nest it.
+        let mut nested = dict(vec![("pipeline", p)]);
+        for _ in 1..depth {
+            nested = dict(vec![("dataset", nested)]);
+        }
+        loader.push(("dataset", nested));
     }
     o.insert("train_dataloader".into(), dict(loader));
     o.insert(
@@ -122,15 +141,16 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
 pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> String {
     let crop = format!("({},{})", c.crop.0, c.crop.1);
     let mut items = vec![format!("train_dataloader.batch_size={}", c.batch_size)];
-    if let Some(steps) = cfg
+    if let Some((depth, steps)) = cfg
         .get("train_dataloader")
-        .and_then(|d| d.get_path("dataset.pipeline"))
-        .and_then(Value::as_seq)
+        .and_then(dataset_pipeline)
+        .and_then(|(depth, p)| p.as_seq().map(|s| (depth, s)))
     {
+        let prefix = vec!["dataset"; depth].join(".");
         for (i, s) in steps.iter().enumerate() {
             if s.get_path("type").and_then(Value::as_str) == Some("RandomCrop") {
                 items.push(format!(
-                    "train_dataloader.dataset.pipeline.{i}.crop_size={crop}"
+                    "train_dataloader.{prefix}.pipeline.{i}.crop_size={crop}"
                 ));
             }
         }
@@ -286,4 +306,48 @@ pub fn emit(
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::dump::from_json;
+    use crate::trial::Amp;
+
+    /// A recipe whose dataset is wrapped (`RepeatDataset`, as MMSeg's
+    /// HRF/DRIVE/STARE/CHASE_DB1 configs are): the crop goes into the
+    /// wrapped dataset's pipeline.
+    #[test]
+    fn a_wrapped_datasets_pipeline_gets_the_crop() {
+        let cfg = match from_json(&serde_json::json!({
+            "train_dataloader": {"batch_size": 4, "dataset": {
+                "type": "RepeatDataset", "times": 40000, "dataset": {"pipeline": [
+                    {"type": "LoadImageFromFile"},
+                    {"type": "RandomCrop", "crop_size": {"__tuple__": [256, 256]}}
+                ]}}},
+            "optim_wrapper": {"type": "OptimWrapper"}
+        })) {
+            Value::Dict(d) => d,
+            _ => unreachable!(),
+        };
+        let c = Candidate {
+            batch_size: 2,
+            crop: (128, 192),
+            amp: Amp::Off,
+            accumulation: 2,
+        };
+        let o = overrides(&cfg, &c, None);
+        let crop = o
+            .get("train_dataloader")
+            .and_then(|d| d.get_path("dataset.dataset.pipeline"))
+            .and_then(Value::as_seq)
+            .and_then(|p| p[1].get_path("crop_size"))
+            .cloned();
+        assert_eq!(crop, Some(tuple((128, 192))));
+        let line = cfg_options_line(&cfg, &c, None);
+        assert!(
+            line.contains("train_dataloader.dataset.dataset.pipeline.1.crop_size=(128,192)"),
+            "{line}"
+        );
+    }
 }
