@@ -4,11 +4,9 @@
 use assert_cmd::Command;
 use std::path::PathBuf;
 
-fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
-    let p = dir.path().join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
+mod common;
+
+use common::write;
 
 /// Runs `segtune resolve FILE`; asserts exit 2, empty stdout; returns stderr.
 fn resolve_fails(file: &PathBuf) -> String {

@@ -8,11 +8,9 @@ use assert_cmd::Command;
 use std::path::PathBuf;
 use std::time::Instant;
 
-fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
-    let p = dir.path().join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
+mod common;
+
+use common::write;
 
 /// `segtune resolve FILE`: exit 2, empty stdout, the stderr, and the
 /// seconds it took.

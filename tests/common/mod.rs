@@ -45,3 +45,10 @@ pub fn configs_under(dir: &std::path::Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// Writes `text` to `dir/name`; returns the path.
+pub fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
