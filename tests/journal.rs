@@ -6,7 +6,6 @@
 
 mod common;
 
-use assert_cmd::Command;
 use std::path::Path;
 
 fn b0(shared: &Path) -> std::path::PathBuf {
@@ -16,19 +15,7 @@ fn b0(shared: &Path) -> std::path::PathBuf {
 /// `segtune search CONFIG --preset rtx3050ti --device cpu --out OUT`:
 /// asserts exit 2 and empty stdout, returns stderr.
 fn search_refused(config: &Path, out: &Path) -> String {
-    let run = Command::cargo_bin("segtune")
-        .unwrap()
-        .arg("search")
-        .arg(config)
-        .args([
-            "--preset",
-            "rtx3050ti",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--out",
-        ])
-        .arg(out)
+    let run = common::search_command(config, out)
         .timeout(std::time::Duration::from_secs(60))
         .output()
         .unwrap();

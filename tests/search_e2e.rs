@@ -12,23 +12,7 @@ fn b0(shared: &Path) -> PathBuf {
     shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py")
 }
 
-/// `segtune search CONFIG --preset rtx3050ti --device cpu --quiet --out OUT`
-/// (predicted mode), to which a test adds its own arguments.
-fn search_command(config: &Path, out: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("segtune").unwrap();
-    cmd.arg("search")
-        .arg(config)
-        .args([
-            "--preset",
-            "rtx3050ti",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--out",
-        ])
-        .arg(out);
-    cmd
-}
+use common::search_command;
 
 /// Runs a command that must succeed; returns its stdout.
 fn stdout_of(cmd: &mut Command) -> Vec<u8> {

@@ -52,3 +52,21 @@ pub fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// `segtune search CONFIG --preset rtx3050ti --device cpu --quiet --out OUT`
+/// (predicted mode), to which a test adds its own arguments.
+pub fn search_command(config: &std::path::Path, out: &std::path::Path) -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::cargo_bin("segtune").unwrap();
+    cmd.arg("search")
+        .arg(config)
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+        ])
+        .arg(out);
+    cmd
+}
