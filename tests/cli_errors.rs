@@ -8,6 +8,16 @@ mod common;
 
 use common::write;
 
+/// Runs `segtune resolve --format json FILE`.
+fn resolve_json(file: &PathBuf) -> std::process::Output {
+    Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
 /// Runs `segtune resolve FILE`; asserts exit 2, empty stdout; returns stderr.
 fn resolve_fails(file: &PathBuf) -> String {
     let out = Command::cargo_bin("segtune")
@@ -195,12 +205,7 @@ fn a_byte_order_mark_is_named_as_mmengine_refuses_it() {
 fn unicode_identifiers_are_python_identifiers() {
     let d = tempfile::tempdir().unwrap();
     let f = write(&d, "uni.py", "é = 1\nnaïve = dict(größe=é + 1)\n");
-    let out = Command::cargo_bin("segtune")
-        .unwrap()
-        .args(["resolve", "--format", "json"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = resolve_json(&f);
     assert!(
         out.status.success(),
         "{}",
@@ -218,12 +223,7 @@ fn rhai_print_and_debug_go_to_stderr() {
         "talk.rhai",
         "let x = 1;\ndebug(\"hi\");\nprint(\"p\");\n",
     );
-    let out = Command::cargo_bin("segtune")
-        .unwrap()
-        .args(["resolve", "--format", "json"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = resolve_json(&f);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v, serde_json::json!({"x": 1}));
@@ -283,12 +283,7 @@ fn top_level_names_keep_pythons_binding_order_and_json_stays_strict() {
         "order.py",
         "x = 1\ny = float('nan')\nx = 3\nz = float('-inf')\n",
     );
-    let out = Command::cargo_bin("segtune")
-        .unwrap()
-        .args(["resolve", "--format", "json"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = resolve_json(&f);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     // Strict JSON (no NaN or Infinity tokens), names in first-binding order.
