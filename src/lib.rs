@@ -20,3 +20,8 @@ pub mod search;
 pub mod trial;
 
 pub use error::{Error, Result};
+
+/// Counts what a config's evaluation holds, so that it can be bounded
+/// ([`config::budget`]).
+#[global_allocator]
+static ALLOCATOR: config::budget::Metered = config::budget::Metered;

@@ -144,3 +144,98 @@ fn generated_configs_of_many_names_or_keys_stop_at_the_limit_quickly() {
         println!("{name}: 20000 names/keys refused in {seconds:.2} s");
     }
 }
+
+/// Memory built in many small steps, each under every per-value limit,
+/// still stops at the evaluation's budget (the allocator counts it).
+#[test]
+fn values_built_step_by_step_stop_at_the_memory_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let many: String = (0..3000)
+        .map(|i| format!("a{i} = [0] * 1000000\n"))
+        .collect();
+    let cases = [
+        ("many.py", many, "= [0] * 1000000"),
+        (
+            "strings.py",
+            "a = 'x' * 1000000\nb = [a] * 1000\n".to_string(),
+            "b = [a] * 1000",
+        ),
+        (
+            "double.rhai",
+            "let s = \"ab\";\nfor i in 0..40 { s += s; }\n".to_string(),
+            "for i in 0..40",
+        ),
+        (
+            "pad.rhai",
+            "let a = [];\na.pad(100000000, [1, 2, 3]);\n".to_string(),
+            "a.pad(100000000",
+        ),
+        (
+            "chars.rhai",
+            "let s = \"ab\";\nfor i in 0..26 { s += s; }\nlet c = s.to_chars();\n".to_string(),
+            "let c = s.to_chars()",
+        ),
+        (
+            "split.rhai",
+            "let s = \"a \";\nfor i in 0..25 { s += s; }\nlet c = s.split(\" \");\n".to_string(),
+            "let c = s.split",
+        ),
+    ];
+    for (name, text, line) in cases {
+        let f = write(&d, name, &text);
+        let (err, seconds) = resolve_fails(&f);
+        assert!(
+            err.contains("past the config's budget of 256 MiB")
+                || err.contains("holds more than 256 MiB"),
+            "{name}: {err}"
+        );
+        assert!(err.contains(line), "{name}: {err}");
+        println!("{name} stopped at the memory budget in {seconds:.2} s");
+    }
+}
+
+/// A Rhai loop that builds a list item by item costs linear time (Rhai's
+/// own size checks, which re-measured the list after every push, are off).
+#[test]
+fn a_rhai_loop_pushing_200k_items_finishes() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        &d,
+        "push.rhai",
+        "let a = [];\nfor i in 0..200000 { a.push(i); }\nlet n = a.len();\n",
+    );
+    let started = Instant::now();
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"n\": 200000"));
+    println!(
+        "200000 pushes resolved in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A closure is not a config value: it is refused where it is bound
+/// (it used to vanish from the config without a word).
+#[test]
+fn a_closure_in_a_rhai_config_is_an_error_at_its_line() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        &d,
+        "closure.rhai",
+        "// helpers\nlet y = 2;\nlet scale = |x| x * 2;\n",
+    );
+    let (err, _) = resolve_fails(&f);
+    assert!(err.contains("variable `scale` holds a closure"), "{err}");
+    assert!(err.contains("fn scale("), "{err}");
+    assert!(err.contains("closure.rhai:3:"), "{err}");
+}

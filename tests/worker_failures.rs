@@ -107,3 +107,51 @@ fn a_batch_beyond_the_hosts_ram_is_refused_before_it_grows() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// A step that needs more host RAM than there is (here: told so through
+/// `SEGTUNE_HOST_MEMORY`) stops at the host cap with what it needed,
+/// for `trial` and for `estimate`'s traced step alike: exit 2, one line.
+#[test]
+fn a_step_beyond_the_hosts_ram_stops_at_the_cap_and_says_what_it_needs() {
+    let Some(shared) = common::require_shared(
+        "a_step_beyond_the_hosts_ram_stops_at_the_cap_and_says_what_it_needs",
+    ) else {
+        return;
+    };
+    let trial = ["trial", "--batch-size", "2", "--crop", "256x256"];
+    let estimate = [
+        "estimate",
+        "--batch-size",
+        "2",
+        "--crop",
+        "256x256",
+        "--vram",
+        "8G",
+    ];
+    for args in [&trial[..], &estimate[..]] {
+        let out = Command::cargo_bin("segtune")
+            .unwrap()
+            .env("SEGTUNE_HOST_MEMORY", "600000000")
+            .arg(args[0])
+            .arg(b0(&shared))
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(err.contains("host_oom"), "{args:?}: {err}");
+        assert!(
+            err.contains("host out of memory ")
+                && err.contains(if args[0] == "trial" {
+                    "in the CPU step"
+                } else {
+                    "while tracing"
+                })
+                && err.contains("the step needs more than"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("this host had 0.1 GB"), "{args:?}: {err}");
+        assert!(err.lines().count() <= 3, "{args:?}: {err}");
+    }
+}

@@ -80,3 +80,76 @@ fn segformer_b0_ade20k_within_5_percent_of_the_published_figure() {
     let today = predicted_allocated(&config, &[]);
     assert!(today < 0.9 * zoo, "today {today} vs zoo stack {zoo}");
 }
+
+/// A meta trace counts op outputs only, never what CPU kernels allocate per
+/// thread: the estimate pinned to one thread equals the one on every core,
+/// figure for figure.
+#[test]
+fn a_prediction_does_not_depend_on_the_hosts_thread_count() {
+    let Some(shared) =
+        common::require_shared("a_prediction_does_not_depend_on_the_hosts_thread_count")
+    else {
+        return;
+    };
+    let config =
+        shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py");
+    let run = |threads: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
+            .arg("estimate")
+            .arg(&config)
+            .args([
+                "--vram",
+                "8G",
+                "--batch-size",
+                "2",
+                "--crop",
+                "256x256",
+                "--json",
+            ])
+            .args(["--threads", threads])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report
+            .as_object_mut()
+            .unwrap()
+            .remove("cpu_trace_peak_bytes");
+        report
+    };
+    let all = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .max(2);
+    let (one, every) = (run("1"), run(&all.to_string()));
+    assert_eq!(one, every, "1 thread vs {all}");
+    eprintln!(
+        "1 and {all} threads: predicted {} bytes both",
+        one["predicted_peak_allocated_bytes"]
+    );
+}
+
+/// A CNN row, predicted from a meta trace in seconds (the CPU trace of the
+/// same step took about a minute): DeepLabV3+ R-50 on Cityscapes.
+#[test]
+fn deeplabv3plus_r50_cityscapes_within_5_percent_of_the_published_figure() {
+    let Some(shared) = common::require_shared("deeplabv3plus_zoo_calibration") else {
+        return;
+    };
+    let (published_gib, gpus, config) = zoo_row(&shared, "15");
+    let published = published_gib * (1u64 << 30) as f64;
+    let zoo = predicted_allocated(&config, &["--stack", "zoo-2021", "--gpus", &gpus]);
+    let error = (zoo - published) / published;
+    eprintln!(
+        "DeepLabV3+ R-50 Cityscapes 512x1024 b2: published {published_gib} GiB, predicted {:.3} GiB ({:+.1}%)",
+        zoo / (1u64 << 30) as f64,
+        100.0 * error
+    );
+    assert!(
+        error.abs() < 0.05,
+        "predicted {zoo} vs published {published}"
+    );
+}

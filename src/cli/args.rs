@@ -5,9 +5,9 @@
 use crate::config::dump;
 use crate::error::Result;
 use crate::named::Named;
-use crate::predict::{EstimateRequest, Gpu};
+use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::{Objective, SearchRequest, SearchSpec};
-use crate::trial::{Amp, DeviceChoice, Stack, TrainingSetup, TrialRequest};
+use crate::trial::{Amp, DeviceChoice, OpTrace, Stack, TrainingSetup, TrialRequest};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
 
@@ -179,6 +179,11 @@ pub struct TrialArgs {
     /// fp16's GradScaler, the optimizers' foreach implementation.
     #[arg(long)]
     pub as_cuda: bool,
+    /// What the trace counts: every CPU allocation (off), or the storages
+    /// each ATen op returns, run by CPU kernels (cpu) or meta kernels
+    /// (meta: no compute, no host memory for tensors).
+    #[arg(long, value_parser = named::<OpTrace>(), default_value = "off")]
+    pub op_trace: OpTrace,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -204,6 +209,7 @@ impl TrialArgs {
             trace_out: self.trace_out.clone(),
             setup: self.setup.setup(),
             as_cuda: self.as_cuda,
+            op_trace: self.op_trace,
         }
     }
 }
@@ -261,6 +267,11 @@ pub struct EstimateArgs {
     pub threads: Option<i32>,
     #[command(flatten)]
     pub setup: SetupArgs,
+    /// How the step is traced: op outputs with meta kernels (meta: no
+    /// compute, no host memory), the same with CPU kernels (cpu), or every
+    /// CPU allocation (cpu-allocator, the trace before op-level traces).
+    #[arg(long, value_parser = named::<TraceKind>(), default_value = "meta")]
+    pub trace: TraceKind,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -282,6 +293,7 @@ impl EstimateArgs {
             amp: self.amp,
             threads: self.threads,
             setup: self.setup.setup(),
+            trace: self.trace,
         })
     }
 }
@@ -329,6 +341,9 @@ pub struct SearchArgs {
     /// Evaluate every candidate of the grid, without pruning (for benchmarks).
     #[arg(long, hide = true)]
     pub exhaustive: bool,
+    /// How predicted candidates are traced (see `segtune estimate --trace`).
+    #[arg(long, value_parser = named::<TraceKind>(), default_value = "meta")]
+    pub trace: TraceKind,
     /// Seconds before a CUDA trial counts as timed out.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub trial_timeout: u64,
@@ -359,6 +374,7 @@ impl SearchArgs {
             exhaustive: self.exhaustive,
             trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
             threads: self.threads,
+            trace: self.trace,
         }
     }
 }

@@ -90,7 +90,10 @@ fn run(cli: Cli) -> Result<Output> {
             // answer; a trial that broke is not: one line on stderr, exit 2.
             if matches!(
                 report.status,
-                trial::TrialStatus::Error | trial::TrialStatus::Crash | trial::TrialStatus::Timeout
+                trial::TrialStatus::Error
+                    | trial::TrialStatus::Crash
+                    | trial::TrialStatus::Timeout
+                    | trial::TrialStatus::HostOom
             ) {
                 return Err(crate::error::Error::Trial(format!(
                     "the trial failed ({}): {}",

@@ -3,7 +3,9 @@
 //! Python keeps Python's semantics, preset modules for `import`, and the
 //! conversion between Rhai values and config [`Value`]s.
 
+use super::budget;
 use super::error::{ConfigError, ErrorKind};
+use super::guarded;
 use super::presets;
 use super::pyops::{self, BinOp, CmpOp, PyError};
 use super::value::{python_repr, python_str, Dict, Value};
@@ -16,9 +18,6 @@ pub struct Limits {
     pub max_operations: u64,
     pub max_call_levels: usize,
     pub max_expr_depth: usize,
-    pub max_string_size: usize,
-    pub max_array_size: usize,
-    pub max_map_size: usize,
     pub max_modules: usize,
 }
 
@@ -28,13 +27,14 @@ impl Default for Limits {
             max_operations: 5_000_000,
             max_call_levels: 64,
             max_expr_depth: 256,
-            max_string_size: 4 << 20,
-            max_array_size: pyops::MAX_SEQUENCE_LEN,
-            max_map_size: 1 << 16,
             max_modules: 64,
         }
     }
 }
+
+/// Why Rhai stopped a config: it held more than its memory budget.
+#[derive(Debug, Clone, Copy)]
+struct BudgetExceeded;
 
 /// A Python tuple inside Rhai: immutable, distinct from a list.
 #[derive(Debug, Clone)]
@@ -278,16 +278,31 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
 /// Builds the engine that evaluates configs of `config_dir` (used to find
 /// `import`ed `.rhai` modules next to the config before the shipped presets).
 pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
-    let mut engine = Engine::new();
+    use rhai::packages::{self, Package};
+    // Rhai's standard library without blobs and clocks (no config needs
+    // them; a blob is built from a size argument in one call).
+    let mut engine = Engine::new_raw();
+    for package in [
+        packages::CorePackage::new().as_shared_module(),
+        packages::BitFieldPackage::new().as_shared_module(),
+        packages::LogicPackage::new().as_shared_module(),
+        packages::BasicMathPackage::new().as_shared_module(),
+        packages::BasicArrayPackage::new().as_shared_module(),
+        packages::BasicMapPackage::new().as_shared_module(),
+        packages::MoreStringPackage::new().as_shared_module(),
+    ] {
+        engine.register_global_module(package);
+    }
     engine.set_optimization_level(rhai::OptimizationLevel::None);
+    // No Rhai size limits: they re-measure every array after every call
+    // (quadratic); the allocator-counted budget bounds memory instead.
     engine
         .set_max_operations(limits.max_operations)
         .set_max_call_levels(limits.max_call_levels)
         .set_max_expr_depths(limits.max_expr_depth, limits.max_expr_depth)
-        .set_max_string_size(limits.max_string_size)
-        .set_max_array_size(limits.max_array_size)
-        .set_max_map_size(limits.max_map_size)
         .set_max_modules(limits.max_modules);
+    engine.on_progress(|_| budget::exceeded().then(|| Dynamic::from(BudgetExceeded)));
+    guarded::register(&mut engine);
     engine.set_module_resolver(presets::ModuleResolver::new(
         config_dir.map(Path::to_path_buf),
     ));
@@ -556,6 +571,9 @@ pub fn rhai_error(e: &EvalAltResult) -> ConfigError {
             ErrorKind::Limit,
             "the config ran for too long (operation limit reached); is there an endless loop?",
         ),
+        E::ErrorTerminated(token, _) if token.is::<BudgetExceeded>() => {
+            ConfigError::new(ErrorKind::Limit, budget::exceeded_message())
+        }
         E::ErrorStackOverflow(_) => ConfigError::new(ErrorKind::Limit, "the config recursed too deeply (call depth limit reached)"),
         E::ErrorDataTooLarge(what, _) => ConfigError::new(ErrorKind::Limit, format!("the config built a value larger than the limit ({what})")),
         E::ErrorTooManyModules(_) => ConfigError::new(ErrorKind::Limit, "the config imported too many modules"),
@@ -710,7 +728,7 @@ pub fn read_source(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// Collects the variables a script left in `scope` as the file's config.
-pub fn collect_scope(scope: &Scope, skip: &[&str]) -> Result<Dict, PyError> {
+pub fn collect_scope(scope: &Scope, skip: &[&str]) -> Result<Dict, (String, PyError)> {
     let mut out = Dict::new();
     // In binding order (`iter_raw` runs newest first), as Python's module
     // namespace: a name keeps its first position and takes its last value.
@@ -721,10 +739,21 @@ pub fn collect_scope(scope: &Scope, skip: &[&str]) -> Result<Dict, PyError> {
             continue;
         }
         if value.is::<rhai::FnPtr>() {
-            continue;
+            return Err((
+                name.to_string(),
+                PyError::new(
+                    "TypeError",
+                    format!(
+                        "variable `{name}` holds a closure, and a config holds only values; \
+                         write a helper as `fn {name}(...) {{ ... }}` (functions are not collected)"
+                    ),
+                ),
+            ));
         }
-        let v = to_value(value)
-            .map_err(|e| PyError::new(e.class, format!("variable `{name}`: {}", e.message)))?;
+        let v = to_value(value).map_err(|e| {
+            let message = format!("variable `{name}`: {}", e.message);
+            (name.to_string(), PyError::new(e.class, message))
+        })?;
         out.insert(name.to_string(), v);
     }
     Ok(out)

@@ -18,9 +18,11 @@
 //!   share; [`dump`] writes a resolved config back out; [`presets`] are the
 //!   modules a Rhai config may `import`.
 
+pub mod budget;
 pub mod dump;
 pub mod error;
 pub mod eval;
+mod guarded;
 mod loader;
 pub mod merge;
 mod prepare;
@@ -65,7 +67,12 @@ fn on_evaluation_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         let handle = std::thread::Builder::new()
             .name("segtune-config".into())
             .stack_size(EVALUATION_STACK_BYTES)
-            .spawn_scoped(scope, f);
+            .spawn_scoped(scope, || {
+                budget::start_metering();
+                let out = f();
+                budget::stop_metering();
+                out
+            });
         match handle {
             Ok(h) => h
                 .join()

@@ -246,9 +246,10 @@ impl Prepared {
                 e.at(locate(pos))
             }
         })?;
-        let cfg = eval::collect_scope(&scope, &[BASE_KEY]).map_err(|e| {
+        let cfg = eval::collect_scope(&scope, &[BASE_KEY]).map_err(|(name, e)| {
+            let line = binding_line(source, &name).unwrap_or(1);
             ConfigError::new(ErrorKind::Evaluation, e.to_string())
-                .at(Location::from_line_column(abs, source, 1, 1))
+                .at(Location::from_line_column(abs, source, line, 1))
         })?;
         let base = scope
             .get(BASE_KEY)
@@ -267,6 +268,25 @@ impl Prepared {
         };
         Ok((cfg, base))
     }
+}
+
+/// The first line that binds `name` at the top level (`name = ...` in
+/// Python, `let name = ...` or `const name = ...` in Rhai), to point an
+/// error about the value of `name` there.
+fn binding_line(source: &str, name: &str) -> Option<usize> {
+    source
+        .lines()
+        .position(|line| {
+            let rest = line
+                .strip_prefix("let ")
+                .or_else(|| line.strip_prefix("const "))
+                .unwrap_or(line)
+                .trim_start();
+            rest.strip_prefix(name).is_some_and(|after| {
+                after.trim_start().starts_with('=') && !after.trim_start().starts_with("==")
+            })
+        })
+        .map(|i| i + 1)
 }
 
 /// `_base_`'s value as paths: MMEngine takes a str or a list of str.

@@ -5,7 +5,7 @@
 use super::budget::Gpu;
 use super::estimate::{self, cudnn_benchmark, recipe_batch_size, recipe_crop, Estimate};
 use super::extrapolate::{extrapolate, TRACED_BATCHES};
-use super::step_trace::{trace_step, StepToTrace};
+use super::step_trace::{trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
 use crate::trial::worker::Worker;
@@ -27,6 +27,7 @@ pub struct EstimateRequest {
     /// CPU threads of the traced step (default: every core).
     pub threads: Option<i32>,
     pub setup: TrainingSetup,
+    pub trace: TraceKind,
 }
 
 /// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
@@ -68,10 +69,12 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
                 amp,
                 threads,
                 setup: request.setup,
+                kind: request.trace,
             },
         )
     };
-    let (events, cpu_peak) = if batch <= 3 {
+    // Op-level traces cost little: any batch is traced as it is.
+    let (events, cpu_peak) = if batch <= 3 || request.trace != TraceKind::CpuAllocator {
         let step = trace(batch)?;
         (step.events, Some(step.cpu_peak_bytes))
     } else {
@@ -92,6 +95,11 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         cudnn_benchmark(&cfg),
         cpu_peak,
     );
+    e.notes[0] = match request.trace {
+        TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),
+        TraceKind::Cpu => "activations, gradients and optimizer state come from an op-level trace of the same step on CPU kernels (the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator".into(),
+        TraceKind::CpuAllocator => "activations, gradients and optimizer state come from a trace of every CPU allocation of the same step (CPU kernels' scratch included), replayed through a model of PyTorch's CUDA caching allocator".into(),
+    };
     if request.setup.gpus > 1 {
         e.notes.push(format!(
             "per GPU of {} training data-parallel: includes DDP's gradient buckets (one more copy of the trainable parameters)",

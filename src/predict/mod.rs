@@ -21,4 +21,4 @@ pub mod step_trace;
 pub use budget::{Budget, Gpu};
 pub use estimate::Estimate;
 pub use from_config::{estimate_config, EstimateRequest};
-pub use step_trace::{trace_step, StepToTrace, TracedStep};
+pub use step_trace::{trace_step, StepToTrace, TraceKind, TracedStep};

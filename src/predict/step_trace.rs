@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::trial::trace::{self, TraceEvent};
 use crate::trial::worker::Worker;
-use crate::trial::{Amp, TrainingSetup, TrialRequest, TrialStatus};
+use crate::trial::{Amp, OpTrace, TrainingSetup, TrialRequest, TrialStatus};
 use std::path::Path;
 
 /// The trace of one step and what the worker measured with it.
@@ -17,6 +17,37 @@ pub struct TracedStep {
     pub cpu_peak_bytes: i64,
     /// Forward FLOPs of the step.
     pub forward_flops: f64,
+}
+
+/// How a step is traced for a prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceKind {
+    /// The storages each ATen op returns, with meta kernels: no compute and
+    /// no host memory for tensors (the default).
+    #[default]
+    Meta,
+    /// The same op-level trace with CPU kernels: for tests and comparison.
+    Cpu,
+    /// Every allocation of the CPU allocator, kernel scratch included (what
+    /// segtune traced before op-level traces); batches above 3 are
+    /// extrapolated from 2 and 3.
+    CpuAllocator,
+}
+
+crate::named::named_enum!(TraceKind, "a trace kind", {
+    Meta => "meta",
+    Cpu => "cpu",
+    CpuAllocator => "cpu-allocator",
+});
+
+impl TraceKind {
+    fn op_trace(self) -> OpTrace {
+        match self {
+            TraceKind::Meta => OpTrace::Meta,
+            TraceKind::Cpu => OpTrace::Cpu,
+            TraceKind::CpuAllocator => OpTrace::Off,
+        }
+    }
 }
 
 /// What to trace: the config and the step's shape.
@@ -30,6 +61,7 @@ pub struct StepToTrace<'a> {
     /// CPU threads of the traced step.
     pub threads: i32,
     pub setup: TrainingSetup,
+    pub kind: TraceKind,
 }
 
 /// Traces a warm-up and a measured training step on the CPU in the worker.
@@ -49,12 +81,18 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         trace_out: Some(trace_path.clone()),
         setup: step.setup,
         as_cuda: true,
+        op_trace: step.kind.op_trace(),
         ..TrialRequest::new(step.config)
     };
     let report = worker.trial(&request, None)?;
     if report.status != TrialStatus::Ok {
         return Err(Error::Trial(format!(
-            "the traced CPU step failed ({}): {}",
+            "the traced {} step failed ({}): {}",
+            if step.kind == TraceKind::Meta {
+                "meta"
+            } else {
+                "CPU"
+            },
             report.status.name(),
             report.message.unwrap_or_default()
         )));

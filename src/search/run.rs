@@ -11,7 +11,7 @@ use super::spec::{DeviceSetting, SearchSpec};
 use super::strategy::{rank, run_search, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
-use crate::predict::{trace_step, Budget, Gpu, StepToTrace};
+use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
 use crate::trial::worker::Worker;
 use crate::trial::TrainingSetup;
 use std::path::PathBuf;
@@ -32,6 +32,8 @@ pub struct SearchRequest {
     pub trial_timeout: Duration,
     /// CPU threads of each traced step (default: half the cores).
     pub threads: Option<i32>,
+    /// How predicted candidates are traced.
+    pub trace: TraceKind,
 }
 
 /// Runs the search; `progress` hears of every candidate as it is decided.
@@ -105,6 +107,7 @@ pub fn search(
                 .threads
                 .unwrap_or_else(|| (crate::trial::host_cores() / 2).max(1));
             let worker = worker.clone();
+            let trace_kind = request.trace;
             let tracer = Box::new(move |batch_size: i64, crop: (i64, i64), amp: Amp| {
                 trace_step(
                     &worker,
@@ -119,14 +122,19 @@ pub fn search(
                             gpus,
                             ..TrainingSetup::default()
                         },
+                        kind: trace_kind,
                     },
                 )
             });
             (
-                Box::new(PredictedEvaluator::new(budget.clone(), tracer)),
+                Box::new(PredictedEvaluator::new(
+                    budget.clone(),
+                    tracer,
+                    request.trace != TraceKind::CpuAllocator,
+                )),
                 format!(
-                    "predicted:{}:{}:{:.3}",
-                    budget.gpu, budget.vram_bytes, budget.margin
+                    "predicted:{}:{}:{:.3}:{}",
+                    budget.gpu, budget.vram_bytes, budget.margin, request.trace
                 ),
             )
         }

@@ -40,6 +40,65 @@ extern "C" {
     fn segtune_device_synchronize(device: c_int) -> c_int;
     fn segtune_autocast_enter(device_type: c_int, dtype: c_int) -> c_int;
     fn segtune_autocast_exit(device_type: c_int) -> c_int;
+    fn segtune_op_trace(mode: c_int) -> c_int;
+    fn segtune_op_trace_resume(on: bool) -> c_int;
+    fn segtune_op_trace_stand_ins() -> i64;
+    fn segtune_op_trace_unsupported() -> *const c_char;
+}
+
+/// What a trace counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpTrace {
+    /// Every allocation of the CPU allocator, kernel scratch included.
+    #[default]
+    Off,
+    /// The storages each ATen op returns (below autograd), CPU kernels.
+    Cpu,
+    /// The same, with meta kernels: no compute, no host memory for tensors.
+    Meta,
+}
+
+crate::named::named_enum!(OpTrace, "a trace level", {
+    Off => "off",
+    Cpu => "cpu",
+    Meta => "meta",
+});
+
+/// Switches op-level tracing (see `shim.cpp`) on this thread.
+pub fn set_op_trace(mode: OpTrace) -> Result<(), String> {
+    let code = match mode {
+        OpTrace::Off => 0,
+        OpTrace::Cpu => 1,
+        OpTrace::Meta => 2,
+    };
+    // SAFETY: plain call into the shim.
+    check(unsafe { segtune_op_trace(code) })
+}
+
+/// Runs `f` with op-level tracing suspended on this thread: for tensors
+/// built from host data, which must hold real bytes even in a meta trace.
+pub fn without_op_trace<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: plain calls into the shim.
+    unsafe { segtune_op_trace_resume(false) };
+    let out = f();
+    unsafe { segtune_op_trace_resume(true) };
+    out
+}
+
+/// How many data-dependent values (`.item()`) a meta trace stood in for.
+pub fn op_trace_stand_ins() -> i64 {
+    // SAFETY: plain call into the shim.
+    unsafe { segtune_op_trace_stand_ins() }
+}
+
+/// The first op a meta trace could not run, if any.
+pub fn op_trace_unsupported() -> Option<String> {
+    // SAFETY: the shim returns a NUL-terminated string it keeps alive.
+    let name = unsafe { CStr::from_ptr(segtune_op_trace_unsupported()) }
+        .to_string_lossy()
+        .into_owned();
+    (!name.is_empty()).then_some(name)
 }
 
 fn check(rc: c_int) -> Result<(), String> {
@@ -119,6 +178,18 @@ pub struct DeviceStats {
     pub num_ooms: i64,
     pub free_bytes: i64,
     pub total_bytes: i64,
+}
+
+/// The bytes held plus the bytes asked for when the counting allocator's
+/// cap refused an allocation, read from its message (see `shim.cpp`).
+pub fn cap_failure_bytes(message: &str) -> Option<u64> {
+    let rest = message
+        .split("segtune allocation cap: out of memory. Tried to allocate ")
+        .nth(1)?;
+    let mut words = rest.split_whitespace();
+    let asked: u64 = words.next()?.parse().ok()?;
+    let in_use: u64 = words.nth(2)?.parse().ok()?;
+    Some(asked.saturating_add(in_use))
 }
 
 pub fn device_stats(device: usize) -> Result<DeviceStats, String> {
@@ -324,4 +395,15 @@ extern "C" {
 pub fn hold_until_freed(keep: &tch::Tensor, until: &tch::Tensor) -> Result<(), String> {
     // SAFETY: live tensors; the shim copies `keep` (a new reference).
     check(unsafe { segtune_hold_until_freed(keep.as_ptr(), until.as_ptr()) })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_cap_message_gives_what_the_step_asked_for() {
+        let m = "segtune allocation cap: out of memory. Tried to allocate 409600 bytes with \
+                 99825792 bytes in use and a cap of 100000000 bytes";
+        assert_eq!(super::cap_failure_bytes(m), Some(409600 + 99825792));
+        assert_eq!(super::cap_failure_bytes("CUDA out of memory"), None);
+    }
 }

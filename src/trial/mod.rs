@@ -35,6 +35,7 @@ pub mod worker;
 
 pub use amp::Amp;
 pub use execute::{execute, inspect, ModelSummary};
+pub use memory::OpTrace;
 pub use report::{StepRecord, TrialReport, TrialStatus};
 pub use request::{DeviceChoice, TrialRequest};
 pub use run::run;

@@ -13,6 +13,9 @@ pub enum TrialStatus {
     Ok,
     /// Out of memory (CUDA's, or the CPU cap's).
     Oom,
+    /// A CPU step needed more RAM than the host had available: no answer
+    /// about the model, a limit of this machine.
+    HostOom,
     /// libtorch or the config refused the step.
     Error,
     /// The loss was NaN or infinite.
@@ -32,6 +35,7 @@ impl TrialStatus {
         match self {
             TrialStatus::Ok => "ok",
             TrialStatus::Oom => "oom",
+            TrialStatus::HostOom => "host_oom",
             TrialStatus::Error => "error",
             TrialStatus::NonFiniteLoss => "non_finite_loss",
             TrialStatus::Infeasible => "infeasible",
@@ -107,6 +111,15 @@ pub struct TrialReport {
     pub steps: Vec<StepRecord>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub trace: Option<Vec<TraceEvent>>,
+    /// What the trace counted (`off`: every CPU allocation).
+    #[serde(default)]
+    pub op_trace: super::OpTrace,
+    /// Ops a meta trace ran on CPU stand-ins (no C++ meta kernel).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub meta_ops_on_cpu: Vec<String>,
+    /// Data-dependent values (`.item()`) a meta trace stood in for with 0.
+    #[serde(default)]
+    pub meta_stand_ins: i64,
 }
 
 impl TrialReport {
@@ -141,6 +154,9 @@ impl TrialReport {
             images_per_s: None,
             steps: Vec::new(),
             trace: None,
+            op_trace: request.op_trace,
+            meta_ops_on_cpu: Vec::new(),
+            meta_stand_ins: 0,
         }
     }
 

@@ -70,6 +70,14 @@ pub struct TrialRequest {
     /// held as bf16, the same two bytes; fp16's GradScaler; the optimizers'
     /// foreach implementation). For traces that predict a GPU.
     pub as_cuda: bool,
+    /// Count op outputs instead of allocations, with CPU or meta kernels
+    /// (see [`super::memory::OpTrace`]).
+    pub op_trace: super::memory::OpTrace,
+}
+
+fn flag_after(name: &str, value: String, argv: &mut Vec<OsString>) {
+    argv.push(format!("--{name}").into());
+    argv.push(value.into());
 }
 
 impl TrialRequest {
@@ -93,6 +101,7 @@ impl TrialRequest {
             trace_out: None,
             setup: TrainingSetup::default(),
             as_cuda: false,
+            op_trace: super::memory::OpTrace::Off,
         }
     }
 
@@ -129,6 +138,9 @@ impl TrialRequest {
         }
         if self.as_cuda {
             argv.push("--as-cuda".into());
+        }
+        if self.op_trace != super::memory::OpTrace::Off {
+            flag_after("op-trace", self.op_trace.to_string(), &mut argv);
         }
         argv.push("--json".into());
         if !self.cfg_options.is_empty() {

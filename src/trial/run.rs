@@ -15,7 +15,70 @@ use tch::{Device, Kind, Tensor};
 
 /// Runs a trial of the resolved config `cfg`. Memory figures are relative
 /// to the CPU allocator's count before the model is built.
+///
+/// A CPU trial without `--cpu-cap` runs under a cap of the host's available
+/// RAM (less a reserve): a step that needs more fails as `host_oom`, saying
+/// how much it needed, instead of growing until the kernel kills it (and
+/// perhaps other processes with it).
 pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
+    let host_budget = (device == Device::Cpu && request.cpu_cap_bytes.is_none())
+        .then(host_tensor_budget)
+        .flatten();
+    let report = run_capped(cfg, request, device, host_budget);
+    match host_budget {
+        Some(budget) if report.status == TrialStatus::Oom => {
+            let doing = if request.trace_out.is_some() {
+                "while tracing"
+            } else {
+                "in the CPU step"
+            };
+            host_out_of_memory(report, budget, doing)
+        }
+        _ => report,
+    }
+}
+
+/// What a CPU trial's tensors may hold at once on this host: the RAM
+/// available now, less 1/16 of it (at least 512 MiB) for the rest of the
+/// process and the system.
+///
+/// `SEGTUNE_HOST_MEMORY` (bytes) stands in for the available RAM: to
+/// keep traces small on a shared machine, and for tests.
+fn host_tensor_budget() -> Option<u64> {
+    let available = match std::env::var("SEGTUNE_HOST_MEMORY") {
+        Ok(v) => v.trim().parse().ok()?,
+        Err(_) => host_memory()?.1,
+    };
+    let reserve = (available / 16).max(512 << 20);
+    Some(available.saturating_sub(reserve).max(64 << 20))
+}
+
+/// Turns the host cap's out-of-memory into `host_oom` with the bytes the
+/// step had asked for when it stopped (a lower bound of what it needs).
+fn host_out_of_memory(mut report: TrialReport, budget: u64, doing: &str) -> TrialReport {
+    let gb = |b: u64| b as f64 / 1e9;
+    let asked = report
+        .message
+        .as_deref()
+        .and_then(memory::cap_failure_bytes)
+        .unwrap_or(budget);
+    report.status = TrialStatus::HostOom;
+    report.message = Some(format!(
+        "host out of memory {doing}: the step needs more than {:.1} GB of tensors at \
+         once, and this host had {:.1} GB to give it; free memory, use a host with more RAM, \
+         or a smaller batch or crop",
+        gb(asked),
+        gb(budget)
+    ));
+    report
+}
+
+fn run_capped(
+    cfg: &Dict,
+    request: &TrialRequest,
+    device: Device,
+    host_budget: Option<u64>,
+) -> TrialReport {
     let counter = CpuCounter::install();
     if let Some(n) = request.threads {
         tch::set_num_threads(n);
@@ -29,7 +92,21 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
     if let Err(why) = check_host_memory(request) {
         return report.failed(TrialStatus::Error, why);
     }
+    if request.op_trace != memory::OpTrace::Off {
+        if device != Device::Cpu {
+            return report.failed(
+                TrialStatus::Error,
+                "--op-trace traces a CPU (or meta) step; leave it out on CUDA".into(),
+            );
+        }
+        if let Err(e) = memory::set_op_trace(request.op_trace) {
+            return report.failed(TrialStatus::Error, e);
+        }
+    }
     let base = counter.current();
+    if let Some(budget) = host_budget {
+        counter.set_cap(base + budget as i64);
+    }
     tch::manual_seed(request.seed);
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         EncoderDecoder::build(cfg, device)
@@ -173,6 +250,15 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
     drop(previous_items);
     drop(ddp_buckets);
     counter.set_cap(0);
+    if request.op_trace != memory::OpTrace::Off {
+        let _ = memory::set_op_trace(memory::OpTrace::Off);
+        if request.op_trace == memory::OpTrace::Meta {
+            report.meta_ops_on_cpu = memory::op_trace_unsupported()
+                .map(|names| names.split(',').map(str::to_string).collect())
+                .unwrap_or_default();
+            report.meta_stand_ins = memory::op_trace_stand_ins();
+        }
+    }
     if request.trace_out.is_some() {
         counter.trace(false);
         trace.extend(counter.take_trace());

@@ -5,6 +5,9 @@
 // libtorch headers of the torch that tch links.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <sys/mman.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -14,6 +17,10 @@
 
 #include <malloc.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -46,6 +53,12 @@ uint32_t g_phase = 0;
 bool g_tracing = false;
 std::vector<TraceEvent> g_trace;
 bool g_installed = false;
+// Op-level tracing (see the section below): 0 off, 1 CPU kernels, 2 meta kernels.
+std::atomic<int> g_op_mode{0};
+// > 0 while a kernel runs under the op-level fallback on this thread: what
+// it allocates is pending, not counted, until the op returns it.
+thread_local int t_in_op = 0;
+std::unordered_map<void*, size_t> g_pending;
 // Tensors kept alive until the storage at the key is freed (see
 // segtune_hold_until_freed). Never destroyed: tensors must not be released
 // after libtorch has shut down at exit.
@@ -63,6 +76,8 @@ void counting_delete(void* p) {
         g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, 0});
       }
       g_live.erase(it);
+    } else {
+      g_pending.erase(p);
     }
     auto held = g_holds->find(p);
     if (held != g_holds->end()) {
@@ -87,7 +102,10 @@ struct CountingAllocator final : public c10::Allocator {
       }
     }
     void* p = n ? c10::alloc_cpu(n) : nullptr;
-    if (p) {
+    if (p && t_in_op > 0 && g_op_mode.load() != 0) {
+      std::lock_guard<std::mutex> lk(g_mu);
+      g_pending[p] = n;
+    } else if (p) {
       std::lock_guard<std::mutex> lk(g_mu);
       uint64_t id = static_cast<uint64_t>(g_count++);
       g_live[p] = {n, id};
@@ -353,4 +371,502 @@ extern "C" int segtune_autocast_cuda_policy(bool on) {
         torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
     register_cuda_policy(*g_cuda_policy);
   });
+}
+
+// ---------------------------------------------------------------------------
+// Op-level trace. What a GPU allocates for a training step is what every
+// backend agrees on: the outputs of each ATen op as dispatched below
+// autograd (and their lifetimes, which autograd decides the same way
+// everywhere), plus the temporaries of the GPU's own kernels, which the
+// predictor models explicitly. A boxed fallback on the `Fake` dispatch key
+// (below autograd and autocast, above the backends; unused by libtorch
+// itself), switched on for the tracing thread through the thread-local
+// included key set, sees every op there and counts only the storages the op
+// returns that did not exist before:
+//  - mode 1 (CPU): the CPU kernel runs; what it allocates is pending until
+//    it returns, then its new output storages are counted and traced and the
+//    rest (oneDNN scratch, per-thread buffers) never is.
+//  - mode 2 (meta): the op runs on meta copies of its arguments (no data, no
+//    compute) and each new output becomes a CPU tensor whose storage is a
+//    counted fake allocation (addresses in a reserved, inaccessible range):
+//    the same trace as mode 1 in milliseconds and without the host RAM.
+//    Values a meta kernel cannot give (`.item()`) are stand-ins: 0.
+namespace {
+
+std::unique_ptr<torch::Library> g_fake_fallback;
+std::atomic<int64_t> g_stand_ins{0};
+std::string g_meta_unsupported;  // first op the meta mode could not run (under g_mu)
+
+// Fake storages: unique addresses inside a PROT_NONE reservation, so that
+// code which touches their bytes faults at once instead of corrupting memory.
+constexpr size_t kFakeSlot = 256;
+constexpr size_t kFakeRegion = size_t(1) << 40;  // 1 TiB of address space, never committed
+char* g_fake_base = nullptr;
+uint64_t g_fake_next = 0;
+
+void fake_delete(void* p) {
+  std::vector<at::Tensor> released;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_live.find(p);
+    if (it != g_live.end()) {
+      g_current -= static_cast<int64_t>(it->second.bytes);
+      if (g_tracing) g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, 0});
+      g_live.erase(it);
+    }
+    auto held = g_holds->find(p);
+    if (held != g_holds->end()) {
+      released = std::move(held->second);
+      g_holds->erase(held);
+    }
+  }
+  // `released` goes out of scope outside the lock, as in counting_delete.
+}
+
+struct FakeAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    // As the CPU allocator: no bytes, no pointer, nothing counted.
+    if (n == 0) return {nullptr, nullptr, &fake_delete, c10::Device(c10::DeviceType::CPU)};
+    std::lock_guard<std::mutex> lk(g_mu);
+    void* p = g_fake_base + (g_fake_next++ % (kFakeRegion / kFakeSlot)) * kFakeSlot;
+    uint64_t id = static_cast<uint64_t>(g_count++);
+    g_live[p] = {n, id};
+    g_current += static_cast<int64_t>(n);
+    if (g_current > g_peak) g_peak = g_current;
+    if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, 0});
+    return {p, p, &fake_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &fake_delete; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "segtune: the data of a traced (meta) tensor was copied");
+  }
+};
+FakeAllocator g_fake_alloc;
+
+template <typename F>
+void for_each_tensor(c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (at::Tensor t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& item : v.toListRef()) {
+      if (item.isTensor()) f(item.toTensor());
+    }
+  }
+}
+
+// Maps each tensor inside `v` through `f`, rebuilding lists.
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (at::Tensor t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isList()) {
+    auto list = v.toList();
+    if (list.elementType()->isSubtypeOf(*c10::OptionalType::ofTensor())) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& item : list) {
+        out.push_back(item.isTensor() ? std::optional<at::Tensor>(f(item.toTensor())) : std::nullopt);
+      }
+      return out;
+    }
+  }
+  return v;
+}
+
+void claim_outputs(torch::jit::Stack* stack, size_t returns) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    for_each_tensor((*stack)[i], [&](const at::Tensor& t) {
+      if (!t.defined() || !t.has_storage()) return;
+      void* p = t.storage().data_ptr().get();
+      auto it = g_pending.find(p);
+      if (it == g_pending.end()) return;
+      uint64_t id = static_cast<uint64_t>(g_count++);
+      g_live[p] = {it->second, id};
+      g_current += static_cast<int64_t>(it->second);
+      if (g_current > g_peak) g_peak = g_current;
+      if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(it->second), g_phase, 0});
+      g_pending.erase(it);
+    });
+  }
+}
+
+at::Tensor with_storage(const c10::Storage& storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), like.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return t;
+}
+
+// Ops without a C++ meta kernel (their meta functions live in Python) run
+// on the CPU instead, on zero-filled stand-ins of their meta arguments,
+// uncounted: the outputs' shapes are what matters. Named in the report.
+std::set<std::string> g_cpu_for_meta;  // under g_mu
+
+struct InOp {
+  InOp() { t_in_op++; }
+  ~InOp() { t_in_op--; }
+};
+
+void run_on_cpu_zeros(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first) {
+  InOp in_op;  // the stand-ins and the CPU kernel's outputs are never counted
+  const auto& schema = op.schema();
+  size_t nargs = schema.arguments().size();
+  std::unordered_map<c10::StorageImpl*, at::Tensor> meta_of_cpu_input;  // CPU storage -> a meta tensor on it
+  std::unordered_map<c10::TensorImpl*, at::Tensor> meta_tensor_of_cpu;
+  std::unordered_map<c10::StorageImpl*, c10::Storage> cpu_of_meta_storage;
+  auto to_zeros = [&](const at::Tensor& m) -> at::Tensor {
+    if (!m.defined() || !m.is_meta()) return m;
+    auto* ms = m.storage().unsafeGetStorageImpl();
+    auto found = cpu_of_meta_storage.find(ms);
+    if (found == cpu_of_meta_storage.end()) {
+      size_t n = m.storage().nbytes();
+      c10::Storage cs(c10::Storage::use_byte_size_t(), n, c10::GetCPUAllocator(), true);
+      // Masks all true, everything else zero: every pixel labelled, as the
+      // synthetic batch of a prediction has it (no ignored pixels).
+      if (n) std::memset(cs.mutable_data(), m.scalar_type() == at::kBool ? 1 : 0, n);
+      found = cpu_of_meta_storage.emplace(ms, cs).first;
+      meta_of_cpu_input[cs.unsafeGetStorageImpl()] = m;
+    }
+    at::Tensor c = with_storage(found->second, c10::DispatchKey::CPU, m);
+    meta_tensor_of_cpu[c.unsafeGetTensorImpl()] = m;
+    return c;
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& arg = (*stack)[first + i];
+    if (arg.isDevice()) {
+      if (arg.toDevice().is_meta()) arg = c10::IValue(c10::Device(c10::kCPU));
+    } else {
+      arg = map_tensors(arg, to_zeros);
+    }
+  }
+  op.callBoxed(stack);
+  size_t returns = schema.returns().size();
+  std::unordered_map<c10::StorageImpl*, c10::Storage> meta_of_new;
+  auto to_meta_again = [&](const at::Tensor& c) -> at::Tensor {
+    if (!c.defined() || c.is_meta()) return c;
+    auto same = meta_tensor_of_cpu.find(c.unsafeGetTensorImpl());
+    if (same != meta_tensor_of_cpu.end()) return same->second;
+    auto* cs = c.storage().unsafeGetStorageImpl();
+    auto input = meta_of_cpu_input.find(cs);
+    if (input != meta_of_cpu_input.end()) return with_storage(input->second.storage(), c10::DispatchKey::Meta, c);
+    auto made = meta_of_new.find(cs);
+    if (made == meta_of_new.end()) {
+      c10::Storage ms(c10::Storage::use_byte_size_t(), c.storage().nbytes(), c10::GetAllocator(c10::kMeta), true);
+      made = meta_of_new.emplace(cs, ms).first;
+    }
+    return with_storage(made->second, c10::DispatchKey::Meta, c);
+  };
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    (*stack)[i] = map_tensors((*stack)[i], to_meta_again);
+  }
+}
+
+// Shapes of the ops whose meta functions live in Python (torch/_meta_registrations.py),
+// for the ops the models run: each gives the outputs the CPU kernel allocates
+// (sizes, dtype, memory format), as meta tensors. Returns false for an op it
+// does not know, which then runs on CPU stand-ins.
+at::Tensor meta_empty_like(const at::Tensor& t, at::MemoryFormat format) {
+  return at::empty(t.sizes(), t.options().device(c10::kMeta).memory_format(format));
+}
+at::Tensor meta_empty(at::IntArrayRef sizes, const at::Tensor& like, c10::ScalarType dtype) {
+  return at::empty(sizes, like.options().device(c10::kMeta).dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
+}
+c10::ScalarType stats_dtype(const at::Tensor& input, const c10::IValue& param) {
+  // CPU norms keep statistics in the parameters' type when they are fp32
+  // and the input is reduced precision ("mixed type"), else in the input's.
+  if (param.isTensor() && param.toTensor().defined() && param.toTensor().scalar_type() == at::kFloat &&
+      at::isReducedFloatingType(input.scalar_type())) {
+    return at::kFloat;
+  }
+  return input.scalar_type();
+}
+void push_outputs(torch::jit::Stack* stack, size_t first, std::initializer_list<at::Tensor> outs) {
+  stack->resize(first);
+  for (const auto& t : outs) stack->emplace_back(t);
+}
+
+// A convolution runs channels-last when its input or weight is, and so are
+// its outputs and gradients (mkldnn on the CPU, cuDNN on CUDA alike).
+at::MemoryFormat conv_format(const at::Tensor& input, const at::Tensor& weight) {
+  bool last = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                                   weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
+  return last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+bool meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first) {
+  auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[first + i]; };
+  if (name == "aten::convolution") {
+    at::Tensor input = arg(0).toTensor(), weight = arg(1).toTensor();
+    auto stride = arg(3).toIntVector(), padding = arg(4).toIntVector(), dilation = arg(5).toIntVector();
+    bool transposed = arg(6).toBool();
+    auto output_padding = arg(7).toIntVector();
+    int64_t groups = arg(8).toInt();
+    int64_t dims = input.dim() - 2;
+    std::vector<int64_t> sizes{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+    for (int64_t d = 0; d < dims; ++d) {
+      int64_t in = input.size(d + 2), k = weight.size(d + 2);
+      int64_t s = stride[stride.size() == 1 ? 0 : d], p = padding[padding.size() == 1 ? 0 : d];
+      int64_t dl = dilation[dilation.size() == 1 ? 0 : d];
+      sizes.push_back(transposed ? (in - 1) * s - 2 * p + dl * (k - 1) + output_padding[output_padding.size() == 1 ? 0 : d] + 1
+                                 : (in + 2 * p - dl * (k - 1) - 1) / s + 1);
+    }
+    push_outputs(stack, first, {at::empty(sizes, input.options().device(c10::kMeta).memory_format(conv_format(input, weight)))});
+    return true;
+  }
+  if (name == "aten::convolution_backward") {
+    at::Tensor input = arg(1).toTensor(), weight = arg(2).toTensor();
+    auto bias_sizes = arg(3).isNone() ? std::vector<int64_t>{} : arg(3).toIntVector();
+    auto mask = arg(10).to<std::array<bool, 3>>();
+    at::Tensor gi, gw, gb;
+    auto format = conv_format(input, weight);
+    if (mask[0]) gi = meta_empty_like(input, format);
+    if (mask[1]) gw = meta_empty_like(weight, format);
+    if (mask[2]) gb = meta_empty({weight.size(arg(7).toBool() ? 1 : 0) * (arg(7).toBool() ? arg(9).toInt() : 1)}, weight, weight.scalar_type());
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::native_layer_norm") {
+    at::Tensor input = arg(0).toTensor();
+    auto normalized = arg(1).toIntVector();
+    int64_t axis = input.dim() - static_cast<int64_t>(normalized.size());
+    std::vector<int64_t> stat(input.sizes().begin(), input.sizes().begin() + axis);
+    stat.resize(input.dim(), 1);
+    auto dtype = stats_dtype(input, arg(2));
+    push_outputs(stack, first, {meta_empty_like(input, at::MemoryFormat::Contiguous), meta_empty(stat, input, dtype),
+                                meta_empty(stat, input, dtype)});
+    return true;
+  }
+  if (name == "aten::native_layer_norm_backward") {
+    at::Tensor input = arg(1).toTensor();
+    auto mask = arg(7).to<std::array<bool, 3>>();
+    at::Tensor gi, gw, gb;
+    if (mask[0]) gi = meta_empty_like(input, at::MemoryFormat::Contiguous);
+    if (mask[1] && arg(5).isTensor()) gw = meta_empty_like(arg(5).toTensor(), at::MemoryFormat::Contiguous);
+    if (mask[2] && arg(6).isTensor()) gb = meta_empty_like(arg(6).toTensor(), at::MemoryFormat::Contiguous);
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::native_batch_norm") {
+    at::Tensor input = arg(0).toTensor();
+    bool training = arg(5).toBool();
+    auto dtype = stats_dtype(input, arg(1));
+    int64_t channels = training ? input.size(1) : 0;
+    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format()), meta_empty({channels}, input, dtype),
+                                meta_empty({channels}, input, dtype)});
+    return true;
+  }
+  if (name == "aten::native_batch_norm_backward") {
+    at::Tensor input = arg(1).toTensor();
+    auto mask = arg(9).to<std::array<bool, 3>>();
+    at::Tensor weight = arg(2).isTensor() ? arg(2).toTensor() : at::Tensor();
+    auto param_dtype = weight.defined() ? weight.scalar_type() : input.scalar_type();
+    at::Tensor gi, gw, gb;
+    if (mask[0]) gi = meta_empty_like(input, input.suggest_memory_format());
+    if (mask[1]) gw = meta_empty({input.size(1)}, input, param_dtype);
+    if (mask[2]) gb = meta_empty({input.size(1)}, input, param_dtype);
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::nll_loss2d_forward") {
+    at::Tensor self = arg(0).toTensor();
+    int64_t reduction = arg(3).toInt();
+    at::Tensor out = reduction == 0 ? meta_empty({self.size(0), self.size(2), self.size(3)}, self, self.scalar_type())
+                                    : meta_empty({}, self, self.scalar_type());
+    push_outputs(stack, first, {out, meta_empty({}, self, self.scalar_type())});
+    return true;
+  }
+  if (name == "aten::nll_loss2d_backward") {
+    at::Tensor self = arg(1).toTensor();
+    push_outputs(stack, first, {meta_empty_like(self, at::MemoryFormat::Contiguous)});
+    return true;
+  }
+  return false;
+}
+
+// Turns a meta op's outputs back into CPU tensors: the argument itself for
+// an in-place op, a view of the argument's CPU storage for a view, and a new
+// counted fake storage for a new output.
+void finish_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                 std::unordered_map<c10::StorageImpl*, c10::Storage>& cpu_of_meta,
+                 std::unordered_map<c10::TensorImpl*, at::Tensor>& cpu_tensor_of_meta) {
+  size_t returns = op.schema().returns().size();
+  std::unordered_map<c10::StorageImpl*, c10::Storage> fake_of_meta;
+  auto to_cpu = [&](const at::Tensor& m) -> at::Tensor {
+    if (!m.defined() || !m.is_meta()) return m;
+    auto same = cpu_tensor_of_meta.find(m.unsafeGetTensorImpl());
+    if (same != cpu_tensor_of_meta.end()) return same->second;
+    auto* meta_storage = m.storage().unsafeGetStorageImpl();
+    auto alias = cpu_of_meta.find(meta_storage);
+    if (alias != cpu_of_meta.end()) return with_storage(alias->second, c10::DispatchKey::CPU, m);
+    auto fake = fake_of_meta.find(meta_storage);
+    if (fake == fake_of_meta.end()) {
+      size_t n = m.storage().nbytes();
+      c10::Storage st(c10::Storage::use_byte_size_t(), n, g_fake_alloc.allocate(n), &g_fake_alloc, true);
+      fake = fake_of_meta.emplace(meta_storage, st).first;
+    }
+    return with_storage(fake->second, c10::DispatchKey::CPU, m);
+  };
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    (*stack)[i] = map_tensors((*stack)[i], to_cpu);
+  }
+}
+
+void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  size_t nargs = schema.arguments().size();
+  size_t first = stack->size() - nargs;
+  if (schema.name() == "aten::_local_scalar_dense") {
+    at::Tensor t = (*stack)[first].toTensor();
+    stack->resize(first);
+    g_stand_ins++;
+    // Zero: a finite loss, no inf found by the GradScaler (the step is
+    // taken), nothing ignored; only values depend on it, never a shape.
+    if (t.scalar_type() == at::kBool) {
+      stack->emplace_back(c10::Scalar(false));
+    } else if (at::isFloatingType(t.scalar_type())) {
+      stack->emplace_back(c10::Scalar(0.0));
+    } else {
+      stack->emplace_back(c10::Scalar(int64_t(0)));
+    }
+    return;
+  }
+  // One meta storage per CPU storage among the arguments, so that views and
+  // in-place ops alias on meta as they do on the CPU.
+  std::unordered_map<c10::StorageImpl*, c10::Storage> meta_of_cpu;
+  std::unordered_map<c10::StorageImpl*, c10::Storage> cpu_of_meta;
+  std::unordered_map<c10::TensorImpl*, at::Tensor> cpu_tensor_of_meta;
+  auto to_meta = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || t.is_meta()) return t;
+    TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage(),
+                "segtune: a meta trace takes strided CPU tensors, not ", t.toString());
+    auto* cpu_storage = t.storage().unsafeGetStorageImpl();
+    auto found = meta_of_cpu.find(cpu_storage);
+    if (found == meta_of_cpu.end()) {
+      c10::Storage ms(c10::Storage::use_byte_size_t(), t.storage().nbytes(), c10::GetAllocator(c10::kMeta), true);
+      cpu_of_meta[ms.unsafeGetStorageImpl()] = t.storage();
+      found = meta_of_cpu.emplace(cpu_storage, ms).first;
+    }
+    at::Tensor m = with_storage(found->second, c10::DispatchKey::Meta, t);
+    cpu_tensor_of_meta[m.unsafeGetTensorImpl()] = t;
+    return m;
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& arg = (*stack)[first + i];
+    const auto& type = schema.arguments()[i].type();
+    if (arg.isDevice() || (type->kind() == c10::TypeKind::OptionalType && arg.isDevice())) {
+      if (arg.toDevice().is_cpu()) arg = c10::IValue(c10::Device(c10::kMeta));
+    } else {
+      arg = map_tensors(arg, to_meta);
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    bool has_meta_kernel = true;
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      has_meta_kernel = !g_cpu_for_meta.count(schema.operator_name().name + "." + schema.overload_name());
+    }
+    if (meta_by_rule(schema.name(), stack, first)) return finish_meta(op, stack, cpu_of_meta, cpu_tensor_of_meta);
+    torch::jit::Stack saved(stack->begin() + first, stack->end());
+    if (has_meta_kernel) {
+      // Real CPU memory a meta kernel allocates (wrapped scalars) is the
+      // kernel's own: pending, never counted.
+      try {
+        InOp in_op;
+        op.callBoxed(stack);
+      } catch (const c10::Error& e) {
+        std::lock_guard<std::mutex> lk(g_mu);
+        g_cpu_for_meta.insert(schema.operator_name().name + "." + schema.overload_name());
+        has_meta_kernel = false;
+      }
+    }
+    if (!has_meta_kernel) {
+      stack->resize(first);
+      stack->insert(stack->end(), saved.begin(), saved.end());
+      run_on_cpu_zeros(op, stack, first);
+    }
+  }
+  finish_meta(op, stack, cpu_of_meta, cpu_tensor_of_meta);
+}
+
+// SEGTUNE_OP_TRACE_LOG=1: each op and the trace length after it, on stderr.
+const bool g_op_log = std::getenv("SEGTUNE_OP_TRACE_LOG") != nullptr;
+
+void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  struct Log {
+    const c10::OperatorHandle& op;
+    ~Log() {
+      if (!g_op_log) return;
+      std::lock_guard<std::mutex> lk(g_mu);
+      fprintf(stderr, "op %s.%s %zu %ld\n", op.schema().name().c_str(), op.schema().overload_name().c_str(),
+              g_trace.size(), static_cast<long>(g_current));
+    }
+  } log{op};
+  c10::impl::ExcludeDispatchKeyGuard not_again(c10::DispatchKey::Fake);
+  if (g_op_log) {
+    size_t nargs = op.schema().arguments().size();
+    for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
+      for_each_tensor((*stack)[i], [&](const at::Tensor& t) {
+        if (t.defined()) fprintf(stderr, "  in %s %s\n", c10::str(t.sizes()).c_str(), c10::str(t.strides()).c_str());
+      });
+    }
+  }
+  if (g_op_mode.load() == 2) {
+    run_on_meta(op, stack);
+    return;
+  }
+  {
+    InOp in_op;
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
+  }
+  claim_outputs(stack, op.schema().returns().size());
+}
+
+}  // namespace
+
+extern "C" {
+// Switches op-level tracing on this thread: 0 off, 1 CPU kernels, 2 meta.
+int segtune_op_trace(int mode) {
+  return guarded([&] {
+    if (mode != 0 && !g_fake_fallback) {
+      if (!g_fake_base) {
+        void* region = mmap(nullptr, kFakeRegion, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        TORCH_CHECK(region != MAP_FAILED, "segtune: cannot reserve address space for a meta trace");
+        g_fake_base = static_cast<char*>(region);
+      }
+      g_fake_fallback = std::make_unique<torch::Library>(
+          torch::Library::IMPL, "_", c10::DispatchKey::Fake, __FILE__, __LINE__);
+      g_fake_fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&op_level_fallback>());
+    }
+    g_op_mode.store(mode);
+    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, mode != 0);
+  });
+}
+int64_t segtune_op_trace_stand_ins() { return g_stand_ins.load(); }
+// The ops a meta trace ran on the CPU (no C++ meta kernel), comma-separated.
+const char* segtune_op_trace_unsupported() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_meta_unsupported.clear();
+  for (const auto& name : g_cpu_for_meta) {
+    if (!g_meta_unsupported.empty()) g_meta_unsupported += ",";
+    g_meta_unsupported += name;
+  }
+  return g_meta_unsupported.c_str();
+}
+}
+
+extern "C" {
+// Suspends (false) or resumes (true) op-level tracing on this thread, for
+// tensors built from host data (`from_slice`), which must be real.
+int segtune_op_trace_resume(bool on) {
+  return guarded([&] {
+    if (g_op_mode.load() != 0) c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, on);
+  });
+}
 }

@@ -93,6 +93,49 @@ pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, String> {
         .collect()
 }
 
+/// An op-level trace in a form two runs of the same step can be compared
+/// in: ids renumbered by first appearance, and each run of consecutive frees
+/// sorted (autocast's weight cache is a hash map: its frees come in pointer
+/// order, which differs run to run; the set freed at that point does not).
+pub fn canonical(events: &[TraceEvent]) -> Vec<(usize, i64, u32)> {
+    let mut ids = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(events.len());
+    let mut frees: Vec<(usize, i64, u32)> = Vec::new();
+    for e in events {
+        let next = ids.len();
+        let id = *ids.entry(e.id).or_insert(next);
+        if e.bytes < 0 {
+            frees.push((id, e.bytes, e.phase));
+        } else {
+            frees.sort_unstable();
+            out.append(&mut frees);
+            out.push((id, e.bytes, e.phase));
+        }
+    }
+    frees.sort_unstable();
+    out.append(&mut frees);
+    out
+}
+
+/// Where two canonical traces first differ, described, or `None` when they
+/// are equal event for event.
+pub fn first_difference(a: &[(usize, i64, u32)], b: &[(usize, i64, u32)]) -> Option<String> {
+    let at = a.iter().zip(b).position(|(x, y)| x != y);
+    match at {
+        Some(i) => Some(format!(
+            "event {i} of {}/{}: {:?} vs {:?} (context {:?} vs {:?})",
+            a.len(),
+            b.len(),
+            a[i],
+            b[i],
+            &a[i.saturating_sub(2)..(i + 3).min(a.len())],
+            &b[i.saturating_sub(2)..(i + 3).min(b.len())]
+        )),
+        None if a.len() != b.len() => Some(format!("{} events vs {}", a.len(), b.len())),
+        None => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +159,20 @@ mod tests {
         assert_eq!(from_text(&to_text(&events)).unwrap(), events);
         assert_eq!(phase_of(phase_code(1, Phase::Forward)), (1, Phase::Forward));
         assert_eq!(phase_of(phase_code(2, Phase::Data)), (2, Phase::Data));
+    }
+
+    #[test]
+    fn canonical_traces_ignore_ids_and_the_order_within_a_run_of_frees() {
+        let e = |id, bytes| TraceEvent {
+            id,
+            bytes,
+            phase: 1,
+            pad: 0,
+        };
+        let a = [e(5, 10), e(6, 20), e(5, -10), e(6, -20), e(7, 30)];
+        let b = [e(0, 10), e(1, 20), e(1, -20), e(0, -10), e(2, 30)];
+        assert_eq!(first_difference(&canonical(&a), &canonical(&b)), None);
+        let c = [e(0, 10), e(1, 20), e(1, -20), e(2, 30), e(0, -10)];
+        assert!(first_difference(&canonical(&a), &canonical(&c)).is_some());
     }
 }

@@ -200,6 +200,35 @@ impl Drop for LiveWorker {
     }
 }
 
+/// Temporary directories are `segtune-<pid>-<random>`: the pid says whose.
+const TEMP_PREFIX: &str = "segtune-";
+
+/// Removes the temporary directories of segtune processes that no longer
+/// exist: a segtune killed with SIGKILL cannot clean up after itself, so
+/// the next one does.
+fn remove_stale_temp_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TEMP_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A temporary directory in [`LIVE`] for as long as this lives (removed by
 /// its owner when dropped, by [`stop_all_workers`] on a signal).
 pub struct LiveTempDir(pub tempfile::TempDir);
@@ -211,7 +240,10 @@ impl LiveTempDir {
         let mut live = LIVE
             .lock()
             .map_err(|_| std::io::Error::other("segtune is stopping"))?;
-        let dir = tempfile::Builder::new().prefix("segtune-").tempdir()?;
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(remove_stale_temp_dirs);
+        let prefix = format!("{TEMP_PREFIX}{}-", std::process::id());
+        let dir = tempfile::Builder::new().prefix(&prefix).tempdir()?;
         live.1.push(dir.path().to_path_buf());
         Ok(LiveTempDir(dir))
     }

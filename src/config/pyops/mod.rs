@@ -91,8 +91,38 @@ pub fn nested_values(v: &Value) -> usize {
     count
 }
 
+/// About how many bytes `v` holds once built, nested values included: a
+/// generous count (a small dict costs a hash table here and a B-tree node
+/// in Rhai, some 800 bytes in all), so that a repetition the budget lets
+/// through cannot outgrow it by much.
+fn deep_bytes(v: &Value) -> usize {
+    let mut bytes = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        bytes = bytes.saturating_add(std::mem::size_of::<Value>() + 16);
+        match v {
+            Value::Str(s) => bytes = bytes.saturating_add(s.len() + 32),
+            Value::List(items) | Value::Tuple(items) => {
+                bytes = bytes.saturating_add(64);
+                stack.extend(items.iter());
+            }
+            Value::Dict(d) => {
+                bytes = bytes.saturating_add(768);
+                bytes = bytes.saturating_add(d.iter().map(|(k, _)| k.len() + 96).sum());
+                stack.extend(d.values());
+            }
+            _ => {}
+        }
+        if bytes > crate::config::budget::EVALUATION_BUDGET_BYTES {
+            break;
+        }
+    }
+    bytes
+}
+
 /// Refuses a sequence of `copies` copies of `items` that would hold more
-/// than [`MAX_NESTED_VALUES`] values in all, before it is built.
+/// than [`MAX_NESTED_VALUES`] values in all, or more bytes than the
+/// evaluation's budget has left, before it is built.
 fn check_nested(items: &[Value], copies: usize) -> Result<(), PyError> {
     let one: usize = items
         .iter()
@@ -100,13 +130,18 @@ fn check_nested(items: &[Value], copies: usize) -> Result<(), PyError> {
         .fold(0usize, usize::saturating_add);
     let total = one.saturating_mul(copies);
     if total > MAX_NESTED_VALUES {
-        Err(PyError::limit(format!(
+        return Err(PyError::limit(format!(
             "this would build {total} values in all (nested lists counted item by item), \
              more than the limit of {MAX_NESTED_VALUES}"
-        )))
-    } else {
-        Ok(())
+        )));
     }
+    let bytes = items
+        .iter()
+        .map(deep_bytes)
+        .fold(0usize, usize::saturating_add)
+        .saturating_mul(copies);
+    // Built as segtune's value, then converted for Rhai: twice.
+    crate::config::budget::reserve(bytes.saturating_mul(2)).map_err(PyError::limit)
 }
 
 /// Refuses a sequence over [`MAX_SEQUENCE_LEN`] before it is built.

@@ -6,12 +6,14 @@
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
 //! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`]
 //! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`shape`]
-//! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`). This file holds what
+//! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`), [`host`] (tensors
+//! from host data). This file holds what
 //! every block reports to: the softmax-input emulation and the FLOP count.
 
 pub mod attention;
 pub mod conv;
 pub mod drop;
+pub mod host;
 pub mod linear;
 pub mod norm;
 pub mod shape;

@@ -74,7 +74,7 @@ impl CrossEntropyCfg {
     /// calls it: the per-pixel loss times `loss_weight`, `[B, H, W]`.
     pub fn per_pixel(&self, pred: &Tensor, label: &Tensor, ignore_index: i64) -> Tensor {
         let class_weight = self.class_weight.as_ref().map(|w| {
-            Tensor::from_slice(w)
+            crate::models::layers::host::from_host(w)
                 .to_kind(pred.kind())
                 .to_device(pred.device())
         });
@@ -100,7 +100,7 @@ impl CrossEntropyCfg {
         ignore_index: i64,
     ) -> Tensor {
         let class_weight = self.class_weight.as_ref().map(|w| {
-            Tensor::from_slice(w)
+            crate::models::layers::host::from_host(w)
                 .to_kind(pred.kind())
                 .to_device(pred.device())
         });

@@ -81,7 +81,11 @@ impl OhemPixelSampler {
                     let seg_prob = seg_logits.softmax(1, None::<Kind>); // [B, K, H, W]
                     let mut tmp_label = seg_label.copy().unsqueeze(1);
                     let ignored = tmp_label.eq(ignore_index);
-                    let _ = tmp_label.index_put_(&[Some(&ignored)], &Tensor::from(0i64), false);
+                    let _ = tmp_label.index_put_(
+                        &[Some(&ignored)],
+                        &crate::models::layers::host::scalar_from_host(0i64),
+                        false,
+                    );
                     let seg_prob = seg_prob.gather(1, &tmp_label, false).squeeze_dim(1);
                     let valid_prob = seg_prob.index(&[Some(&valid_mask)]);
                     let (sort_prob, _sort_indices) = valid_prob.sort(0, false);
@@ -93,8 +97,11 @@ impl OhemPixelSampler {
                     };
                     let threshold = min_threshold.max(thresh);
                     let hard = valid_prob.lt(threshold);
-                    let _ =
-                        valid_seg_weight.index_put_(&[Some(&hard)], &Tensor::from(1.0f32), false);
+                    let _ = valid_seg_weight.index_put_(
+                        &[Some(&hard)],
+                        &crate::models::layers::host::scalar_from_host(1.0f32),
+                        false,
+                    );
                 }
                 None => {
                     let mut summed: Option<Tensor> = None;
@@ -112,8 +119,11 @@ impl OhemPixelSampler {
                     let summed = summed.expect("a head has at least one loss");
                     let (_, sort_indices) = summed.index(&[Some(&valid_mask)]).sort(0, true);
                     let kept = sort_indices.slice(0, 0, batch_kept, 1);
-                    let _ =
-                        valid_seg_weight.index_put_(&[Some(&kept)], &Tensor::from(1.0f32), false);
+                    let _ = valid_seg_weight.index_put_(
+                        &[Some(&kept)],
+                        &crate::models::layers::host::scalar_from_host(1.0f32),
+                        false,
+                    );
                 }
             }
             let _ = seg_weight.index_put_(&[Some(&valid_mask)], &valid_seg_weight, false);

@@ -82,9 +82,11 @@ impl SegDataPreProcessor {
     pub fn new(p: &mut ParamScope, cfg: PreprocessorCfg) -> SegDataPreProcessor {
         let buffer = |p: &mut ParamScope, name: &str, v: &Option<Vec<f64>>| {
             v.as_ref().map(|v| {
-                let t = Tensor::from_slice(&v.iter().map(|x| *x as f32).collect::<Vec<f32>>())
-                    .view([-1, 1, 1])
-                    .to_device(p.device());
+                let t = crate::models::layers::host::from_host(
+                    &v.iter().map(|x| *x as f32).collect::<Vec<f32>>(),
+                )
+                .view([-1, 1, 1])
+                .to_device(p.device());
                 p.buffer(name, t)
             })
         };
@@ -107,7 +109,7 @@ impl SegDataPreProcessor {
     ) -> (Tensor, Vec<Tensor>) {
         let mut inputs: Vec<Tensor> = images.iter().map(|x| x.to_device(device)).collect();
         if self.cfg.bgr_to_rgb && inputs[0].size()[0] == 3 {
-            let order = Tensor::from_slice(&[2i64, 1, 0]).to_device(device);
+            let order = crate::models::layers::host::from_host(&[2i64, 1, 0]).to_device(device);
             inputs = inputs.iter().map(|x| x.index(&[Some(&order)])).collect();
         }
         inputs = inputs.iter().map(|x| x.to_kind(Kind::Float)).collect();

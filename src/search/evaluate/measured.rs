@@ -25,7 +25,8 @@ pub struct MeasuredEvaluator {
 fn status_of(status: TrialStatus) -> CandidateStatus {
     match status {
         TrialStatus::Ok => CandidateStatus::Fits,
-        TrialStatus::Oom => CandidateStatus::Oom,
+        // On a CPU "device", the host's RAM is the device's memory.
+        TrialStatus::Oom | TrialStatus::HostOom => CandidateStatus::Oom,
         TrialStatus::Error => CandidateStatus::Error,
         TrialStatus::NonFiniteLoss => CandidateStatus::NonFiniteLoss,
         TrialStatus::Infeasible => CandidateStatus::Infeasible,

@@ -1,8 +1,9 @@
-//! Candidates predicted from CPU traces: two traced steps per crop and
-//! precision (batch 2 and 3), any larger batch extrapolated from them, a
-//! smaller one traced itself (batch 1 can fail where 2 trains: BatchNorm
-//! after global pooling), each replayed through the caching allocator
-//! model against the budget.
+//! Candidates predicted from traced steps, each replayed through the
+//! caching allocator model against the budget. With op-level traces (meta,
+//! the default) every candidate is traced as it is; with the CPU allocator
+//! trace, two traced steps per crop and precision (batch 2 and 3) and any
+//! larger batch extrapolated from them, a smaller one traced itself (batch
+//! 1 can fail where 2 trains: BatchNorm after global pooling).
 
 use super::Evaluator;
 use crate::error::Result;
@@ -60,6 +61,9 @@ pub struct PredictedEvaluator {
     /// Steps traced at a batch below [`TRACED_BATCHES`].
     small: HashMap<TraceKey, std::result::Result<SmallTrace, String>>,
     traces_run: usize,
+    /// Every candidate traced as it is (op-level traces take a second), not
+    /// extrapolated from a pair.
+    direct: bool,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
@@ -70,13 +74,17 @@ struct SmallTrace {
 }
 
 impl PredictedEvaluator {
-    pub fn new(budget: Budget, tracer: Tracer) -> PredictedEvaluator {
+    /// `direct`: trace every candidate's batch itself (for the cheap
+    /// op-level traces); else trace batches 2 and 3 per crop and precision
+    /// and extrapolate the rest.
+    pub fn new(budget: Budget, tracer: Tracer, direct: bool) -> PredictedEvaluator {
         PredictedEvaluator {
             budget,
             tracer,
             pairs: HashMap::new(),
             small: HashMap::new(),
             traces_run: 0,
+            direct,
         }
     }
 
@@ -111,7 +119,11 @@ impl PredictedEvaluator {
         crop: (i64, i64),
         amp: Amp,
     ) -> &std::result::Result<SmallTrace, String> {
-        let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
+        let traced = if amp == Amp::Off || self.direct {
+            amp
+        } else {
+            Amp::Bf16
+        };
         let key = (batch, crop, traced);
         if !self.small.contains_key(&key) {
             self.traces_run += 1;
@@ -154,7 +166,7 @@ impl Evaluator for PredictedEvaluator {
         let budget = self.budget.clone();
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
-        if c.batch_size < TRACED_BATCHES.0 {
+        if c.batch_size < TRACED_BATCHES.0 || self.direct {
             let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp) {
                 Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
                     return TrialRecord::failed(

@@ -207,7 +207,7 @@ impl OptimWrapper {
                     for &i in group {
                         let p = &mut self.params[i];
                         if p.step.is_none() {
-                            p.step = Some(Tensor::from(0.0f32));
+                            p.step = Some(crate::models::layers::host::scalar_from_host(0.0f32));
                             p.exp_avg = Some(p.param.zeros_like());
                             p.exp_avg_sq = Some(p.param.zeros_like());
                             if amsgrad {

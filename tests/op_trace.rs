@@ -1,0 +1,156 @@
+//! The op-level trace of a training step (see `src/trial/shim.cpp`) is the
+//! same whether its ops run on CPU kernels or on meta kernels: for every
+//! shape of the shared oracle (`../shared/oracle/results.json`: config,
+//! batch, crop) whose model segtune builds, in fp32, fp16 and bf16 under
+//! CUDA's rules (`--as-cuda`, as predictions trace), the two canonical
+//! traces (`trial::trace::canonical`) are equal event for event.
+//!
+//! Each side is a `segtune-torch trial` process (a warm-up and a measured
+//! step, no ignored pixels, as `estimate` traces), for today's stack and
+//! for `zoo-2021` (softmax keeping its input, gradients zeroed). The 2x128
+//! shapes run here; the others (batch 1 and 4, 256x256) in the full sweep
+//! (`SEGTUNE_OP_TRACE_ALL=1`, `scripts/op-trace-sweep`). A harness of its
+//! own (libtest-mimic): the shapes are data.
+
+mod common;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use segtune::trial::trace;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const PRECISIONS: [(&str, &str); 3] = [("fp32", "off"), ("fp16", "fp16"), ("bf16", "bf16")];
+
+struct Shape {
+    config: PathBuf,
+    batch: i64,
+    crop: i64,
+    amp: &'static str,
+    stack: &'static str,
+}
+
+/// Runs one side; returns its trace and its report.
+fn traced(
+    shape: &Shape,
+    mode: &str,
+    dir: &Path,
+) -> Result<(Vec<trace::TraceEvent>, Value, f64), Failed> {
+    let trace_path = dir.join(format!("{mode}.trace"));
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
+        .arg("trial")
+        .arg(&shape.config)
+        .args(["--batch-size", &shape.batch.to_string()])
+        .args(["--crop", &format!("{0}x{0}", shape.crop)])
+        .args(["--amp", shape.amp, "--warmup", "1", "--steps", "1"])
+        .args(["--stack", shape.stack])
+        .args(["--ignore-fraction", "0", "--threads", "1", "--as-cuda"])
+        .args(["--op-trace", mode, "--json", "--trace-out"])
+        .arg(&trace_path)
+        .output()
+        .map_err(|e| format!("{mode}: {e}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let report: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "{mode}: no report ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if report["status"] != "ok" {
+        return Ok((Vec::new(), report, seconds));
+    }
+    let text = std::fs::read_to_string(&trace_path).map_err(|e| format!("{mode}: {e}"))?;
+    Ok((trace::from_text(&text)?, report, seconds))
+}
+
+fn compare(shape: Shape) -> Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (cpu, cpu_report, cpu_s) = traced(&shape, "cpu", dir.path())?;
+    let (meta, meta_report, meta_s) = traced(&shape, "meta", dir.path())?;
+    if cpu_report["status"] != "ok" || meta_report["status"] != "ok" {
+        // A shape that cannot train (batch-1 BatchNorm) must say so alike.
+        if cpu_report["status"] == meta_report["status"]
+            && cpu_report["message"] == meta_report["message"]
+        {
+            println!("both {}: {}", cpu_report["status"], cpu_report["message"]);
+            return Ok(());
+        }
+        return Err(format!(
+            "cpu: {} {}; meta: {} {}",
+            cpu_report["status"],
+            cpu_report["message"],
+            meta_report["status"],
+            meta_report["message"]
+        )
+        .into());
+    }
+    let (a, b) = (trace::canonical(&cpu), trace::canonical(&meta));
+    if let Some(diff) = trace::first_difference(&a, &b) {
+        return Err(format!("cpu and meta traces differ at {diff}").into());
+    }
+    println!(
+        "equal: {} events; cpu {cpu_s:.2} s, meta {meta_s:.2} s; meta ran on CPU stand-ins: {}",
+        a.len(),
+        meta_report["meta_ops_on_cpu"]
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let Some(shared) = common::require_shared("op_trace") else {
+        return;
+    };
+    let all = std::env::var("SEGTUNE_OP_TRACE_ALL").is_ok_and(|v| v == "1");
+    let oracle: Value = serde_json::from_str(
+        &std::fs::read_to_string(shared.join("oracle/results.json")).expect("results.json"),
+    )
+    .expect("results.json is JSON");
+    let configs = shared.join("mmseg-configs/configs");
+    let mut shapes: Vec<(String, PathBuf, i64, i64)> = Vec::new();
+    for record in oracle["records"].as_array().expect("records") {
+        let name = record["config"].as_str().expect("config").to_string();
+        let path = configs.join(
+            oracle["models"][&name]["config_path"]
+                .as_str()
+                .expect("config_path"),
+        );
+        let batch = record["batch"].as_i64().expect("batch");
+        let crop = record["crop"][0].as_i64().expect("crop");
+        if !shapes
+            .iter()
+            .any(|s| s.0 == name && s.2 == batch && s.3 == crop)
+        {
+            shapes.push((name, path, batch, crop));
+        }
+    }
+    let mut trials = Vec::new();
+    for (name, path, batch, crop) in shapes {
+        let why_not = match segtune::config::resolve(&path, &[]) {
+            Ok(cfg) => segtune::models::check_supported(&cfg)
+                .err()
+                .map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        for stack in ["current", "zoo-2021"] {
+            for (precision, amp) in PRECISIONS {
+                let shape = Shape {
+                    config: path.clone(),
+                    batch,
+                    crop,
+                    amp,
+                    stack,
+                };
+                let trial = Trial::test(
+                    format!("equal::{name}::b{batch}_{crop}_{precision}_{stack}"),
+                    move || compare(shape),
+                );
+                let in_ci = crop == 128 && batch == 2;
+                trials.push(trial.with_ignored_flag(why_not.is_some() || !(in_ci || all)));
+            }
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
