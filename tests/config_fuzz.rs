@@ -11,7 +11,8 @@
 //! a crash leaves its reproducer behind.
 //!
 //! `cargo test --test config_fuzz` runs 600 inputs; `scripts/fuzz-config`
-//! runs 100 000 (`SEGTUNE_FUZZ_INPUTS`, `SEGTUNE_FUZZ_SEED`).
+//! runs 100 000 (`SEGTUNE_FUZZ_INPUTS`, `SEGTUNE_FUZZ_SEED`; a deadline in
+//! seconds: `SEGTUNE_FUZZ_SECONDS`).
 
 use segtune::config::{self, budget};
 use std::path::PathBuf;
@@ -433,6 +434,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(600);
+    // A deadline (seconds) stops the run early; the report says how many ran.
+    let deadline = std::env::var("SEGTUNE_FUZZ_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
     let seed: u64 = std::env::var("SEGTUNE_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -450,6 +456,10 @@ fn main() {
     let mut r = Rng(seed);
     let mut t = Tally::default();
     for i in 0..inputs {
+        if deadline.is_some_and(|d| origin.elapsed() > d) {
+            println!("config fuzz: deadline reached after {i} of {inputs} inputs");
+            break;
+        }
         let kind = if scratch.corpus.is_empty() {
             r.below(4)
         } else {
