@@ -27,6 +27,38 @@ pub fn lookup<T: Copy>(
         })
 }
 
+/// Declares a registry table and, next to it, the list of its type names
+/// alone. Checks ([`check_supported`], [`check_type`]) read only the names:
+/// code that checks but never builds (the `segtune` binary) then does not
+/// link the constructors, and with them libtorch.
+macro_rules! registry_table {
+    ($(#[$doc:meta])* $table:ident, $names:ident: $ctor:ty = [$(($name:literal, $build:path)),+ $(,)?]) => {
+        $(#[$doc])*
+        pub const $table: &[(&str, $ctor)] = &[$(($name, $build)),+];
+        /// The type names of the table of the same role, in its order.
+        pub const $names: &[&str] = &[$($name),+];
+    };
+}
+pub(crate) use registry_table;
+
+/// `Ok` if `name` is one of `names` (a [`registry_table`]'s names), else
+/// `UnknownType` listing them.
+pub fn check_type(
+    names: &[&'static str],
+    role: &'static str,
+    name: &str,
+) -> Result<(), ModelError> {
+    if names.contains(&name) {
+        Ok(())
+    } else {
+        Err(ModelError::UnknownType {
+            role,
+            name: name.to_string(),
+            supported: names.to_vec(),
+        })
+    }
+}
+
 /// The type names of a table, in table order.
 pub fn names<T>(table: &[(&'static str, T)]) -> Vec<&'static str> {
     table.iter().map(|(name, _)| *name).collect()

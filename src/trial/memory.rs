@@ -41,7 +41,6 @@ extern "C" {
     fn segtune_autocast_enter(device_type: c_int, dtype: c_int) -> c_int;
     fn segtune_autocast_exit(device_type: c_int) -> c_int;
     fn segtune_op_trace(mode: c_int) -> c_int;
-    fn segtune_op_trace_resume(on: bool) -> c_int;
     fn segtune_op_trace_stand_ins() -> i64;
     fn segtune_op_trace_unsupported() -> *const c_char;
 }
@@ -74,16 +73,6 @@ pub fn set_op_trace(mode: OpTrace) -> Result<(), String> {
     };
     // SAFETY: plain call into the shim.
     check(unsafe { segtune_op_trace(code) })
-}
-
-/// Runs `f` with op-level tracing suspended on this thread: for tensors
-/// built from host data, which must hold real bytes even in a meta trace.
-pub fn without_op_trace<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: plain calls into the shim.
-    unsafe { segtune_op_trace_resume(false) };
-    let out = f();
-    unsafe { segtune_op_trace_resume(true) };
-    out
 }
 
 /// How many data-dependent values (`.item()`) a meta trace stood in for.

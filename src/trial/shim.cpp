@@ -795,6 +795,11 @@ void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   finish_meta(op, stack, cpu_of_meta, cpu_tensor_of_meta);
 }
 
+}  // namespace
+// In Rust (src/models/layers/host.rs).
+extern "C" bool segtune_building_host_data();
+namespace {
+
 // SEGTUNE_OP_TRACE_LOG=1: each op and the trace length after it, on stderr.
 const bool g_op_log = std::getenv("SEGTUNE_OP_TRACE_LOG") != nullptr;
 
@@ -809,6 +814,11 @@ void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
     }
   } log{op};
   c10::impl::ExcludeDispatchKeyGuard not_again(c10::DispatchKey::Fake);
+  if (segtune_building_host_data()) {
+    // A tensor from host data (models::layers::host): a plain CPU op, untraced.
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
+    return;
+  }
   if (g_op_log) {
     size_t nargs = op.schema().arguments().size();
     for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
@@ -861,12 +871,3 @@ const char* segtune_op_trace_unsupported() {
 }
 }
 
-extern "C" {
-// Suspends (false) or resumes (true) op-level tracing on this thread, for
-// tensors built from host data (`from_slice`), which must be real.
-int segtune_op_trace_resume(bool on) {
-  return guarded([&] {
-    if (g_op_mode.load() != 0) c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, on);
-  });
-}
-}

@@ -25,12 +25,14 @@ pub trait Backbone {
 /// parameters under `scope` (`backbone`).
 pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, ModelError>;
 
-/// Backbone types (`model.backbone.type`).
-pub const BACKBONES: &[(&str, BackboneCtor)] = &[
-    ("HRNet", hrnet::build),
-    ("MixVisionTransformer", mit::build),
-    ("ResNet", resnet::build_resnet),
-    ("ResNetV1c", resnet::build_resnet_v1c),
-    ("ResNetV1d", resnet::build_resnet_v1d),
-    ("UNet", unet::build),
-];
+crate::models::registry::registry_table!(
+    /// Backbone types (`model.backbone.type`).
+    BACKBONES, BACKBONE_NAMES: BackboneCtor = [
+        ("HRNet", hrnet::build),
+        ("MixVisionTransformer", mit::build),
+        ("ResNet", resnet::build_resnet),
+        ("ResNetV1c", resnet::build_resnet_v1c),
+        ("ResNetV1d", resnet::build_resnet_v1d),
+        ("UNet", unet::build),
+    ]
+);

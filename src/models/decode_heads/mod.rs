@@ -56,13 +56,15 @@ pub trait DecodeHead {
 /// under `scope` (`decode_head`, `auxiliary_head`, `auxiliary_head.0`).
 pub type DecodeHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn DecodeHead>, ModelError>;
 
-/// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
-pub const DECODE_HEADS: &[(&str, DecodeHeadCtor)] = &[
-    ("ASPPHead", aspp_head::build),
-    ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
-    ("FCNHead", fcn_head::build),
-    ("OCRHead", ocr_head::build),
-    ("PSPHead", psp_head::build),
-    ("SegformerHead", segformer_head::build),
-    ("UPerHead", uper_head::build),
-];
+crate::models::registry::registry_table!(
+    /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
+    DECODE_HEADS, DECODE_HEAD_NAMES: DecodeHeadCtor = [
+        ("ASPPHead", aspp_head::build),
+        ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
+        ("FCNHead", fcn_head::build),
+        ("OCRHead", ocr_head::build),
+        ("PSPHead", psp_head::build),
+        ("SegformerHead", segformer_head::build),
+        ("UPerHead", uper_head::build),
+    ]
+);

@@ -2,23 +2,31 @@
 //!
 //! tch writes such data straight into the new tensor's bytes. While a step
 //! is traced on meta kernels (`trial::memory::OpTrace::Meta`) a new tensor
-//! has no bytes, so these are built with the op-level trace suspended on
-//! this thread: real, small CPU tensors, counted as plain allocations in
-//! every kind of trace alike (a CUDA run allocates them too).
+//! has no bytes, so these are built with the op-level trace stepping aside
+//! on this thread: real, small CPU tensors, counted as plain allocations in
+//! every kind of trace alike (a CUDA run allocates them too). The trace's
+//! fallback (`src/trial/shim.cpp`) asks [`segtune_building_host_data`];
+//! the flag lives here, in Rust, so that code which never traces (the
+//! `segtune` binary) does not link the shim and libtorch for it.
 
+use std::cell::Cell;
 use tch::Tensor;
 
-extern "C" {
-    // In the trial shim (`src/trial/shim.cpp`); a no-op when no op-level
-    // trace is running.
-    fn segtune_op_trace_resume(on: bool) -> std::os::raw::c_int;
+thread_local! {
+    static BUILDING_HOST_DATA: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is building a tensor from host data (read by the
+/// op-level trace's fallback, which then runs the op untraced).
+#[no_mangle]
+pub extern "C" fn segtune_building_host_data() -> bool {
+    BUILDING_HOST_DATA.with(Cell::get)
 }
 
 fn outside_op_trace<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: plain calls into the shim, which only set a thread-local flag.
-    unsafe { segtune_op_trace_resume(false) };
+    let before = BUILDING_HOST_DATA.with(|b| b.replace(true));
     let out = f();
-    unsafe { segtune_op_trace_resume(true) };
+    BUILDING_HOST_DATA.with(|b| b.set(before));
     out
 }
 

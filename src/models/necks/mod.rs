@@ -25,5 +25,7 @@ pub trait Neck {
 /// under `scope` (`neck`).
 pub type NeckCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Neck>, ModelError>;
 
-/// Neck types (`model.neck.type`).
-pub const NECKS: &[(&str, NeckCtor)] = &[("JPU", jpu::build)];
+crate::models::registry::registry_table!(
+    /// Neck types (`model.neck.type`).
+    NECKS, NECK_NAMES: NeckCtor = [("JPU", jpu::build)]
+);

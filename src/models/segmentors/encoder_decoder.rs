@@ -15,12 +15,12 @@
 
 use super::data_preprocessor::{PreprocessorCfg, SegDataPreProcessor};
 use crate::config::{Dict, Value};
-use crate::models::backbones::{Backbone, BACKBONES};
+use crate::models::backbones::{Backbone, BACKBONES, BACKBONE_NAMES};
 use crate::models::component_config::{type_of, ComponentConfig};
-use crate::models::decode_heads::{DecodeHead, DECODE_HEADS};
-use crate::models::necks::{Neck, NECKS};
+use crate::models::decode_heads::{DecodeHead, DECODE_HEADS, DECODE_HEAD_NAMES};
+use crate::models::necks::{Neck, NECKS, NECK_NAMES};
 use crate::models::params::ParamStore;
-use crate::models::registry::{check_supported, lookup};
+use crate::models::registry::{check_supported, check_type, lookup};
 use crate::models::ModelError;
 use tch::{Device, Tensor};
 
@@ -145,16 +145,24 @@ pub fn check_components(model: &Dict) -> Result<(), ModelError> {
 
 /// Every component's `type` is in its table, in MMSeg's build order.
 pub(super) fn check_parts(cfg: &EncoderDecoderCfg) -> Result<(), ModelError> {
-    lookup(BACKBONES, "backbone", type_of(cfg.backbone, "backbone")?)?;
+    check_type(
+        BACKBONE_NAMES,
+        "backbone",
+        type_of(cfg.backbone, "backbone")?,
+    )?;
     if let Some(neck) = cfg.neck {
-        lookup(NECKS, "neck", type_of(neck, "neck")?)?;
+        check_type(NECK_NAMES, "neck", type_of(neck, "neck")?)?;
     }
     for (_, _, head) in cfg.decode_head.named() {
-        lookup(DECODE_HEADS, "decode head", type_of(head, "decode_head")?)?;
+        check_type(
+            DECODE_HEAD_NAMES,
+            "decode head",
+            type_of(head, "decode_head")?,
+        )?;
     }
     for (_, _, aux) in &cfg.auxiliary_heads {
-        lookup(
-            DECODE_HEADS,
+        check_type(
+            DECODE_HEAD_NAMES,
             "auxiliary head",
             type_of(aux, "auxiliary_head")?,
         )?;
