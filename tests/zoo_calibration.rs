@@ -58,17 +58,20 @@ fn predicted_allocated(config: &std::path::Path, extra: &[&str]) -> f64 {
     report["predicted_peak_allocated_bytes"].as_f64().unwrap()
 }
 
-#[test]
-fn segformer_b0_ade20k_within_5_percent_of_the_published_figure() {
-    let Some(shared) = common::require_shared("segformer_b0_zoo_calibration") else {
-        return;
-    };
-    let (published_gib, gpus, config) = zoo_row(&shared, "1");
+/// Predicts row `row` of the calibration table for its own setup (the 2021
+/// stack, its GPUs), prints it and asserts it within 5%; returns the
+/// prediction and the config.
+fn within_5_percent_of_row(
+    shared: &std::path::Path,
+    row: &str,
+    label: &str,
+) -> (f64, std::path::PathBuf) {
+    let (published_gib, gpus, config) = zoo_row(shared, row);
     let published = published_gib * (1u64 << 30) as f64;
     let zoo = predicted_allocated(&config, &["--stack", "zoo-2021", "--gpus", &gpus]);
     let error = (zoo - published) / published;
     eprintln!(
-        "B0 ADE20K 512x512 b2: published {published_gib} GiB, predicted {:.3} GiB ({:+.1}%)",
+        "{label}: published {published_gib} GiB, predicted {:.3} GiB ({:+.1}%)",
         zoo / (1u64 << 30) as f64,
         100.0 * error
     );
@@ -76,6 +79,15 @@ fn segformer_b0_ade20k_within_5_percent_of_the_published_figure() {
         error.abs() < 0.05,
         "predicted {zoo} vs published {published}"
     );
+    (zoo, config)
+}
+
+#[test]
+fn segformer_b0_ade20k_within_5_percent_of_the_published_figure() {
+    let Some(shared) = common::require_shared("segformer_b0_zoo_calibration") else {
+        return;
+    };
+    let (zoo, config) = within_5_percent_of_row(&shared, "1", "B0 ADE20K 512x512 b2");
     // Today's stack on one GPU needs less: softmax inputs are not kept, nor DDP buckets.
     let today = predicted_allocated(&config, &[]);
     assert!(today < 0.9 * zoo, "today {today} vs zoo stack {zoo}");
@@ -139,17 +151,5 @@ fn deeplabv3plus_r50_cityscapes_within_5_percent_of_the_published_figure() {
     let Some(shared) = common::require_shared("deeplabv3plus_zoo_calibration") else {
         return;
     };
-    let (published_gib, gpus, config) = zoo_row(&shared, "15");
-    let published = published_gib * (1u64 << 30) as f64;
-    let zoo = predicted_allocated(&config, &["--stack", "zoo-2021", "--gpus", &gpus]);
-    let error = (zoo - published) / published;
-    eprintln!(
-        "DeepLabV3+ R-50 Cityscapes 512x1024 b2: published {published_gib} GiB, predicted {:.3} GiB ({:+.1}%)",
-        zoo / (1u64 << 30) as f64,
-        100.0 * error
-    );
-    assert!(
-        error.abs() < 0.05,
-        "predicted {zoo} vs published {published}"
-    );
+    within_5_percent_of_row(&shared, "15", "DeepLabV3+ R-50 Cityscapes 512x1024 b2");
 }

@@ -60,9 +60,24 @@ fn segments(n: INT) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// Rhai's results for an empty string, or one without the delimiter.
-fn whole(s: &ImmutableString) -> Array {
-    vec![s.clone().into()]
+/// Rhai keeps an empty string, or one without the delimiter, whole.
+fn lacks(s: &str, delimiter: &str) -> bool {
+    s.is_empty() || (!delimiter.is_empty() && !s.contains(delimiter))
+}
+
+/// Rhai's `split`/`split_rev`: the string whole when `keep_whole`, else its
+/// pieces, after reserving what the pieces may hold.
+fn split_checked<'s, I: Iterator<Item = &'s str>>(
+    s: &'s ImmutableString,
+    keep_whole: bool,
+    split: impl FnOnce(&'s str) -> I,
+) -> Checked<Array> {
+    reserve_pieces(s)?;
+    Ok(if keep_whole {
+        vec![s.clone().into()]
+    } else {
+        to_array(split(s.as_str()))
+    })
 }
 
 /// Registers the checked versions over Rhai's own.
@@ -119,102 +134,57 @@ pub fn register(engine: &mut Engine) {
             Ok(s.chars().map(Dynamic::from).collect())
         })
         .register_fn("split", |s: &mut ImmutableString| -> Checked<Array> {
-            reserve_pieces(s)?;
-            Ok(if s.is_empty() {
-                whole(s)
-            } else {
-                to_array(s.split_whitespace())
-            })
+            split_checked(s, s.is_empty(), |t| t.split_whitespace())
         })
         .register_fn(
             "split",
             |s: &mut ImmutableString, d: &str| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(if s.is_empty() || (!d.is_empty() && !s.contains(d)) {
-                    whole(s)
-                } else {
-                    to_array(s.split(d))
-                })
+                split_checked(s, lacks(s, d), |t| t.split(d))
             },
         )
         .register_fn(
             "split",
             |s: &mut ImmutableString, d: &str, n: INT| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(
-                    if n <= 1 || s.is_empty() || (!d.is_empty() && !s.contains(d)) {
-                        whole(s)
-                    } else {
-                        to_array(s.splitn(segments(n), d))
-                    },
-                )
+                split_checked(s, n <= 1 || lacks(s, d), |t| t.splitn(segments(n), d))
             },
         )
         .register_fn(
             "split",
             |s: &mut ImmutableString, d: char| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(if s.is_empty() || !s.contains(d) {
-                    whole(s)
-                } else {
-                    to_array(s.split(d))
-                })
+                split_checked(s, s.is_empty() || !s.contains(d), |t| t.split(d))
             },
         )
         .register_fn(
             "split",
             |s: &mut ImmutableString, d: char, n: INT| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(if n <= 1 || s.is_empty() || !s.contains(d) {
-                    whole(s)
-                } else {
-                    to_array(s.splitn(segments(n), d))
+                split_checked(s, n <= 1 || s.is_empty() || !s.contains(d), |t| {
+                    t.splitn(segments(n), d)
                 })
             },
         )
         .register_fn(
             "split_rev",
             |s: &mut ImmutableString, d: &str| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(if s.is_empty() || (!d.is_empty() && !s.contains(d)) {
-                    whole(s)
-                } else {
-                    to_array(s.rsplit(d))
-                })
+                split_checked(s, lacks(s, d), |t| t.rsplit(d))
             },
         )
         .register_fn(
             "split_rev",
             |s: &mut ImmutableString, d: &str, n: INT| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(
-                    if n <= 1 || s.is_empty() || (!d.is_empty() && !s.contains(d)) {
-                        whole(s)
-                    } else {
-                        to_array(s.rsplitn(segments(n), d))
-                    },
-                )
+                split_checked(s, n <= 1 || lacks(s, d), |t| t.rsplitn(segments(n), d))
             },
         )
         .register_fn(
             "split_rev",
             |s: &mut ImmutableString, d: char| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(if s.is_empty() || !s.contains(d) {
-                    whole(s)
-                } else {
-                    to_array(s.rsplit(d))
-                })
+                split_checked(s, s.is_empty() || !s.contains(d), |t| t.rsplit(d))
             },
         )
         .register_fn(
             "split_rev",
             |s: &mut ImmutableString, d: char, n: INT| -> Checked<Array> {
-                reserve_pieces(s)?;
-                Ok(if n <= 1 || s.is_empty() || !s.contains(d) {
-                    whole(s)
-                } else {
-                    to_array(s.rsplitn(segments(n), d))
+                split_checked(s, n <= 1 || s.is_empty() || !s.contains(d), |t| {
+                    t.rsplitn(segments(n), d)
                 })
             },
         );
