@@ -41,12 +41,13 @@ fn zoo_row(shared: &std::path::Path, row: &str) -> (f64, String, std::path::Path
     (cols[9].parse().unwrap(), cols[7].to_string(), config)
 }
 
-fn predicted_allocated(config: &std::path::Path, extra: &[&str]) -> f64 {
+/// `segtune estimate CONFIG ARGS --json`, which must succeed: its report.
+fn estimate_json(config: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
         .arg("estimate")
         .arg(config)
-        .args(["--vram", "80G", "--compute-capability", "7.0", "--json"])
-        .args(extra)
+        .arg("--json")
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -54,8 +55,15 @@ fn predicted_allocated(config: &std::path::Path, extra: &[&str]) -> f64 {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    report["predicted_peak_allocated_bytes"].as_f64().unwrap()
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn predicted_allocated(config: &std::path::Path, extra: &[&str]) -> f64 {
+    let mut args = vec!["--vram", "80G", "--compute-capability", "7.0"];
+    args.extend_from_slice(extra);
+    estimate_json(config, &args)["predicted_peak_allocated_bytes"]
+        .as_f64()
+        .unwrap()
 }
 
 /// Predicts row `row` of the calibration table for its own setup (the 2021
@@ -106,27 +114,19 @@ fn a_prediction_does_not_depend_on_the_hosts_thread_count() {
     let config =
         shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py");
     let run = |threads: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
-            .arg("estimate")
-            .arg(&config)
-            .args([
+        let mut report = estimate_json(
+            &config,
+            &[
                 "--vram",
                 "8G",
                 "--batch-size",
                 "2",
                 "--crop",
                 "256x256",
-                "--json",
-            ])
-            .args(["--threads", threads])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+                "--threads",
+                threads,
+            ],
         );
-        let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         report
             .as_object_mut()
             .unwrap()

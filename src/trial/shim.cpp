@@ -64,30 +64,41 @@ std::unordered_map<void*, size_t> g_pending;
 // after libtorch has shut down at exit.
 auto* g_holds = new std::unordered_map<void*, std::vector<at::Tensor>>();
 
+// Counts (and traces) an allocation of `n` bytes at `p`. Under g_mu.
+void count_allocation(void* p, size_t n) {
+  uint64_t id = static_cast<uint64_t>(g_count++);
+  g_live[p] = {n, id};
+  g_current += static_cast<int64_t>(n);
+  if (g_current > g_peak) g_peak = g_current;
+  if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, 0});
+}
+
+// Uncounts (and traces the free of) the storage at `p`, counted or pending,
+// and hands back the tensors held until it was freed: the caller drops them
+// outside the lock, since freeing them re-enters the deleters.
+std::vector<at::Tensor> forget(void* p) {
+  std::vector<at::Tensor> released;
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_live.find(p);
+  if (it != g_live.end()) {
+    g_current -= static_cast<int64_t>(it->second.bytes);
+    if (g_tracing) g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, 0});
+    g_live.erase(it);
+  } else {
+    g_pending.erase(p);
+  }
+  auto held = g_holds->find(p);
+  if (held != g_holds->end()) {
+    released = std::move(held->second);
+    g_holds->erase(held);
+  }
+  return released;
+}
+
 void counting_delete(void* p) {
   if (!p) return;
-  std::vector<at::Tensor> released;
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto it = g_live.find(p);
-    if (it != g_live.end()) {
-      g_current -= static_cast<int64_t>(it->second.bytes);
-      if (g_tracing) {
-        g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, 0});
-      }
-      g_live.erase(it);
-    } else {
-      g_pending.erase(p);
-    }
-    auto held = g_holds->find(p);
-    if (held != g_holds->end()) {
-      released = std::move(held->second);
-      g_holds->erase(held);
-    }
-  }
+  auto released = forget(p);  // dropped after the free, outside the lock
   c10::free_cpu(p);
-  // `released` goes out of scope here, outside the lock: freeing the held
-  // tensors re-enters this function.
 }
 
 struct CountingAllocator final : public c10::Allocator {
@@ -107,11 +118,7 @@ struct CountingAllocator final : public c10::Allocator {
       g_pending[p] = n;
     } else if (p) {
       std::lock_guard<std::mutex> lk(g_mu);
-      uint64_t id = static_cast<uint64_t>(g_count++);
-      g_live[p] = {n, id};
-      g_current += static_cast<int64_t>(n);
-      if (g_current > g_peak) g_peak = g_current;
-      if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, 0});
+      count_allocation(p, n);
     }
     // The context must equal the data pointer: libtorch asserts this for CPU storages.
     return {p, p, &counting_delete, c10::Device(c10::DeviceType::CPU)};
@@ -405,22 +412,8 @@ char* g_fake_base = nullptr;
 uint64_t g_fake_next = 0;
 
 void fake_delete(void* p) {
-  std::vector<at::Tensor> released;
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto it = g_live.find(p);
-    if (it != g_live.end()) {
-      g_current -= static_cast<int64_t>(it->second.bytes);
-      if (g_tracing) g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, 0});
-      g_live.erase(it);
-    }
-    auto held = g_holds->find(p);
-    if (held != g_holds->end()) {
-      released = std::move(held->second);
-      g_holds->erase(held);
-    }
-  }
-  // `released` goes out of scope outside the lock, as in counting_delete.
+  if (!p) return;
+  auto released = forget(p);  // dropped here, outside the lock
 }
 
 struct FakeAllocator final : public c10::Allocator {
@@ -429,11 +422,7 @@ struct FakeAllocator final : public c10::Allocator {
     if (n == 0) return {nullptr, nullptr, &fake_delete, c10::Device(c10::DeviceType::CPU)};
     std::lock_guard<std::mutex> lk(g_mu);
     void* p = g_fake_base + (g_fake_next++ % (kFakeRegion / kFakeSlot)) * kFakeSlot;
-    uint64_t id = static_cast<uint64_t>(g_count++);
-    g_live[p] = {n, id};
-    g_current += static_cast<int64_t>(n);
-    if (g_current > g_peak) g_peak = g_current;
-    if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, 0});
+    count_allocation(p, n);
     return {p, p, &fake_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &fake_delete; }
@@ -486,11 +475,7 @@ void claim_outputs(torch::jit::Stack* stack, size_t returns) {
       void* p = t.storage().data_ptr().get();
       auto it = g_pending.find(p);
       if (it == g_pending.end()) return;
-      uint64_t id = static_cast<uint64_t>(g_count++);
-      g_live[p] = {it->second, id};
-      g_current += static_cast<int64_t>(it->second);
-      if (g_current > g_peak) g_peak = g_current;
-      if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(it->second), g_phase, 0});
+      count_allocation(p, it->second);
       g_pending.erase(it);
     });
   }
