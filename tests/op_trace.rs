@@ -1,7 +1,8 @@
 //! The op-level trace of a training step (see `src/trial/shim.cpp`) is the
 //! same whether its ops run on CPU kernels or on meta kernels: for every
 //! shape of the shared oracle (`../shared/oracle/results.json`: config,
-//! batch, crop) whose model segtune builds, in fp32, fp16 and bf16 under
+//! batch, crop) and of the oracle fixtures in `tests/fixtures/` whose model
+//! segtune builds, in fp32, fp16 and bf16 under
 //! CUDA's rules (`--as-cuda`, as predictions trace), the two canonical
 //! traces (`trial::trace::canonical`) are equal event for event.
 //!
@@ -20,6 +21,19 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+
+/// The oracle fixtures of the models the shared oracle lacks (see
+/// `tests/oracle_cpu.rs`): their shapes are compared too.
+const EXTRA_ORACLES: [&str; 2] = [
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_cnn_extra.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_swin_extra.json"
+    ),
+];
 
 const PRECISIONS: [(&str, &str); 3] = [("fp32", "off"), ("fp16", "fp16"), ("bf16", "bf16")];
 
@@ -110,20 +124,25 @@ fn main() {
     .expect("results.json is JSON");
     let configs = shared.join("mmseg-configs/configs");
     let mut shapes: Vec<(String, PathBuf, i64, i64)> = Vec::new();
-    for record in oracle["records"].as_array().expect("records") {
-        let name = record["config"].as_str().expect("config").to_string();
-        let path = configs.join(
-            oracle["models"][&name]["config_path"]
-                .as_str()
-                .expect("config_path"),
-        );
-        let batch = record["batch"].as_i64().expect("batch");
-        let crop = record["crop"][0].as_i64().expect("crop");
-        if !shapes
-            .iter()
-            .any(|s| s.0 == name && s.2 == batch && s.3 == crop)
-        {
-            shapes.push((name, path, batch, crop));
+    for oracle in std::iter::once(oracle).chain(EXTRA_ORACLES.iter().map(|path| {
+        serde_json::from_str::<Value>(&std::fs::read_to_string(path).expect("an oracle fixture"))
+            .expect("oracle fixtures are JSON")
+    })) {
+        for record in oracle["records"].as_array().expect("records") {
+            let name = record["config"].as_str().expect("config").to_string();
+            let path = configs.join(
+                oracle["models"][&name]["config_path"]
+                    .as_str()
+                    .expect("config_path"),
+            );
+            let batch = record["batch"].as_i64().expect("batch");
+            let crop = record["crop"][0].as_i64().expect("crop");
+            if !shapes
+                .iter()
+                .any(|s| s.0 == name && s.2 == batch && s.3 == crop)
+            {
+                shapes.push((name, path, batch, crop));
+            }
         }
     }
     let mut trials = Vec::new();

@@ -14,7 +14,8 @@ use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{
-    nchw_to_nlc, nlc_to_nchw, Conv2d, ConvSpec, DropPath, LayerNorm, MultiheadAttention,
+    linspace_drop_path_rates, nchw_to_nlc, nlc_to_nchw, Conv2d, ConvSpec, DropPath, LayerNorm,
+    MultiheadAttention,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -285,16 +286,7 @@ pub struct MixVisionTransformer {
 impl MixVisionTransformer {
     pub fn new(p: &mut ParamScope, c: &MitConfig) -> MixVisionTransformer {
         let total: i64 = c.num_layers.iter().sum();
-        // torch.linspace(0, drop_path_rate, total) in float32, as MMSeg computes it.
-        let dpr: Vec<f64> = (0..total)
-            .map(|i| {
-                if total == 1 {
-                    0.0
-                } else {
-                    (c.drop_path_rate as f32 * i as f32 / (total - 1) as f32) as f64
-                }
-            })
-            .collect();
+        let dpr = linspace_drop_path_rates(c.drop_path_rate, total as usize);
         let mut layers = p.sub("layers");
         let mut stages = Vec::new();
         let mut in_channels = c.in_channels;

@@ -7,6 +7,7 @@
 pub mod hrnet;
 pub mod mit;
 pub mod resnet;
+pub mod swin;
 pub mod unet;
 
 use super::params::ParamScope;
@@ -33,6 +34,7 @@ crate::models::registry::registry_table!(
         ("ResNet", resnet::build_resnet),
         ("ResNetV1c", resnet::build_resnet_v1c),
         ("ResNetV1d", resnet::build_resnet_v1d),
+        ("SwinTransformer", swin::build),
         ("UNet", unet::build),
     ]
 );

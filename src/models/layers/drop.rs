@@ -19,3 +19,17 @@ impl DropPath {
         x.g_div_scalar(keep) * random.floor()
     }
 }
+
+/// `[x.item() for x in torch.linspace(0, rate, n)]`: the per-block drop path
+/// rates of MMSeg's transformer backbones, computed in float32 as torch does.
+pub fn linspace_drop_path_rates(rate: f64, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            if n == 1 {
+                0.0
+            } else {
+                (rate as f32 * i as f32 / (n - 1) as f32) as f64
+            }
+        })
+        .collect()
+}

@@ -20,7 +20,7 @@ pub mod shape;
 
 pub use attention::MultiheadAttention;
 pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
-pub use drop::DropPath;
+pub use drop::{linspace_drop_path_rates, DropPath};
 pub use linear::Linear;
 pub use norm::{BatchNorm2d, LayerNorm};
 pub use shape::{nchw_to_nlc, nlc_to_nchw, resize_bilinear};
