@@ -24,7 +24,7 @@ use std::time::Instant;
 
 /// The oracle fixtures of the models the shared oracle lacks (see
 /// `tests/oracle_cpu.rs`): their shapes are compared too.
-const EXTRA_ORACLES: [&str; 2] = [
+const EXTRA_ORACLES: [&str; 3] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -32,6 +32,10 @@ const EXTRA_ORACLES: [&str; 2] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_swin_extra.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_with_cp.json"
     ),
 ];
 
@@ -43,6 +47,7 @@ struct Shape {
     crop: i64,
     amp: &'static str,
     stack: &'static str,
+    cfg_options: Vec<String>,
 }
 
 /// Runs one side; returns its trace and its report.
@@ -56,6 +61,13 @@ fn traced(
     let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .arg("trial")
         .arg(&shape.config)
+        .args(if shape.cfg_options.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once("--cfg-options".to_string())
+                .chain(shape.cfg_options.iter().cloned())
+                .collect()
+        })
         .args(["--batch-size", &shape.batch.to_string()])
         .args(["--crop", &format!("{0}x{0}", shape.crop)])
         .args(["--amp", shape.amp, "--warmup", "1", "--steps", "1"])
@@ -123,7 +135,7 @@ fn main() {
     )
     .expect("results.json is JSON");
     let configs = shared.join("mmseg-configs/configs");
-    let mut shapes: Vec<(String, PathBuf, i64, i64)> = Vec::new();
+    let mut shapes: Vec<(String, PathBuf, i64, i64, Vec<String>)> = Vec::new();
     for oracle in std::iter::once(oracle).chain(EXTRA_ORACLES.iter().map(|path| {
         serde_json::from_str::<Value>(&std::fs::read_to_string(path).expect("an oracle fixture"))
             .expect("oracle fixtures are JSON")
@@ -141,13 +153,19 @@ fn main() {
                 .iter()
                 .any(|s| s.0 == name && s.2 == batch && s.3 == crop)
             {
-                shapes.push((name, path, batch, crop));
+                let cfg_options = oracle["models"][&name]["cfg_options"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|o| o.as_str().map(String::from))
+                    .collect();
+                shapes.push((name, path, batch, crop, cfg_options));
             }
         }
     }
     let mut trials = Vec::new();
-    for (name, path, batch, crop) in shapes {
-        let why_not = match segtune::config::resolve(&path, &[]) {
+    for (name, path, batch, crop, cfg_options) in shapes {
+        let why_not = match segtune::config::resolve(&path, &cfg_options) {
             Ok(cfg) => segtune::models::check_supported(&cfg)
                 .err()
                 .map(|e| e.to_string()),
@@ -161,6 +179,7 @@ fn main() {
                     crop,
                     amp,
                     stack,
+                    cfg_options: cfg_options.clone(),
                 };
                 let trial = Trial::test(
                     format!("equal::{name}::b{batch}_{crop}_{precision}_{stack}"),

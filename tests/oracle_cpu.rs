@@ -14,7 +14,9 @@
 //!
 //! The models the shared oracle lacks (one config per CNN head type, Swin-T
 //! UPerNet) come from `tests/fixtures/oracle_cpu_cnn_extra.json` and
-//! `oracle_cpu_swin_extra.json`, measured with the same script.
+//! `oracle_cpu_swin_extra.json`, and gradient checkpointing (Swin-T UPerNet
+//! with `with_cp=True`, a shared config with `cfg_options`) from
+//! `oracle_cpu_with_cp.json`, measured with the same script.
 //!
 //! Every config whose model segtune supports is compared; the others are
 //! listed as ignored, with the reason. `coverage` fails when no record was
@@ -126,8 +128,8 @@ fn worker(args: &[&str]) -> Result<Value, Failed> {
 }
 
 /// Why segtune cannot build the config's model, if it cannot.
-fn unsupported(config: &Path) -> Option<String> {
-    match segtune::config::resolve(config, &[]) {
+fn unsupported(config: &Path, cfg_options: &[String]) -> Option<String> {
+    match segtune::config::resolve(config, cfg_options) {
         Ok(cfg) => segtune::models::check_supported(&cfg)
             .err()
             .map(|e| e.to_string()),
@@ -135,8 +137,10 @@ fn unsupported(config: &Path) -> Option<String> {
     }
 }
 
-fn params_test(config: PathBuf, want: Value) -> Result<(), Failed> {
-    let inspect = worker(&["inspect", config.to_str().unwrap(), "--json"])?;
+fn params_test(config: PathBuf, cfg_options: Vec<String>, want: Value) -> Result<(), Failed> {
+    let mut args = vec!["inspect", config.to_str().unwrap(), "--json"];
+    args.extend(with_cfg_options(&cfg_options));
+    let inspect = worker(&args)?;
     for (key, oracle_key) in [
         ("params_total", "total"),
         ("params_trainable", "trainable"),
@@ -161,12 +165,23 @@ struct PeakRecord {
     precision: String,
     want: i64,
     oracle_seconds: f64,
+    cfg_options: Vec<String>,
+}
+
+/// `--cfg-options A=B ...` (nothing when there are none).
+fn with_cfg_options(options: &[String]) -> Vec<&str> {
+    if options.is_empty() {
+        return Vec::new();
+    }
+    std::iter::once("--cfg-options")
+        .chain(options.iter().map(String::as_str))
+        .collect()
 }
 
 fn peak_test(r: PeakRecord) -> Result<(), Failed> {
     let amp = if r.precision == "bf16" { "bf16" } else { "off" };
     let (batch, crop) = (r.batch.to_string(), format!("{0}x{0}", r.crop));
-    let report = worker(&[
+    let mut args = vec![
         "trial",
         r.config.to_str().unwrap(),
         "--batch-size",
@@ -184,7 +199,9 @@ fn peak_test(r: PeakRecord) -> Result<(), Failed> {
         "--steps",
         "2",
         "--json",
-    ])?;
+    ];
+    args.extend(with_cfg_options(&r.cfg_options));
+    let report = worker(&args)?;
     if report["status"] != "ok" {
         return Err(format!("status {}: {}", report["status"], report["message"]).into());
     }
@@ -303,15 +320,23 @@ fn oracle_trials(
     };
     for (name, model) in oracle["models"].as_object().expect("models") {
         let config = configs.join(model["config_path"].as_str().expect("config_path"));
-        let why_not = unsupported(&config);
+        // A fixture's model may be a shared config with options (with_cp).
+        let cfg_options: Vec<String> = model["cfg_options"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.as_str().map(String::from))
+            .collect();
+        let why_not = unsupported(&config, &cfg_options);
         let skip = |t: Trial| match &why_not {
             Some(_) => t.with_ignored_flag(true),
             None => t,
         };
         let want = model["params"].clone();
         let path = config.clone();
+        let options = cfg_options.clone();
         trials.push(skip(Trial::test(format!("params::{name}"), move || {
-            params_test(path, want)
+            params_test(path, options, want)
         })));
         for rec in oracle["records"]
             .as_array()
@@ -331,10 +356,14 @@ fn oracle_trials(
             };
             let oracle_seconds = rec["time_steps2_3_mean_s"].as_f64().unwrap_or(f64::NAN);
             let test_name = format!("peak::{name}::b{batch}_{crop}_{precision}");
+            let always = oracle["always_compared"]
+                .as_array()
+                .is_some_and(|names| names.iter().any(|n| n == test_name.as_str()));
             let want = match want {
                 Ok(_)
                     if is_long(batch, crop, oracle_seconds)
                         && smallest(name, &precision) != Some(batch * crop * crop)
+                        && !always
                         && !sweep_all() =>
                 {
                     Err(format!(
@@ -360,6 +389,7 @@ fn oracle_trials(
                 precision: precision.clone(),
                 want,
                 oracle_seconds,
+                cfg_options: cfg_options.clone(),
             };
             if why_not.is_none() {
                 compared += 1;
@@ -407,7 +437,7 @@ fn oracle_trials(
 /// The models MMSeg's shared oracle does not cover, measured with the
 /// shared oracle script on an AMX CPU, as the shared oracle was (one config
 /// per head type; the command is in the file).
-const EXTRA_ORACLES: [&str; 2] = [
+const EXTRA_ORACLES: [&str; 3] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -415,6 +445,10 @@ const EXTRA_ORACLES: [&str; 2] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_swin_extra.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_with_cp.json"
     ),
 ];
 

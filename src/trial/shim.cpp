@@ -856,3 +856,143 @@ const char* segtune_op_trace_unsupported() {
 }
 }
 
+
+// Gradient checkpointing as torch.utils.checkpoint's reentrant variant
+// (CheckpointFunction, what `cp.checkpoint(f, x)` runs in torch 2.11 when
+// use_reentrant is not passed): the forward runs the block without grad and
+// keeps only its input (and the CPU RNG state); the backward re-runs it with
+// grad under the forward's autocast state and RNG state, back-propagates
+// through the recomputed graph, and returns the input's gradient. The block
+// is a Rust closure (`run`), released with `release` when the graph node goes.
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace {
+
+using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* input);
+using segtune_block_release = void (*)(void* block);
+
+struct RustBlock {
+  void* block;
+  segtune_block_run run;
+  segtune_block_release release;
+  ~RustBlock() { release(block); }
+  at::Tensor operator()(const at::Tensor& input) const {
+    at::Tensor* out = run(block, &input);
+    TORCH_CHECK(out != nullptr, "the checkpointed block failed: ", segtune_last_error_text());
+    at::Tensor result = std::move(*out);
+    delete out;
+    return result;
+  }
+  static const char* segtune_last_error_text();
+};
+
+std::string g_block_error;
+const char* RustBlock::segtune_last_error_text() { return g_block_error.c_str(); }
+
+struct AutocastState {
+  bool enabled;
+  at::ScalarType dtype;
+};
+
+const c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                                                int64_t block_address) {
+    auto* block = reinterpret_cast<std::shared_ptr<RustBlock>*>(block_address);
+    ctx->saved_data["block"] = block_address;
+    for (auto device : kAutocastDevices) {
+      std::string key = std::string("autocast_") + c10::DeviceTypeName(device, true);
+      ctx->saved_data[key] = at::autocast::is_autocast_enabled(device);
+      ctx->saved_data[key + "_dtype"] = at::autocast::get_autocast_dtype(device);
+    }
+    ctx->saved_data["cache_enabled"] = at::autocast::is_autocast_cache_enabled();
+    {
+      // torch.get_rng_state(): a copy of the CPU generator's state, kept for backward.
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["cpu_rng_state"] = gen.get_state();
+    }
+    ctx->save_for_backward({input});
+    at::NoGradGuard no_grad;
+    return {(**block)(input)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* holder = reinterpret_cast<std::shared_ptr<RustBlock>*>(ctx->saved_data["block"].toInt());
+    std::shared_ptr<RustBlock> block = *holder;
+    delete holder;  // one backward per forward (retain_graph is never used)
+    at::Tensor input = ctx->get_saved_variables()[0];
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor rng_before;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_before = gen.get_state();  // torch.random.fork_rng
+      gen.set_state(ctx->saved_data["cpu_rng_state"].toTensor());
+    }
+    at::Tensor detached = input.detach();
+    detached.set_requires_grad(input.requires_grad());
+    at::Tensor output;
+    {
+      at::AutoGradMode enable_grad(true);
+      std::vector<AutocastState> previous;
+      bool cache_before = at::autocast::is_autocast_cache_enabled();
+      for (auto device : kAutocastDevices) {
+        std::string key = std::string("autocast_") + c10::DeviceTypeName(device, true);
+        previous.push_back({at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)});
+        at::autocast::set_autocast_enabled(device, ctx->saved_data[key].toBool());
+        at::autocast::set_autocast_dtype(device, ctx->saved_data[key + "_dtype"].toScalarType());
+        at::autocast::increment_nesting();
+      }
+      at::autocast::set_autocast_cache_enabled(ctx->saved_data["cache_enabled"].toBool());
+      try {
+        output = (*block)(detached);
+      } catch (...) {
+        for (size_t i = 0; i < 2; ++i) at::autocast::decrement_nesting();
+        throw;
+      }
+      for (size_t i = 0; i < 2; ++i) {
+        auto device = kAutocastDevices[1 - i];
+        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        at::autocast::set_autocast_enabled(device, previous[1 - i].enabled);
+        at::autocast::set_autocast_dtype(device, previous[1 - i].dtype);
+      }
+      at::autocast::set_autocast_cache_enabled(cache_before);
+    }
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng_before);
+    }
+    if (output.requires_grad()) {
+      torch::autograd::backward({output}, {grad_outputs[0]});
+    }
+    return {detached.grad(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+// The error text a failing block callback leaves for the C++ side.
+void segtune_block_set_error(const char* message) { g_block_error = message ? message : ""; }
+
+// `cp.checkpoint(block, input)`; null (and segtune_last_error) on failure.
+at::Tensor* segtune_checkpoint(const at::Tensor* input, void* block, segtune_block_run run,
+                               segtune_block_release release) {
+  auto* holder = new std::shared_ptr<RustBlock>(new RustBlock{block, run, release});
+  at::Tensor* out = nullptr;
+  int rc = guarded([&] {
+    out = new at::Tensor(CheckpointFunction::apply(*input, reinterpret_cast<int64_t>(holder))[0]);
+  });
+  if (rc != 0) {
+    delete holder;
+    return nullptr;
+  }
+  return out;
+}
+
+}  // extern "C"

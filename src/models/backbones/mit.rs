@@ -14,8 +14,8 @@ use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{
-    linspace_drop_path_rates, nchw_to_nlc, nlc_to_nchw, Conv2d, ConvSpec, DropPath, LayerNorm,
-    MultiheadAttention,
+    checkpoint, linspace_drop_path_rates, nchw_to_nlc, nlc_to_nchw, Conv2d, ConvSpec, DropPath,
+    LayerNorm, MultiheadAttention,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -45,6 +45,8 @@ pub struct MitConfig {
     pub drop_rate: f64,
     pub drop_path_rate: f64,
     pub norm_eps: f64,
+    /// Gradient checkpointing of each transformer layer (`with_cp`).
+    pub with_cp: bool,
 }
 
 impl MitConfig {
@@ -74,10 +76,10 @@ impl MitConfig {
                     return Err(r.unsupported("norm_cfg", "only dict(type='LN') is implemented"))
                 }
             },
+            with_cp: r.flag("with_cp", false),
         };
         // The attention-weight dropout of nn.MultiheadAttention is not reproduced.
         r.unimplemented("attn_drop_rate", &Value::Float(0.0))?;
-        r.unimplemented("with_cp", &Value::Bool(false))?;
         r.default_activation("act_cfg", "GELU")?;
         r.inert(&["pretrained", "init_cfg"]);
         r.finish()?;
@@ -226,6 +228,7 @@ struct Block {
     attn: EfficientAttention,
     norm2: LayerNorm,
     ffn: MixFfn,
+    with_cp: bool,
 }
 
 impl Block {
@@ -241,7 +244,24 @@ impl Block {
             attn,
             norm2,
             ffn,
+            with_cp: c.with_cp,
         }
+    }
+
+    /// `TransformerEncoderLayer.forward`, through [`checkpoint`] under
+    /// `with_cp` when the input requires grad.
+    fn forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
+        if self.with_cp && x.requires_grad() {
+            checkpoint(x, move |x: &Tensor| self.inner_forward(x, hw, training))
+        } else {
+            self.inner_forward(x, hw, training)
+        }
+    }
+
+    fn inner_forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
+        let attended = self.attn.forward(&self.norm1.forward(x), hw, x, training);
+        self.ffn
+            .forward(&self.norm2.forward(&attended), hw, &attended, training)
     }
 }
 
@@ -326,12 +346,7 @@ impl Backbone for MixVisionTransformer {
                 .forward(&y.flatten(2, -1).transpose(1, 2)); // [B, h*w, C]
             drop(y);
             for block in &stage.blocks {
-                let attended = block
-                    .attn
-                    .forward(&block.norm1.forward(&t), hw, &t, training);
-                t = block
-                    .ffn
-                    .forward(&block.norm2.forward(&attended), hw, &attended, training);
+                t = block.forward(&t, hw, training);
             }
             x = nlc_to_nchw(&stage.norm.forward(&t), hw); // [B, C, h, w]
             if self.out_indices.contains(&(i as i64)) {
@@ -388,7 +403,6 @@ mod tests {
     #[test]
     fn settings_segtune_does_not_implement_are_refused_by_name() {
         for (key, value) in [
-            ("with_cp", json!(true)),
             ("attn_drop_rate", json!(0.1)),
             ("act_cfg", json!({"type": "ReLU"})),
             ("frozen_stages", json!(1)),

@@ -19,7 +19,7 @@
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
-use crate::models::layers::{BatchNorm2d, Conv2d, ConvSpec};
+use crate::models::layers::{checkpoint, BatchNorm2d, Conv2d, ConvSpec};
 use crate::models::params::ParamScope;
 use crate::models::{ModelError, NormCfg};
 use tch::Tensor;
@@ -109,6 +109,8 @@ pub struct ResNetCfg {
     pub norm_eval: bool,
     pub multi_grid: Option<Vec<i64>>,
     pub contract_dilation: bool,
+    /// Gradient checkpointing of each block (`with_cp`).
+    pub with_cp: bool,
 }
 
 impl ResNetCfg {
@@ -205,7 +207,6 @@ impl ResNetCfg {
         c.unimplemented("conv_cfg", &Value::None)?;
         c.unimplemented("dcn", &Value::None)?;
         c.unimplemented("plugins", &Value::None)?;
-        c.unimplemented("with_cp", &Value::Bool(false))?;
         // Only read when `dcn` is set; weight initialisation and checkpoints.
         c.inert(&[
             "stage_with_dcn",
@@ -231,6 +232,7 @@ impl ResNetCfg {
             norm_eval: c.flag("norm_eval", false),
             multi_grid,
             contract_dilation: c.flag("contract_dilation", false),
+            with_cp: c.flag("with_cp", false),
         };
         c.finish()?;
         Ok(cfg)
@@ -384,23 +386,43 @@ impl ResBlock {
     /// `forward(x)`: the residual branch plus the (projected) input, then an
     /// in-place ReLU. `bn_training`: BN in train mode.
     pub fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
+        self.forward_with_cp(x, bn_training, false)
+    }
+
+    /// [`Self::forward`], the residual part through [`checkpoint`] when
+    /// `with_cp` and the input requires grad (the final ReLU stays outside,
+    /// as in mmseg's blocks).
+    pub fn forward_with_cp(&self, x: &Tensor, bn_training: bool, with_cp: bool) -> Tensor {
+        let mut out = if with_cp && x.requires_grad() {
+            checkpoint(x, move |x: &Tensor| self.inner_forward(x, bn_training))
+        } else {
+            self.inner_forward(x, bn_training)
+        };
+        let _ = out.relu_();
+        out
+    }
+
+    /// `_inner_forward`: each intermediate is released when the next one
+    /// exists, as Python's reassigned `out` is (it matters without grad,
+    /// under checkpointing, where autograd keeps nothing).
+    fn inner_forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
         // mmseg: `out += identity` and `nn.ReLU(inplace=True)` throughout.
         let (mut out, downsample) = match self {
             ResBlock::Basic(b) => {
-                let out = b.conv1.forward(x);
-                let mut out = b.bn1.forward(&out, bn_training);
+                let mut out = b.conv1.forward(x);
+                out = b.bn1.forward(&out, bn_training);
                 let _ = out.relu_();
-                let out = b.conv2.forward(&out);
+                out = b.conv2.forward(&out);
                 (b.bn2.forward(&out, bn_training), &b.downsample)
             }
             ResBlock::Bottleneck(b) => {
-                let out = b.conv1.forward(x);
-                let mut out = b.bn1.forward(&out, bn_training);
+                let mut out = b.conv1.forward(x);
+                out = b.bn1.forward(&out, bn_training);
                 let _ = out.relu_();
-                let out = b.conv2.forward(&out);
-                let mut out = b.bn2.forward(&out, bn_training);
+                out = b.conv2.forward(&out);
+                out = b.bn2.forward(&out, bn_training);
                 let _ = out.relu_();
-                let out = b.conv3.forward(&out);
+                out = b.conv3.forward(&out);
                 (b.bn3.forward(&out, bn_training), &b.downsample)
             }
         };
@@ -451,6 +473,7 @@ impl Downsample {
 /// `ResLayer`: the blocks of one stage.
 pub struct ResLayer {
     blocks: Vec<ResBlock>,
+    with_cp: bool,
 }
 
 /// `ResLayer(block, inplanes, planes, num_blocks, stride, dilation,
@@ -467,6 +490,8 @@ pub struct ResLayerSpec {
     pub multi_grid: Option<Vec<i64>>,
     pub contract_dilation: bool,
     pub style: Style,
+    /// Gradient checkpointing of each block's residual branch (`with_cp`).
+    pub with_cp: bool,
 }
 
 impl ResLayer {
@@ -505,14 +530,17 @@ impl ResLayer {
             blocks.push(ResBlock::new(&mut p.sub(i), block_spec, norm, ds));
             inplanes = spec.planes * expansion;
         }
-        ResLayer { blocks }
+        ResLayer {
+            blocks,
+            with_cp: spec.with_cp,
+        }
     }
 
     /// The blocks in sequence; each intermediate dies when the next exists.
     pub fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
         let mut x = x.shallow_clone();
         for block in &self.blocks {
-            x = block.forward(&x, bn_training);
+            x = block.forward_with_cp(&x, bn_training, self.with_cp);
         }
         x
     }
@@ -596,6 +624,7 @@ impl ResNet {
                 },
                 contract_dilation: cfg.contract_dilation,
                 style: cfg.style,
+                with_cp: cfg.with_cp,
             };
             let mark = p.registered();
             layers.push(ResLayer::new(
@@ -734,10 +763,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("ResNetV1c: sets `deep_stem` itself"), "{err}");
-        let err = ResNetCfg::from_cfg(&backbone(json!({"with_cp": true})), Variant::V1c)
+        let err = ResNetCfg::from_cfg(&backbone(json!({"dcn": {"type": "DCN"}})), Variant::V1c)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("`with_cp`"), "{err}");
+        assert!(err.contains("`dcn`"), "{err}");
         let err = ResNetCfg::from_cfg(&backbone(json!({"depth": 42})), Variant::V1c)
             .unwrap_err()
             .to_string();

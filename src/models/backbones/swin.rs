@@ -23,8 +23,8 @@ use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::from_host;
 use crate::models::layers::{
-    count_flops, linspace_drop_path_rates, softmax_saved, Conv2d, ConvSpec, DropPath, LayerNorm,
-    Linear,
+    checkpoint, count_flops, linspace_drop_path_rates, softmax_saved, Conv2d, ConvSpec, DropPath,
+    LayerNorm, Linear,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -59,6 +59,8 @@ pub struct SwinConfig {
     pub use_abs_pos_embed: bool,
     pub norm: LayerNormCfg,
     pub frozen_stages: i64,
+    /// Gradient checkpointing of each block (`with_cp`).
+    pub with_cp: bool,
 }
 
 /// `norm_cfg=dict(type='LN', ...)`: mmcv's `build_norm_layer` of an
@@ -148,10 +150,10 @@ impl SwinConfig {
             use_abs_pos_embed: r.flag("use_abs_pos_embed", false),
             norm: LayerNormCfg::from_cfg(&mut r, "norm_cfg")?,
             frozen_stages: r.int("frozen_stages", -1)?,
+            with_cp: r.flag("with_cp", false),
         };
         // The attention-weight dropout (nn.Dropout after the softmax) is not reproduced.
         r.unimplemented("attn_drop_rate", &Value::Float(0.0))?;
-        r.unimplemented("with_cp", &Value::Bool(false))?;
         r.default_activation("act_cfg", "GELU")?;
         r.inert(&["pretrained", "init_cfg"]);
         r.finish()?;
@@ -486,6 +488,7 @@ struct SwinBlock {
     attn: ShiftWindowMsa,
     norm2: LayerNorm,
     ffn: Ffn,
+    with_cp: bool,
 }
 
 impl SwinBlock {
@@ -521,10 +524,20 @@ impl SwinBlock {
                 drop: c.drop_rate,
                 drop_path: DropPath { prob: drop_path },
             },
+            with_cp: c.with_cp,
         }
     }
 
+    /// Through [`checkpoint`] under `with_cp` when the input requires grad.
     fn forward(&self, input: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
+        if self.with_cp && input.requires_grad() {
+            checkpoint(input, move |x: &Tensor| self.inner_forward(x, hw, training))
+        } else {
+            self.inner_forward(input, hw, training)
+        }
+    }
+
+    fn inner_forward(&self, input: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
         // Python's `x` holds norm1's output until the attention returns,
         // and the attention's output until the add returns.
         let x = {
@@ -785,7 +798,6 @@ mod tests {
     #[test]
     fn settings_segtune_does_not_implement_are_refused_by_name() {
         for (key, value) in [
-            ("with_cp", json!(true)),
             ("attn_drop_rate", json!(0.1)),
             ("act_cfg", json!({"type": "ReLU"})),
             ("norm_cfg", json!({"type": "BN"})),

@@ -5,12 +5,14 @@
 //!
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
 //! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`]
-//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`shape`]
+//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`checkpoint`]
+//! (`torch.utils.checkpoint`), [`shape`]
 //! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`), [`host`] (tensors
 //! from host data). This file holds what
 //! every block reports to: the softmax-input emulation and the FLOP count.
 
 pub mod attention;
+pub mod checkpoint;
 pub mod conv;
 pub mod drop;
 pub mod host;
@@ -19,6 +21,7 @@ pub mod norm;
 pub mod shape;
 
 pub use attention::MultiheadAttention;
+pub use checkpoint::checkpoint;
 pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 pub use drop::{linspace_drop_path_rates, DropPath};
 pub use linear::Linear;

@@ -1,0 +1,86 @@
+//! Gradient checkpointing: `torch.utils.checkpoint.checkpoint(f, x)` as
+//! MMSeg's blocks call it under `with_cp=True` (the reentrant variant, the
+//! default of torch 2.11 when `use_reentrant` is not passed).
+//!
+//! Chen et al., "Training Deep Nets with Sublinear Memory Cost",
+//! arXiv:1604.06174.
+//!
+//! tch has no custom autograd functions, so the function itself lives in
+//! the C++ shim (`CheckpointFunction` in `src/trial/shim.cpp`): its forward
+//! runs the block without grad and keeps only the block's input and the CPU
+//! RNG state; its backward re-runs the block with grad (same RNG and
+//! autocast state, so drop path draws the same masks) and back-propagates
+//! through the recomputed graph. The block is the Rust closure given here.
+
+use std::ffi::{c_char, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+type BlockRun = unsafe extern "C" fn(block: *mut c_void, input: *const C_tensor) -> *mut C_tensor;
+type BlockRelease = unsafe extern "C" fn(block: *mut c_void);
+
+extern "C" {
+    fn segtune_checkpoint(
+        input: *const C_tensor,
+        block: *mut c_void,
+        run: BlockRun,
+        release: BlockRelease,
+    ) -> *mut C_tensor;
+    fn segtune_block_set_error(message: *const c_char);
+    fn segtune_last_error() -> *const c_char;
+}
+
+type Block<'a> = Box<dyn Fn(&Tensor) -> Tensor + 'a>;
+
+unsafe extern "C" fn run_block(block: *mut c_void, input: *const C_tensor) -> *mut C_tensor {
+    // SAFETY: `block` is the `Box<Block>` that `checkpoint` leaked, alive until
+    // `release_block`; `input` is a live tensor the shim owns.
+    let f = unsafe { &*(block as *const Block) };
+    let input = unsafe { Tensor::clone_from_ptr(input as *mut C_tensor) };
+    match catch_unwind(AssertUnwindSafe(|| f(&input))) {
+        Ok(mut out) => {
+            let p = out.as_mut_ptr();
+            // The shim takes the heap tensor over (and deletes it).
+            std::mem::forget(out);
+            p
+        }
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
+            unsafe { segtune_block_set_error(message.as_ptr()) };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+unsafe extern "C" fn release_block(block: *mut c_void) {
+    // SAFETY: the pointer `checkpoint` leaked, released once by the shim.
+    drop(unsafe { Box::from_raw(block as *mut Block) });
+}
+
+/// `cp.checkpoint(block, input)`: `block(input)` whose intermediate tensors
+/// are not kept for backward but recomputed there.
+///
+/// `block` may borrow the model: it runs during this call and once more
+/// during the backward of the step, while the model is alive (a trial keeps
+/// its model for all its steps). If the graph is dropped without a
+/// backward, the closure is leaked, never called.
+pub fn checkpoint<'a>(input: &Tensor, block: impl Fn(&Tensor) -> Tensor + 'a) -> Tensor {
+    let boxed: Box<Block<'a>> = Box::new(Box::new(block));
+    // SAFETY: see above: the closure is only called while what it borrows lives.
+    let boxed: Box<Block<'static>> = unsafe { std::mem::transmute(boxed) };
+    let raw = Box::into_raw(boxed) as *mut c_void;
+    // SAFETY: live input; the shim owns `raw` from here on.
+    let out = unsafe { segtune_checkpoint(input.as_ptr(), raw, run_block, release_block) };
+    if out.is_null() {
+        let why = unsafe { std::ffi::CStr::from_ptr(segtune_last_error()) }.to_string_lossy();
+        panic!("gradient checkpointing failed: {why}");
+    }
+    // SAFETY: a new heap tensor from the shim, now owned here.
+    unsafe { Tensor::from_ptr(out) }
+}
