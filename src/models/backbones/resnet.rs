@@ -435,7 +435,6 @@ impl ResBlock {
                 let _ = out.g_add_(x);
             }
         }
-        let _ = out.relu_();
         out
     }
 }
