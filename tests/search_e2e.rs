@@ -36,9 +36,13 @@ fn search(config: &Path, out: &Path, extra: &[&str]) -> (String, serde_json::Val
 /// resumes from the journal), then checks that the winner keeps the
 /// recipe's `effective_batch` and that real mmengine loads the emitted
 /// config with the winner's batch, crop, accumulation and precision.
-fn search_emits_a_config_mmengine_reads(name: &str, config: &str, effective_batch: i64) {
+fn search_emits_a_config_mmengine_reads(
+    name: &str,
+    config: &str,
+    effective_batch: i64,
+) -> serde_json::Value {
     let Some(shared) = common::require_shared(name) else {
-        return;
+        return serde_json::Value::Null;
     };
     let config = shared.join("mmseg-configs/configs").join(config);
     let dir = tempfile::tempdir().unwrap();
@@ -75,7 +79,7 @@ fn search_emits_a_config_mmengine_reads(name: &str, config: &str, effective_batc
             );
         }
         eprintln!("SKIPPED the mmengine part of {name}: SEGTUNE_MMENGINE_PYTHON not set");
-        return;
+        return winner.clone();
     };
     let check = r#"
 import json, sys
@@ -87,7 +91,8 @@ while 'pipeline' not in ds and 'dataset' in ds:
 crops = [t['crop_size'] for t in ds.pipeline if t['type'] == 'RandomCrop']
 print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[list(c) for c in crops],
                       preprocessor=list(cfg.model.data_preprocessor.size), ow=cfg.optim_wrapper.type,
-                      dtype=cfg.optim_wrapper.get('dtype'), accumulation=cfg.optim_wrapper.get('accumulative_counts', 1))))
+                      dtype=cfg.optim_wrapper.get('dtype'), accumulation=cfg.optim_wrapper.get('accumulative_counts', 1),
+                      with_cp=bool(cfg.model.backbone.get('with_cp', False)))))
 "#;
     let run = std::process::Command::new(python)
         .args(["-c", check])
@@ -125,6 +130,12 @@ print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[lis
         read["batch"].as_i64().unwrap() * read["accumulation"].as_i64().unwrap(),
         effective_batch
     );
+    assert_eq!(
+        read["with_cp"],
+        winner["checkpoint"].as_bool().unwrap_or(false),
+        "{read}"
+    );
+    winner.clone()
 }
 
 #[test]
@@ -148,6 +159,24 @@ fn search_deeplabv3plus_r50_on_a_3050ti_emits_a_config_mmengine_reads() {
         "deeplabv3plus/deeplabv3plus_r50-d8_4xb2-40k_cityscapes-512x1024.py",
         8,
     );
+}
+
+/// Swin-T UPerNet at its 512x512 crop does not fit a 4 GB card at any
+/// batch that keeps the effective batch without gradient checkpointing
+/// (predicted): the search then tries `with_cp`, and its winner keeps the
+/// crop with it.
+#[test]
+fn search_swin_t_on_a_3050ti_keeps_the_crop_with_gradient_checkpointing() {
+    let winner = search_emits_a_config_mmengine_reads(
+        "search_swin_t_on_a_3050ti_keeps_the_crop_with_gradient_checkpointing",
+        "swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py",
+        16,
+    );
+    if winner.is_null() {
+        return;
+    }
+    assert_eq!(winner["checkpoint"], true, "{winner}");
+    assert_eq!(winner["crop"], serde_json::json!([512, 512]), "{winner}");
 }
 
 #[test]

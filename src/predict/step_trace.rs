@@ -17,6 +17,8 @@ pub struct TracedStep {
     pub cpu_peak_bytes: i64,
     /// Forward FLOPs of the step.
     pub forward_flops: f64,
+    /// FLOPs that gradient checkpointing recomputed in the backward.
+    pub recompute_flops: f64,
 }
 
 /// How a step is traced for a prediction.
@@ -103,5 +105,6 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         events: trace::from_text(&text).map_err(Error::Trial)?,
         cpu_peak_bytes: report.peak_bytes.unwrap_or(0),
         forward_flops: report.forward_flops,
+        recompute_flops: report.recompute_flops,
     })
 }

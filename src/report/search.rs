@@ -44,6 +44,11 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 c.accumulation.to_string(),
                 c.effective_batch(r.gpus).to_string(),
                 c.amp.to_string(),
+                match (c.checkpoint, o.record.checkpoint_cost) {
+                    (false, _) => "-".to_string(),
+                    (true, None) => "yes".to_string(),
+                    (true, Some(cost)) => format!("yes (+{:.0}% time)", 100.0 * cost),
+                },
                 gib_or_dash(o.record.device_bytes),
                 format!("{:.0}%", 100.0 * device / r.budget.usable_bytes as f64),
                 o.record
@@ -60,6 +65,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 "accum",
                 "eff. batch",
                 "amp",
+                "with_cp",
                 "peak GiB",
                 "% budget",
                 "images/s",
@@ -77,6 +83,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 format!("{}x{}", c.crop.0, c.crop.1),
                 c.amp.to_string(),
                 c.accumulation.to_string(),
+                if c.checkpoint { "yes" } else { "-" }.to_string(),
                 o.record.status.name().to_string(),
                 o.record.reason.clone().unwrap_or_default(),
                 o.record.mode.name().to_string(),
@@ -84,7 +91,9 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         });
         out.push_str("infeasible:\n");
         out.push_str(&table(
-            ["batch", "crop", "amp", "accum", "status", "reason", "how"],
+            [
+                "batch", "crop", "amp", "accum", "with_cp", "status", "reason", "how",
+            ],
             rows,
         ));
         out.push('\n');
@@ -109,12 +118,17 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     }
     if let Some(w) = &r.winner {
         out.push_str(&format!(
-            "winner: batch {} x crop {}x{}, amp {}, accumulation {} ({})\n",
+            "winner: batch {} x crop {}x{}, amp {}, accumulation {}{} ({})\n",
             w.candidate.batch_size,
             w.candidate.crop.0,
             w.candidate.crop.1,
             w.candidate.amp,
             w.candidate.accumulation,
+            if w.candidate.checkpoint {
+                ", gradient checkpointing (with_cp)"
+            } else {
+                ""
+            },
             w.record.mode.name()
         ));
         for p in &r.emitted {

@@ -83,13 +83,11 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
         loader.push(("dataset", nested));
     }
     o.insert("train_dataloader".into(), dict(loader));
-    o.insert(
-        "model".into(),
-        dict(vec![(
-            "data_preprocessor",
-            dict(vec![("size", tuple(c.crop))]),
-        )]),
-    );
+    let mut model = vec![("data_preprocessor", dict(vec![("size", tuple(c.crop))]))];
+    if c.checkpoint {
+        model.push(("backbone", dict(vec![("with_cp", Value::Bool(true))])));
+    }
+    o.insert("model".into(), dict(model));
     let mut ow = cfg
         .get("optim_wrapper")
         .and_then(Value::as_dict)
@@ -156,6 +154,9 @@ pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -
         }
     }
     items.push(format!("model.data_preprocessor.size={crop}"));
+    if c.checkpoint {
+        items.push(super::space::CHECKPOINT_OPTION.into());
+    }
     match c.amp {
         Amp::Off => items.push("optim_wrapper.type=OptimWrapper".into()),
         half => {
@@ -335,6 +336,7 @@ mod tests {
             crop: (128, 192),
             amp: Amp::Off,
             accumulation: 2,
+            checkpoint: false,
         };
         let o = overrides(&cfg, &c, None);
         let crop = o
@@ -349,5 +351,34 @@ mod tests {
             line.contains("train_dataloader.dataset.dataset.pipeline.1.crop_size=(128,192)"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_checkpointed_candidate_sets_the_backbones_with_cp() {
+        let mut cfg = Dict::new();
+        cfg.insert("crop_size".into(), tuple((512, 512)));
+        let c = Candidate {
+            batch_size: 2,
+            crop: (512, 512),
+            amp: Amp::Bf16,
+            accumulation: 8,
+            checkpoint: true,
+        };
+        let o = overrides(&cfg, &c, None);
+        assert_eq!(
+            o.get("model").and_then(|m| m.get_path("backbone.with_cp")),
+            Some(&Value::Bool(true))
+        );
+        let line = cfg_options_line(&cfg, &c, None);
+        assert!(line.contains(" model.backbone.with_cp=True "), "{line}");
+        let plain = Candidate {
+            checkpoint: false,
+            ..c
+        };
+        assert!(overrides(&cfg, &plain, None)
+            .get("model")
+            .and_then(|m| m.get_path("backbone"))
+            .is_none());
+        assert!(!cfg_options_line(&cfg, &plain, None).contains("with_cp"));
     }
 }

@@ -194,6 +194,7 @@ mod tests {
             crop: (128, 128),
             amp: Amp::Off,
             accumulation: 1,
+            checkpoint: false,
         }
     }
 

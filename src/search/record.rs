@@ -72,6 +72,11 @@ pub struct TrialRecord {
     pub device_bytes: Option<u64>,
     pub images_per_s: Option<f64>,
     pub mode: Mode,
+    /// With gradient checkpointing, the step time it adds, as a fraction
+    /// of the step without it (predicted: the recomputed forward's FLOPs
+    /// over three times the forward's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_cost: Option<f64>,
 }
 
 impl TrialRecord {
@@ -89,6 +94,7 @@ impl TrialRecord {
             device_bytes: None,
             images_per_s: None,
             mode,
+            checkpoint_cost: None,
         }
     }
 }

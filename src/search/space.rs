@@ -25,17 +25,23 @@ pub struct Candidate {
     pub crop: (i64, i64),
     pub amp: Amp,
     pub accumulation: i64,
+    /// Gradient checkpointing of the backbone (`model.backbone.with_cp`),
+    /// tried only when nothing else keeps the recipe's crop and effective
+    /// batch (journals written before it read as `false`).
+    #[serde(default)]
+    pub checkpoint: bool,
 }
 
 impl Candidate {
     pub fn key(&self) -> String {
         format!(
-            "b{}-{}x{}-{}-acc{}",
+            "b{}-{}x{}-{}-acc{}{}",
             self.batch_size,
             self.crop.0,
             self.crop.1,
             self.amp.name(),
-            self.accumulation
+            self.accumulation,
+            if self.checkpoint { "-cp" } else { "" }
         )
     }
     pub fn effective_batch(&self, gpus: i64) -> i64 {
@@ -141,6 +147,23 @@ pub fn accumulation_for(batch: i64, gpus: i64, effective: i64) -> Option<i64> {
     (effective % per_step == 0).then(|| effective / per_step)
 }
 
+/// The `--cfg-options` item that turns gradient checkpointing on.
+pub const CHECKPOINT_OPTION: &str = "model.backbone.with_cp=True";
+
+/// Whether the config's backbone takes `with_cp` (and does not set it
+/// already): the search may then try gradient checkpointing.
+pub fn checkpoint_available(cfg: &Dict) -> bool {
+    let Some(backbone) = cfg.get("model").and_then(|m| m.get_path("backbone")) else {
+        return false;
+    };
+    let accepts = backbone
+        .get_path("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| crate::models::backbones::WITH_CP_BACKBONES.contains(&t));
+    let already = backbone.get_path("with_cp").is_some_and(Value::truthy);
+    accepts && !already
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +201,27 @@ mod tests {
         assert_eq!(batch_sizes(&r, 1), vec![1, 2, 4, 8, 16]);
         assert_eq!(accumulation_for(4, 1, 16), Some(4));
         assert_eq!(accumulation_for(3, 1, 16), None);
+    }
+
+    #[test]
+    fn checkpointing_is_offered_for_backbones_that_take_with_cp() {
+        let cfg = |backbone: serde_json::Value| match crate::config::dump::from_json(
+            &serde_json::json!({"model": {"backbone": backbone}}),
+        ) {
+            Value::Dict(d) => d,
+            _ => unreachable!(),
+        };
+        assert!(checkpoint_available(&cfg(
+            serde_json::json!({"type": "SwinTransformer"})
+        )));
+        assert!(checkpoint_available(&cfg(
+            serde_json::json!({"type": "ResNetV1c"})
+        )));
+        assert!(!checkpoint_available(&cfg(
+            serde_json::json!({"type": "HRNet"})
+        )));
+        assert!(!checkpoint_available(&cfg(
+            serde_json::json!({"type": "MixVisionTransformer", "with_cp": true})
+        )));
     }
 }

@@ -21,6 +21,10 @@ pub struct SearchSpace<'a> {
     pub batches: &'a [i64],
     /// Accumulation for a batch size, and whether it keeps the effective batch.
     pub accumulation: &'a dyn Fn(i64) -> (i64, bool),
+    /// Whether the backbone takes gradient checkpointing: then, when no
+    /// candidate keeps the recipe's crop and effective batch, the recipe's
+    /// crop is searched again with it.
+    pub checkpoint: bool,
 }
 
 /// What the search loop did: every outcome in evaluation order, and how
@@ -41,76 +45,116 @@ pub fn run_search(
     journal: &mut Journal,
     progress: &dyn Fn(&Candidate, &TrialRecord),
 ) -> Result<Explored> {
-    let SearchSpace {
-        crops,
-        precisions,
-        batches,
-        accumulation,
-    } = space;
-    let mut outcomes = Vec::new();
-    let (mut ran, mut resumed) = (0usize, 0usize);
-    for crop in crops.iter() {
-        for amp in precisions.iter() {
-            // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
-            let (mut lo, mut hi) = (0usize, batches.len());
-            let mut next_exhaustive = 0usize;
-            while lo < hi {
-                let mid = if exhaustive {
-                    next_exhaustive
-                } else {
-                    (lo + hi) / 2
-                };
-                let (acc, _) = accumulation(batches[mid]);
-                let c = Candidate {
-                    batch_size: batches[mid],
-                    crop: *crop,
-                    amp: *amp,
-                    accumulation: acc,
-                };
-                let (record, now) = match journal.get(&c) {
-                    Some(r) => {
-                        resumed += 1;
-                        (r.clone(), false)
-                    }
-                    None => {
-                        let r = evaluator.evaluate(&c);
-                        ran += 1;
-                        journal.append(&c, &r)?;
-                        (r, true)
-                    }
-                };
-                progress(&c, &record);
-                let fits = record.fits();
-                outcomes.push(Outcome {
-                    candidate: c,
-                    record,
-                    ran_now: now,
-                });
-                if exhaustive {
-                    next_exhaustive += 1;
-                    if next_exhaustive == batches.len() {
-                        break;
-                    }
-                } else if fits {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
+    let mut explored = Explored {
+        outcomes: Vec::new(),
+        ran: 0,
+        resumed: 0,
+    };
+    let mut batches_of = |crop: (i64, i64), amp: Amp, checkpoint: bool, explored: &mut Explored| {
+        search_batches(
+            space,
+            (crop, amp, checkpoint),
+            exhaustive,
+            evaluator,
+            journal,
+            progress,
+            explored,
+        )
+    };
+    for crop in space.crops.iter() {
+        for amp in space.precisions.iter() {
+            batches_of(*crop, *amp, false, &mut explored)?;
         }
         // keep-crop: the largest crop where anything fits wins; smaller crops need no trial.
-        let any_fit_here = outcomes
+        let any_fit_here = explored
+            .outcomes
             .iter()
             .any(|o| o.candidate.crop == *crop && o.record.fits());
         if objective == Objective::KeepCrop && any_fit_here && !exhaustive {
             break;
         }
     }
-    Ok(Explored {
-        outcomes,
-        ran,
-        resumed,
-    })
+    let Some(recipe_crop) = space.crops.first() else {
+        return Ok(explored);
+    };
+    // A batch below a fitting one fits too (memory grows with the batch):
+    // the recipe is kept when some batch up to a fit keeps the effective batch.
+    let keeps_recipe = |o: &Outcome| {
+        o.record.fits()
+            && o.candidate.crop == *recipe_crop
+            && space
+                .batches
+                .iter()
+                .any(|b| *b <= o.candidate.batch_size && (space.accumulation)(*b).1)
+    };
+    if space.checkpoint && (exhaustive || !explored.outcomes.iter().any(keeps_recipe)) {
+        for amp in space.precisions.iter() {
+            batches_of(*recipe_crop, *amp, true, &mut explored)?;
+        }
+    }
+    Ok(explored)
+}
+
+/// Binary search (or, `exhaustive`, every batch) of one crop, precision
+/// and checkpointing setting: batches below a fit fit, above an OOM do not.
+fn search_batches(
+    space: &SearchSpace,
+    (crop, amp, checkpoint): ((i64, i64), Amp, bool),
+    exhaustive: bool,
+    evaluator: &mut dyn Evaluator,
+    journal: &mut Journal,
+    progress: &dyn Fn(&Candidate, &TrialRecord),
+    explored: &mut Explored,
+) -> Result<()> {
+    let batches = space.batches;
+    // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
+    let (mut lo, mut hi) = (0usize, batches.len());
+    let mut next_exhaustive = 0usize;
+    while lo < hi {
+        let mid = if exhaustive {
+            next_exhaustive
+        } else {
+            (lo + hi) / 2
+        };
+        let (acc, _) = (space.accumulation)(batches[mid]);
+        let c = Candidate {
+            batch_size: batches[mid],
+            crop,
+            amp,
+            accumulation: acc,
+            checkpoint,
+        };
+        let (record, now) = match journal.get(&c) {
+            Some(r) => {
+                explored.resumed += 1;
+                (r.clone(), false)
+            }
+            None => {
+                let r = evaluator.evaluate(&c);
+                explored.ran += 1;
+                journal.append(&c, &r)?;
+                (r, true)
+            }
+        };
+        progress(&c, &record);
+        let fits = record.fits();
+        explored.outcomes.push(Outcome {
+            candidate: c,
+            record,
+            ran_now: now,
+        });
+        if exhaustive {
+            next_exhaustive += 1;
+            if next_exhaustive == batches.len() {
+                break;
+            }
+        } else if fits {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(())
 }
 
 /// Ranks feasible outcomes: keep-crop puts the largest crop first, then
@@ -155,7 +199,9 @@ mod tests {
                     Mode::Predicted,
                 );
             }
-            let need = c.batch_size * c.crop.0 * c.crop.1 / if c.amp == Amp::Off { 1 } else { 2 };
+            let need = c.batch_size * c.crop.0 * c.crop.1
+                / if c.amp == Amp::Off { 1 } else { 2 }
+                / if c.checkpoint { 4 } else { 1 };
             let mut r =
                 TrialRecord::failed(CandidateStatus::Oom, "too big".into(), Mode::Predicted);
             if need <= self.capacity {
@@ -173,6 +219,16 @@ mod tests {
         objective: Objective,
         journal_dir: &std::path::Path,
     ) -> (Explored, FakeEvaluator) {
+        explore_with(capacity, fail_every, objective, journal_dir, false)
+    }
+
+    fn explore_with(
+        capacity: i64,
+        fail_every: usize,
+        objective: Objective,
+        journal_dir: &std::path::Path,
+        checkpoint: bool,
+    ) -> (Explored, FakeEvaluator) {
         let mut evaluator = FakeEvaluator {
             capacity,
             fail_every,
@@ -184,6 +240,7 @@ mod tests {
             precisions: &[Amp::Off, Amp::Fp16],
             batches: &[1, 2, 3, 4, 5, 6, 7, 8],
             accumulation: &|b| (16 / b, 16 % b == 0),
+            checkpoint,
         };
         let explored = run_search(
             &space,
@@ -259,5 +316,29 @@ mod tests {
         assert_eq!(second.ran, 0);
         assert!(evaluator.evaluated.is_empty());
         assert_eq!(second.resumed, first.ran);
+    }
+
+    #[test]
+    fn checkpointing_is_tried_only_when_nothing_keeps_the_recipes_crop_and_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        // Plenty of memory: no checkpointed candidate is ever evaluated.
+        let (_, evaluator) = explore_with(3 * 512 * 512, 0, Objective::KeepCrop, dir.path(), true);
+        assert!(evaluator.evaluated.iter().all(|c| !c.checkpoint));
+        // Not one 512x512 image without checkpointing (half precision needs
+        // 131072), but two in half precision with it (a quarter: 65536).
+        let dir = tempfile::tempdir().unwrap();
+        let (explored, evaluator) =
+            explore_with(512 * 512 / 4, 0, Objective::KeepCrop, dir.path(), true);
+        assert!(evaluator.evaluated.iter().any(|c| c.checkpoint));
+        assert!(evaluator
+            .evaluated
+            .iter()
+            .filter(|c| c.checkpoint)
+            .all(|c| c.crop == (512, 512)));
+        let winner = &ranked_fits(explored, Objective::KeepCrop)[0];
+        assert!(winner.candidate.checkpoint);
+        assert_eq!(winner.candidate.crop, (512, 512));
+        assert_eq!(winner.candidate.batch_size, 2);
+        assert_eq!(winner.candidate.amp, Amp::Fp16);
     }
 }

@@ -106,6 +106,10 @@ pub struct TrialReport {
     /// Forward FLOPs of one step (convolutions, linear layers, attention);
     /// a training step is about three times this.
     pub forward_flops: f64,
+    /// FLOPs of the forwards that gradient checkpointing ran again in the
+    /// backward (not in `forward_flops`).
+    #[serde(default)]
+    pub recompute_flops: f64,
     pub step_time_median_s: Option<f64>,
     pub images_per_s: Option<f64>,
     pub steps: Vec<StepRecord>,
@@ -150,6 +154,7 @@ impl TrialReport {
             cuda_peak_reserved_bytes: None,
             optimizer_state_bytes: 0,
             forward_flops: 0.0,
+            recompute_flops: 0.0,
             step_time_median_s: None,
             images_per_s: None,
             steps: Vec::new(),

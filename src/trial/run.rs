@@ -191,6 +191,7 @@ fn run_capped(
         }
         counter.reset_peak();
         let _ = crate::models::layers::take_forward_flops();
+        let _ = crate::models::layers::checkpoint::take_recompute_flops();
         let started = Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             train_step(
@@ -207,6 +208,7 @@ fn run_capped(
             let _ = memory::device_synchronize(i);
         }
         report.forward_flops = crate::models::layers::take_forward_flops();
+        report.recompute_flops = crate::models::layers::checkpoint::take_recompute_flops();
         let seconds = started.elapsed().as_secs_f64();
         counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         let (phases, items) = match result {

@@ -870,7 +870,7 @@ const char* segtune_op_trace_unsupported() {
 
 namespace {
 
-using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* input);
+using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* input, int recompute);
 using segtune_block_release = void (*)(void* block);
 
 struct RustBlock {
@@ -878,8 +878,8 @@ struct RustBlock {
   segtune_block_run run;
   segtune_block_release release;
   ~RustBlock() { release(block); }
-  at::Tensor operator()(const at::Tensor& input) const {
-    at::Tensor* out = run(block, &input);
+  at::Tensor operator()(const at::Tensor& input, bool recompute) const {
+    at::Tensor* out = run(block, &input, recompute ? 1 : 0);
     TORCH_CHECK(out != nullptr, "the checkpointed block failed: ", segtune_last_error_text());
     at::Tensor result = std::move(*out);
     delete out;
@@ -917,7 +917,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     ctx->save_for_backward({input});
     at::NoGradGuard no_grad;
-    return {(**block)(input)};
+    return {(**block)(input, false)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -949,7 +949,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       }
       at::autocast::set_autocast_cache_enabled(ctx->saved_data["cache_enabled"].toBool());
       try {
-        output = (*block)(detached);
+        output = (*block)(detached, true);
       } catch (...) {
         for (size_t i = 0; i < 2; ++i) at::autocast::decrement_nesting();
         throw;

@@ -26,6 +26,16 @@ pub trait Backbone {
 /// parameters under `scope` (`backbone`).
 pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, ModelError>;
 
+/// Backbones whose `with_cp` segtune honours (gradient checkpointing, see
+/// `layers::checkpoint`).
+pub const WITH_CP_BACKBONES: &[&str] = &[
+    "MixVisionTransformer",
+    "ResNet",
+    "ResNetV1c",
+    "ResNetV1d",
+    "SwinTransformer",
+];
+
 crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_NAMES: BackboneCtor = [

@@ -12,12 +12,17 @@
 //! autocast state, so drop path draws the same masks) and back-propagates
 //! through the recomputed graph. The block is the Rust closure given here.
 
-use std::ffi::{c_char, c_void, CString};
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::Tensor;
 use torch_sys::C_tensor;
 
-type BlockRun = unsafe extern "C" fn(block: *mut c_void, input: *const C_tensor) -> *mut C_tensor;
+type BlockRun = unsafe extern "C" fn(
+    block: *mut c_void,
+    input: *const C_tensor,
+    recompute: c_int,
+) -> *mut C_tensor;
 type BlockRelease = unsafe extern "C" fn(block: *mut c_void);
 
 extern "C" {
@@ -33,12 +38,35 @@ extern "C" {
 
 type Block<'a> = Box<dyn Fn(&Tensor) -> Tensor + 'a>;
 
-unsafe extern "C" fn run_block(block: *mut c_void, input: *const C_tensor) -> *mut C_tensor {
+thread_local! {
+    static RECOMPUTE_FLOPS: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// Takes (and resets) the FLOPs of this thread's recomputations, which
+/// are kept out of the forward FLOP count (`layers::take_forward_flops`).
+pub fn take_recompute_flops() -> f64 {
+    RECOMPUTE_FLOPS.with(|f| f.replace(0.0))
+}
+
+unsafe extern "C" fn run_block(
+    block: *mut c_void,
+    input: *const C_tensor,
+    recompute: c_int,
+) -> *mut C_tensor {
     // SAFETY: `block` is the `Box<Block>` that `checkpoint` leaked, alive until
     // `release_block`; `input` is a live tensor the shim owns.
     let f = unsafe { &*(block as *const Block) };
     let input = unsafe { Tensor::clone_from_ptr(input as *mut C_tensor) };
-    match catch_unwind(AssertUnwindSafe(|| f(&input))) {
+    let forward_flops = super::take_forward_flops();
+    let result = catch_unwind(AssertUnwindSafe(|| f(&input)));
+    let block_flops = super::take_forward_flops();
+    super::count_flops(forward_flops);
+    if recompute != 0 {
+        RECOMPUTE_FLOPS.with(|f| f.set(f.get() + block_flops));
+    } else {
+        super::count_flops(block_flops);
+    }
+    match result {
         Ok(mut out) => {
             let p = out.as_mut_ptr();
             // The shim takes the heap tensor over (and deletes it).

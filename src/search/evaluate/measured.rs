@@ -41,8 +41,12 @@ impl Evaluator for MeasuredEvaluator {
     }
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
+        let mut cfg_options = self.cfg_options.clone();
+        if c.checkpoint {
+            cfg_options.push(crate::search::space::CHECKPOINT_OPTION.into());
+        }
         let request = TrialRequest {
-            cfg_options: self.cfg_options.clone(),
+            cfg_options,
             batch_size: c.batch_size,
             crop: c.crop,
             amp: c.amp,
@@ -79,6 +83,7 @@ impl Evaluator for MeasuredEvaluator {
             device_bytes: Some(device),
             images_per_s: report.images_per_s,
             mode: Mode::Measured,
+            checkpoint_cost: None,
         };
         if device > self.budget.usable_bytes {
             record.status = CandidateStatus::Oom;

@@ -18,14 +18,16 @@ use crate::trial::trace::{phase_of, Phase, TraceEvent};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// Traces one step: (batch, crop, precision) -> the traced step.
-pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp) -> Result<TracedStep>>;
+/// Traces one step: (batch, crop, precision, gradient checkpointing) ->
+/// the traced step.
+pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp, bool) -> Result<TracedStep>>;
 
 /// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
 struct TracePair {
     one: Vec<TraceEvent>,
     two: Vec<TraceEvent>,
     flops: (f64, f64),
+    recompute_flops: (f64, f64),
     step_bytes: (f64, f64),
 }
 
@@ -50,14 +52,17 @@ fn lerp(pair: (f64, f64), batch: i64) -> f64 {
     pair.0 + (pair.1 - pair.0) * (batch - ba) as f64 / (bb - ba) as f64
 }
 
-/// A traced step's batch, crop and precision.
-type TraceKey = (i64, (i64, i64), Amp);
+/// A traced pair's crop, precision and checkpointing.
+type PairKey = ((i64, i64), Amp, bool);
+
+/// A traced step's batch, crop, precision and checkpointing.
+type TraceKey = (i64, (i64, i64), Amp, bool);
 
 /// Predicts candidates from CPU traces (two per crop and precision).
 pub struct PredictedEvaluator {
     budget: Budget,
     tracer: Tracer,
-    pairs: HashMap<((i64, i64), Amp), std::result::Result<TracePair, String>>,
+    pairs: HashMap<PairKey, std::result::Result<TracePair, String>>,
     /// Steps traced at a batch below [`TRACED_BATCHES`].
     small: HashMap<TraceKey, std::result::Result<SmallTrace, String>>,
     traces_run: usize,
@@ -70,6 +75,7 @@ pub struct PredictedEvaluator {
 struct SmallTrace {
     events: Vec<TraceEvent>,
     flops: f64,
+    recompute_flops: f64,
     step_bytes: f64,
 }
 
@@ -88,14 +94,19 @@ impl PredictedEvaluator {
         }
     }
 
-    fn pair(&mut self, crop: (i64, i64), amp: Amp) -> &std::result::Result<TracePair, String> {
+    fn pair(
+        &mut self,
+        crop: (i64, i64),
+        amp: Amp,
+        checkpoint: bool,
+    ) -> &std::result::Result<TracePair, String> {
         // fp16 and bf16 keep the same tensors in half precision (2 bytes):
         // one CPU trace (bf16 autocast) stands for both.
         let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
-        if !self.pairs.contains_key(&(crop, traced)) {
+        if !self.pairs.contains_key(&(crop, traced, checkpoint)) {
             let mut run = |b: i64| -> std::result::Result<TracedStep, String> {
                 self.traces_run += 1;
-                (self.tracer)(b, crop, traced).map_err(|e| e.to_string())
+                (self.tracer)(b, crop, traced, checkpoint).map_err(|e| e.to_string())
             };
             let (ba, bb) = TRACED_BATCHES;
             let pair = run(ba).and_then(|one| {
@@ -103,13 +114,14 @@ impl PredictedEvaluator {
                 Ok(TracePair {
                     step_bytes: (step_bytes(&one.events), step_bytes(&two.events)),
                     flops: (one.forward_flops, two.forward_flops),
+                    recompute_flops: (one.recompute_flops, two.recompute_flops),
                     one: one.events,
                     two: two.events,
                 })
             });
-            self.pairs.insert((crop, traced), pair);
+            self.pairs.insert((crop, traced, checkpoint), pair);
         }
-        &self.pairs[&(crop, traced)]
+        &self.pairs[&(crop, traced, checkpoint)]
     }
 
     /// The step at `batch` (below the traced pair) traced itself.
@@ -118,19 +130,21 @@ impl PredictedEvaluator {
         batch: i64,
         crop: (i64, i64),
         amp: Amp,
+        checkpoint: bool,
     ) -> &std::result::Result<SmallTrace, String> {
         let traced = if amp == Amp::Off || self.direct {
             amp
         } else {
             Amp::Bf16
         };
-        let key = (batch, crop, traced);
+        let key = (batch, crop, traced, checkpoint);
         if !self.small.contains_key(&key) {
             self.traces_run += 1;
-            let step = (self.tracer)(batch, crop, traced)
+            let step = (self.tracer)(batch, crop, traced, checkpoint)
                 .map(|s| SmallTrace {
                     step_bytes: step_bytes(&s.events),
                     flops: s.forward_flops,
+                    recompute_flops: s.recompute_flops,
                     events: s.events,
                 })
                 .map_err(|e| e.to_string());
@@ -140,14 +154,17 @@ impl PredictedEvaluator {
     }
 
     /// Step time from FLOPs and bytes against the GPU's peak rates (an
-    /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth).
-    fn images_per_s(budget: &Budget, c: &Candidate, flops: f64, bytes: f64) -> f64 {
+    /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth):
+    /// the forward, a backward of twice its FLOPs, and the forward that
+    /// gradient checkpointing runs again in the backward.
+    fn images_per_s(budget: &Budget, c: &Candidate, flops: (f64, f64), bytes: f64) -> f64 {
+        let (flops, recompute) = flops;
         let tflops = match c.amp {
             Amp::Off => budget.fp32_tflops,
             Amp::Fp16 => budget.fp16_tflops,
             Amp::Bf16 => budget.bf16_tflops,
         };
-        let compute = 3.0 * flops / (tflops.max(0.1) * 1e12 * 0.4);
+        let compute = (3.0 * flops + recompute) / (tflops.max(0.1) * 1e12 * 0.4);
         let memory = 2.0 * bytes / (budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
         c.batch_size as f64 / (compute + memory)
     }
@@ -167,7 +184,8 @@ impl Evaluator for PredictedEvaluator {
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
-            let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp) {
+            let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp, c.checkpoint)
+            {
                 Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
                     return TrialRecord::failed(
                         CandidateStatus::Infeasible,
@@ -176,11 +194,11 @@ impl Evaluator for PredictedEvaluator {
                     )
                 }
                 Err(e) => return failed(e.clone()),
-                Ok(s) => (s.events.clone(), s.flops, s.step_bytes),
+                Ok(s) => (s.events.clone(), (s.flops, s.recompute_flops), s.step_bytes),
             };
             return replay_against_budget(&budget, c, &events, flops, bytes);
         }
-        let (events, flops, bytes) = match self.pair(c.crop, c.amp) {
+        let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.checkpoint) {
             Err(e) => return failed(e.clone()),
             Ok(p) => {
                 let (ba, bb) = TRACED_BATCHES;
@@ -194,7 +212,10 @@ impl Evaluator for PredictedEvaluator {
                 };
                 (
                     events,
-                    lerp(p.flops, c.batch_size),
+                    (
+                        lerp(p.flops, c.batch_size),
+                        lerp(p.recompute_flops, c.batch_size),
+                    ),
                     lerp(p.step_bytes, c.batch_size),
                 )
             }
@@ -212,7 +233,7 @@ fn replay_against_budget(
     budget: &Budget,
     c: &Candidate,
     events: &[TraceEvent],
-    flops: f64,
+    flops: (f64, f64),
     bytes: f64,
 ) -> TrialRecord {
     {
@@ -231,6 +252,7 @@ fn replay_against_budget(
             device_bytes: Some(device),
             images_per_s: Some(PredictedEvaluator::images_per_s(budget, c, flops, bytes)),
             mode: Mode::Predicted,
+            checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
         };
         if r.out_of_memory || device > budget.usable_bytes {
             record.status = CandidateStatus::Oom;
