@@ -108,6 +108,37 @@ fn a_batch_beyond_the_hosts_ram_is_refused_before_it_grows() {
     );
 }
 
+/// The worker also runs under an OS limit on its data memory
+/// (`RLIMIT_DATA`, the host's available RAM over what it uses at start;
+/// `SEGTUNE_WORKER_DATA_LIMIT` lowers it here to 100 MB): memory the tensor
+/// count does not see cannot grow past it either, and reaching it is a
+/// `host_oom` naming the limit, exit 2, one line, nothing on stdout.
+#[test]
+fn a_worker_at_its_data_memory_limit_reports_host_out_of_memory() {
+    let Some(shared) =
+        common::require_shared("a_worker_at_its_data_memory_limit_reports_host_out_of_memory")
+    else {
+        return;
+    };
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .env("SEGTUNE_WORKER_DATA_LIMIT", "100000000")
+        .arg("trial")
+        .arg(b0(&shared))
+        .args(["--batch-size", "2", "--crop", "512x512"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.contains("host_oom"), "{err}");
+    assert!(
+        err.contains("the worker reached its memory limit of 0.1 GB"),
+        "{err}"
+    );
+    assert!(err.lines().count() <= 3, "{err}");
+}
+
 /// A step that needs more host RAM than there is (here: told so through
 /// `SEGTUNE_HOST_MEMORY`) stops at the host cap with what it needed,
 /// for `trial` and for `estimate`'s traced step alike: exit 2, one line.

@@ -20,10 +20,28 @@ use tch::{Device, Kind, Tensor};
 /// RAM (less a reserve): a step that needs more fails as `host_oom`, saying
 /// how much it needed, instead of growing until the kernel kills it (and
 /// perhaps other processes with it).
+///
+/// The same trial runs under an OS limit on its data memory
+/// (`RLIMIT_DATA`: the heap and private writable mappings, what tensors and
+/// the kernels' scratch live in) of what it uses now plus the host's
+/// available RAM, so that memory the count does not see cannot grow
+/// without bound either: an allocation past it fails (`host_oom`) instead
+/// of the kernel killing the worker. The meta trace's address reservation
+/// (never writable) is not data and does not count.
 pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
-    let host_budget = (device == Device::Cpu && request.cpu_cap_bytes.is_none())
-        .then(host_tensor_budget)
+    let host = (device == Device::Cpu && request.cpu_cap_bytes.is_none())
+        .then(host_available)
         .flatten();
+    let host_budget = host.map(host_tensor_budget);
+    let data_limit = host.map(|available| {
+        std::env::var("SEGTUNE_WORKER_DATA_LIMIT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(available)
+    });
+    if let Some(extra) = data_limit {
+        limit_data_memory(extra);
+    }
     let report = run_capped(cfg, request, device, host_budget);
     match host_budget {
         Some(budget) if report.status == TrialStatus::Oom => {
@@ -32,7 +50,7 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
             } else {
                 "in the CPU step"
             };
-            host_out_of_memory(report, budget, doing)
+            host_out_of_memory(report, budget, data_limit.unwrap_or(budget), doing)
         }
         _ => report,
     }
@@ -44,25 +62,80 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
 ///
 /// `SEGTUNE_HOST_MEMORY` (bytes) stands in for the available RAM: to
 /// keep traces small on a shared machine, and for tests.
-fn host_tensor_budget() -> Option<u64> {
-    let available = match std::env::var("SEGTUNE_HOST_MEMORY") {
-        Ok(v) => v.trim().parse().ok()?,
-        Err(_) => host_memory()?.1,
-    };
+fn host_tensor_budget(available: u64) -> u64 {
     let reserve = (available / 16).max(512 << 20);
-    Some(available.saturating_sub(reserve).max(64 << 20))
+    available.saturating_sub(reserve).max(64 << 20)
+}
+
+/// The RAM available to a trial (`SEGTUNE_HOST_MEMORY` or `MemAvailable`).
+fn host_available() -> Option<u64> {
+    match std::env::var("SEGTUNE_HOST_MEMORY") {
+        Ok(v) => v.trim().parse().ok(),
+        Err(_) => Some(host_memory()?.1),
+    }
+}
+
+/// Lowers this process's `RLIMIT_DATA` to its data size now (`VmData`)
+/// plus `extra` bytes (`SEGTUNE_WORKER_DATA_LIMIT` sets `extra`, for tests).
+fn limit_data_memory(extra: u64) {
+    let Some(now) = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmData:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        })
+    else {
+        return;
+    };
+    let soft = now.saturating_add(extra);
+    // SAFETY: getrlimit/setrlimit on this process with valid pointers.
+    unsafe {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_DATA, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur == libc::RLIM_INFINITY || (soft as libc::rlim_t) < limit.rlim_cur {
+            limit.rlim_cur = (soft as libc::rlim_t).min(limit.rlim_max);
+            let _ = libc::setrlimit(libc::RLIMIT_DATA, &limit);
+        }
+    }
 }
 
 /// Turns the host cap's out-of-memory into `host_oom` with the bytes the
 /// step had asked for when it stopped (a lower bound of what it needs).
-fn host_out_of_memory(mut report: TrialReport, budget: u64, doing: &str) -> TrialReport {
+fn host_out_of_memory(
+    mut report: TrialReport,
+    budget: u64,
+    data_limit: u64,
+    doing: &str,
+) -> TrialReport {
     let gb = |b: u64| b as f64 / 1e9;
-    let asked = report
-        .message
-        .as_deref()
-        .and_then(memory::cap_failure_bytes)
-        .unwrap_or(budget);
+    let message = report.message.clone().unwrap_or_default();
     report.status = TrialStatus::HostOom;
+    let Some(asked) = memory::cap_failure_bytes(&message) else {
+        // Not the tensor count's cap: the OS refused memory at the
+        // worker's data limit (or the host had none left).
+        let tried = message
+            .split("you tried to allocate ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| format!(" (an allocation of {n} bytes failed)"))
+            .unwrap_or_default();
+        report.message = Some(format!(
+            "host out of memory {doing}: the worker reached its memory limit of {:.1} GB \
+             over its start (this host's available RAM){tried}; free memory, use a host with \
+             more RAM, or a smaller batch or crop",
+            gb(data_limit)
+        ));
+        return report;
+    };
     report.message = Some(format!(
         "host out of memory {doing}: the step needs more than {:.1} GB of tensors at \
          once, and this host had {:.1} GB to give it; free memory, use a host with more RAM, \

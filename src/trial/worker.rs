@@ -82,11 +82,15 @@ impl Worker {
         }
         match serde_json::from_slice::<TrialReport>(&run.stdout) {
             Ok(report) => Ok(report),
-            Err(_) => Ok(TrialReport::unanswered(
-                request,
-                TrialStatus::Crash,
-                how_it_died(run.status, &run.stderr),
-            )),
+            Err(_) => {
+                let how = how_it_died(run.status, &run.stderr);
+                let status = if how.starts_with(HOST_OUT_OF_MEMORY) {
+                    TrialStatus::HostOom
+                } else {
+                    TrialStatus::Crash
+                };
+                Ok(TrialReport::unanswered(request, status, how))
+            }
         }
     }
 
@@ -280,6 +284,8 @@ pub fn stop_all_workers() {
     std::mem::forget(live);
 }
 
+const HOST_OUT_OF_MEMORY: &str = "host out of memory";
+
 /// How a worker that left no report ended, with the likely cause.
 fn how_it_died(status: Option<std::process::ExitStatus>, stderr: &[u8]) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -293,6 +299,11 @@ fn how_it_died(status: Option<std::process::ExitStatus>, stderr: &[u8]) -> Strin
         Some(s) => match (s.code(), s.signal()) {
             (_, Some(9)) => format!(
                 "the worker was killed (SIGKILL), most likely by the kernel's out-of-memory killer: the host ran out of RAM{last_line}"
+            ),
+            // Rust's allocator aborts when an allocation fails: here, the
+            // worker's data-memory limit (see `trial::run::run`).
+            (_, Some(6)) if last_line.contains("memory allocation of") => format!(
+                "{HOST_OUT_OF_MEMORY}: the worker reached its memory limit (this host's available RAM) and aborted{last_line}"
             ),
             (_, Some(6)) => format!("the worker aborted (SIGABRT){last_line}"),
             (_, Some(11)) => format!("the worker crashed (SIGSEGV){last_line}"),
@@ -315,6 +326,10 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         let killed = std::process::ExitStatus::from_raw(9);
         assert!(how_it_died(Some(killed), b"").contains("out-of-memory killer"));
+        let aborted = std::process::ExitStatus::from_raw(6);
+        let text = how_it_died(Some(aborted), b"memory allocation of 4096 bytes failed\n");
+        assert!(text.starts_with(HOST_OUT_OF_MEMORY), "{text}");
+        assert!(how_it_died(Some(aborted), b"").contains("SIGABRT"));
         let exited = std::process::ExitStatus::from_raw(101 << 8);
         let text = how_it_died(Some(exited), b"thread 'main' panicked\n");
         assert!(
