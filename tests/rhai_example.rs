@@ -19,7 +19,10 @@ fn rhai_segformer_example_equals_the_mmseg_python_config() {
     let search = resolved
         .shift_remove("segtune")
         .expect("the example carries segtune's search settings");
-    assert_eq!(search.get_path("vram"), Some(&Value::Str("4096MiB".into())));
+    assert_eq!(
+        search.get_path("preset"),
+        Some(&Value::Str("rtx3050ti-laptop".into()))
+    );
     let got = Value::Dict(resolved);
     let json = shared
         .join("mmseg-configs/resolved/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.json");

@@ -55,7 +55,7 @@ fn search_emits_a_config_mmengine_reads(
         started.elapsed().as_secs_f64()
     );
     assert!(
-        table.contains("| rank |") && table.contains("predicted"),
+        table.contains("rank | batch |") && table.contains("predicted"),
         "{table}"
     );
     assert!(out.join("trials.jsonl").is_file());
@@ -81,10 +81,18 @@ fn search_emits_a_config_mmengine_reads(
         eprintln!("SKIPPED the mmengine part of {name}: SEGTUNE_MMENGINE_PYTHON not set");
         return winner.clone();
     };
+    // The emitted config, or the original with the printed --cfg-options
+    // parsed by MMEngine's own DictAction (as tools/train.py parses them).
     let check = r#"
-import json, sys
-from mmengine.config import Config
-cfg = Config.fromfile(sys.argv[1], import_custom_modules=False)
+import argparse, json, sys
+from mmengine.config import Config, DictAction
+parser = argparse.ArgumentParser()
+parser.add_argument('config')
+parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+args = parser.parse_args()
+cfg = Config.fromfile(args.config, import_custom_modules=False)
+if args.cfg_options:
+    cfg.merge_from_dict(args.cfg_options)
 ds = cfg.train_dataloader.dataset
 while 'pipeline' not in ds and 'dataset' in ds:
     ds = ds.dataset
@@ -94,7 +102,7 @@ print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[lis
                       dtype=cfg.optim_wrapper.get('dtype'), accumulation=cfg.optim_wrapper.get('accumulative_counts', 1),
                       with_cp=bool(cfg.model.backbone.get('with_cp', False)))))
 "#;
-    let run = std::process::Command::new(python)
+    let run = std::process::Command::new(&python)
         .args(["-c", check])
         .arg(&emitted)
         .output()
@@ -106,6 +114,28 @@ print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[lis
     );
     let read: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
     println!("mmengine reads the emitted config as {read}");
+    // The printed line pasted into bash after the original config.
+    let line = result["cfg_options"].as_str().unwrap();
+    let script = dir.path().join("check.py");
+    std::fs::write(&script, check).unwrap();
+    let pasted = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("\"$0\" \"$1\" \"$2\" {line}"))
+        .arg(&python)
+        .arg(&script)
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        pasted.status.success(),
+        "the printed line does not paste into bash: {line}\n{}",
+        String::from_utf8_lossy(&pasted.stderr)
+    );
+    let parsed: serde_json::Value = serde_json::from_slice(&pasted.stdout).unwrap();
+    assert_eq!(
+        parsed, read,
+        "the --cfg-options line, as MMEngine parses it: {line}"
+    );
     let crop = serde_json::json!([winner["crop"][0], winner["crop"][1]]);
     assert_eq!(read["batch"], batch);
     assert_eq!(read["pipeline_crops"], serde_json::json!([crop.clone()]));

@@ -25,14 +25,17 @@ fn gib_or_dash(bytes: Option<u64>) -> String {
     bytes.map_or("-".into(), gib)
 }
 
-/// A table of `rows` under `header`, in the project's one table style.
+/// A table of `rows` under `header`, in the project's one table style:
+/// compact (psql's: a rule under the header, none between rows).
 fn table<const N: usize>(header: [&str; N], rows: impl IntoIterator<Item = [String; N]>) -> String {
     let mut b = tabled::builder::Builder::default();
     b.push_record(header);
     for row in rows {
         b.push_record(row);
     }
-    b.build().to_string()
+    let mut t = b.build();
+    t.with(tabled::settings::Style::psql());
+    t.to_string()
 }
 
 /// A table without a header row and without borders: aligned columns.

@@ -34,44 +34,99 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     if r.feasible.is_empty() {
         out.push_str("no candidate fits this budget.\n");
     } else {
-        let rows = r.feasible.iter().enumerate().map(|(i, o)| {
-            let c = o.candidate;
-            let device = o.record.device_bytes.unwrap_or(0) as f64;
-            [
-                (i + 1).to_string(),
-                c.batch_size.to_string(),
-                format!("{}x{}", c.crop.0, c.crop.1),
-                c.accumulation.to_string(),
-                c.effective_batch(r.gpus).to_string(),
-                c.amp.to_string(),
-                match (c.checkpoint, o.record.checkpoint_cost) {
-                    (false, _) => "-".to_string(),
-                    (true, None) => "yes".to_string(),
-                    (true, Some(cost)) => format!("yes (+{:.0}% time)", 100.0 * cost),
-                },
-                gib_or_dash(o.record.device_bytes),
-                format!("{:.0}%", 100.0 * device / r.budget.usable_bytes as f64),
-                o.record
-                    .images_per_s
-                    .map_or("-".into(), |v| format!("{v:.2}")),
-                o.record.mode.name().to_string(),
-            ]
-        });
-        out.push_str(&table(
-            [
-                "rank",
-                "batch",
-                "crop",
-                "accum",
-                "eff. batch",
-                "amp",
-                "with_cp",
-                "peak GiB",
-                "% budget",
-                "images/s",
-                "how",
-            ],
-            rows,
+        let rows: Vec<[String; 13]> = r
+            .feasible
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let c = o.candidate;
+                let device = o.record.device_bytes.unwrap_or(0) as f64;
+                [
+                    (i + 1).to_string(),
+                    c.batch_size.to_string(),
+                    format!("{}x{}", c.crop.0, c.crop.1),
+                    c.accumulation.to_string(),
+                    c.effective_batch(r.gpus).to_string(),
+                    c.amp.to_string(),
+                    match (c.checkpoint, o.record.checkpoint_cost) {
+                        (false, _) => "-".to_string(),
+                        (true, None) => "yes".to_string(),
+                        (true, Some(cost)) => format!("yes (+{:.0}% time)", 100.0 * cost),
+                    },
+                    gib_or_dash(o.record.peak_allocated_bytes),
+                    gib_or_dash(o.record.peak_reserved_bytes),
+                    gib_or_dash(o.record.device_bytes),
+                    format!("{:.0}%", 100.0 * device / r.budget.usable_bytes as f64),
+                    o.record
+                        .images_per_s
+                        .map_or("-".into(), |v| format!("{v:.2}")),
+                    o.record.mode.name().to_string(),
+                ]
+            })
+            .collect();
+        if all {
+            out.push_str(&table(
+                [
+                    "rank",
+                    "batch",
+                    "crop",
+                    "accum",
+                    "eff. batch",
+                    "amp",
+                    "with_cp",
+                    "allocated GiB",
+                    "reserved GiB",
+                    "device GiB",
+                    "% budget",
+                    "images/s",
+                    "how",
+                ],
+                rows,
+            ));
+        } else {
+            // Without --all: the device total only (allocated and reserved dropped).
+            let short = rows.into_iter().map(|r| {
+                [
+                    r[0].clone(),
+                    r[1].clone(),
+                    r[2].clone(),
+                    r[3].clone(),
+                    r[4].clone(),
+                    r[5].clone(),
+                    r[6].clone(),
+                    r[9].clone(),
+                    r[10].clone(),
+                    r[11].clone(),
+                    r[12].clone(),
+                ]
+            });
+            out.push_str(&table(
+                [
+                    "rank",
+                    "batch",
+                    "crop",
+                    "accum",
+                    "eff. batch",
+                    "amp",
+                    "with_cp",
+                    "device GiB",
+                    "% budget",
+                    "images/s",
+                    "how",
+                ],
+                short,
+            ));
+        }
+        out.push_str(&format!(
+            "\ndevice GiB: the peak memory PyTorch's caching allocator reserves plus the CUDA context ({} GiB), \
+             what nvidia-smi shows; % budget: of the usable {} GiB{}\n",
+            gib(r.budget.cuda_context_bytes),
+            gib(r.budget.usable_bytes),
+            if all {
+                "; allocated GiB: torch.cuda.max_memory_allocated(); reserved GiB: max_memory_reserved()"
+            } else {
+                " (--all adds the allocated and reserved peaks)"
+            }
         ));
         out.push('\n');
     }

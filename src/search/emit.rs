@@ -182,7 +182,23 @@ pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -
         items.push("auto_scale_lr.enable=True".into());
         items.push(format!("auto_scale_lr.base_batch_size={base}"));
     }
-    format!("--cfg-options {}", items.join(" "))
+    // Each item quoted for the shell where it needs it (tuples, lists,
+    // spaces, quotes): MMEngine's DictAction then parses it back as meant.
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|item| {
+            let plain = item
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.,=:/+@%-".contains(c));
+            if plain {
+                return item.clone();
+            }
+            shlex::try_quote(item)
+                .map(|q| q.into_owned())
+                .unwrap_or_else(|_| item.clone())
+        })
+        .collect();
+    format!("--cfg-options {}", quoted.join(" "))
 }
 
 /// `target` relative to directory `from` (both made absolute).
