@@ -99,6 +99,9 @@ pub struct Cli {
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Print a config fully resolved, as MMEngine's Config.fromfile would.
+    #[command(
+        after_help = "Examples:\n  segtune resolve configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py\n  segtune resolve my_config.py --format json --cfg-options train_dataloader.batch_size=4"
+    )]
     Resolve {
         /// An MMSeg Python config (.py) or a segtune Rhai config (.rhai).
         config: PathBuf,
@@ -113,17 +116,29 @@ pub enum Command {
     },
     /// Run a short real training trial of the config's model and measure
     /// peak memory and speed (CPU or CUDA).
+    #[command(
+        after_help = "Examples:\n  segtune trial my_config.py --batch-size 2 --crop 512x512 --amp bf16\n  segtune trial my_config.py --device cuda --batch-size 4 --json"
+    )]
     Trial(TrialArgs),
     /// Show the config's model: type, whether segtune supports it, parameters.
+    #[command(
+        after_help = "Example:\n  segtune inspect configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py"
+    )]
     Inspect(InspectArgs),
     /// Predict the GPU memory of training without that GPU: an exact CPU
     /// trace of one step replayed through a model of PyTorch's CUDA caching
     /// allocator, plus the CUDA context and workspaces. Every figure is a
     /// prediction.
+    #[command(
+        after_help = "Examples:\n  segtune estimate my_config.py --preset rtx3050ti --batch-size 2 --crop 512x512 --amp fp16\n  segtune estimate my_config.py --vram 24G --batch-size 8 --stack zoo-2021 --gpus 4"
+    )]
     Estimate(EstimateArgs),
     /// Find the best feasible training config for a GPU budget: batch x crop
     /// x AMP (x accumulation keeping the recipe's effective batch), ranked;
     /// the winner is written as an MMSeg config.
+    #[command(
+        after_help = "Examples:\n  segtune search my_config.py --preset rtx3050ti\n  segtune search my_config.py --vram 8G --objective throughput --out runs/tune --all\n  segtune search docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"
+    )]
     Search(SearchArgs),
     /// Print a JSON schema: `search` (the search settings) or `result` (`search --json`).
     Schema {
@@ -131,7 +146,16 @@ pub enum Command {
         which: String,
     },
     /// List the shipped GPU presets (for --preset and `import` in .rhai configs).
+    #[command(after_help = "Example:\n  segtune presets")]
     Presets,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(
+        after_help = "Examples:\n  segtune completions bash > ~/.local/share/bash-completion/completions/segtune\n  segtune completions zsh > ~/.zfunc/_segtune\n  segtune completions fish > ~/.config/fish/completions/segtune.fish"
+    )]
+    Completions {
+        #[arg(value_parser = clap::value_parser!(clap_complete::Shell))]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// `segtune trial` arguments (also the worker's: see [`TrialRequest::to_argv`]).

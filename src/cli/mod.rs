@@ -146,6 +146,16 @@ fn run(cli: Cli) -> Result<Output> {
             Ok(Output::ok(json(&schema)))
         }
         Command::Presets => Ok(Output::ok(report::presets(&Gpu::presets()?))),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "segtune",
+                &mut script,
+            );
+            Ok(Output::ok(String::from_utf8_lossy(&script).into_owned()))
+        }
     }
 }
 
