@@ -55,7 +55,10 @@ fn search_emits_a_config_mmengine_reads(
         started.elapsed().as_secs_f64()
     );
     assert!(
-        table.contains("rank | batch |") && table.contains("predicted"),
+        table.contains("rank | batch |")
+            && table.contains("predicted")
+            && table.contains("on rtx3050ti-laptop (GeForce RTX 3050 Ti Laptop GPU, 4.00 GiB,")
+            && table.contains("device GiB: the peak memory PyTorch's caching allocator reserves"),
         "{table}"
     );
     assert!(out.join("trials.jsonl").is_file());

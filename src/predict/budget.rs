@@ -92,6 +92,9 @@ impl Gpu {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Budget {
     pub gpu: String,
+    /// The card's full name, for a preset (`GeForce RTX 3050 Ti Laptop GPU`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_description: Option<String>,
     pub vram_bytes: u64,
     pub compute_capability: String,
     pub bf16: bool,
@@ -125,6 +128,7 @@ impl Budget {
         }
         Ok(Budget {
             gpu: gpu.name.clone(),
+            gpu_description: gpu.description.clone(),
             vram_bytes: gpu.vram_bytes,
             compute_capability: gpu.compute_capability.clone(),
             bf16: gpu.bf16,

@@ -13,9 +13,14 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         String::new()
     };
     let mut out = format!(
-        "segtune search: {} on {gpus}{} ({} GiB, usable {} GiB after a {:.0}% margin; CUDA context {} GiB)\n",
+        "segtune search: {} on {gpus}{} ({}{} GiB, usable {} GiB after a {:.0}% margin; CUDA context {} GiB)\n",
         r.config,
         r.budget.gpu,
+        r.budget
+            .gpu_description
+            .as_deref()
+            .map(|d| format!("{d}, "))
+            .unwrap_or_default(),
         gib(r.budget.vram_bytes),
         gib(r.budget.usable_bytes),
         r.budget.margin * 100.0,
