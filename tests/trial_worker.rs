@@ -95,9 +95,9 @@ fn an_unknown_model_type_lists_what_is_supported() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("unknown backbone type `SwinTransformer`")
-            && err.contains("MixVisionTransformer")
-            && err.contains("ResNetV1c"),
+        err.contains("unknown decode head type `Mask2FormerHead`")
+            && err.contains("SegformerHead")
+            && err.contains("UPerHead"),
         "{err}"
     );
 }
