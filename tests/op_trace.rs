@@ -22,23 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// The oracle fixtures of the models the shared oracle lacks (see
-/// `tests/oracle_cpu.rs`): their shapes are compared too.
-const EXTRA_ORACLES: [&str; 3] = [
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/oracle_cpu_cnn_extra.json"
-    ),
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/oracle_cpu_swin_extra.json"
-    ),
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/oracle_cpu_with_cp.json"
-    ),
-];
-
 const PRECISIONS: [(&str, &str); 3] = [("fp32", "off"), ("fp16", "fp16"), ("bf16", "bf16")];
 
 struct Shape {
@@ -61,13 +44,7 @@ fn traced(
     let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .arg("trial")
         .arg(&shape.config)
-        .args(if shape.cfg_options.is_empty() {
-            Vec::new()
-        } else {
-            std::iter::once("--cfg-options".to_string())
-                .chain(shape.cfg_options.iter().cloned())
-                .collect()
-        })
+        .args(common::cfg_options_args(&shape.cfg_options))
         .args(["--batch-size", &shape.batch.to_string()])
         .args(["--crop", &format!("{0}x{0}", shape.crop)])
         .args(["--amp", shape.amp, "--warmup", "1", "--steps", "1"])
@@ -138,7 +115,7 @@ fn main() {
     // (name, config, batch, crop, cfg_options, from a fixture)
     type ShapeRow = (String, PathBuf, i64, i64, Vec<String>, bool);
     let mut shapes: Vec<ShapeRow> = Vec::new();
-    let fixtures = EXTRA_ORACLES.iter().map(|path| {
+    let fixtures = common::EXTRA_ORACLES.iter().map(|path| {
         serde_json::from_str::<Value>(&std::fs::read_to_string(path).expect("an oracle fixture"))
             .expect("oracle fixtures are JSON")
     });
@@ -156,24 +133,14 @@ fn main() {
                 .iter()
                 .any(|s| s.0 == name && s.2 == batch && s.3 == crop)
             {
-                let cfg_options = oracle["models"][&name]["cfg_options"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|o| o.as_str().map(String::from))
-                    .collect();
+                let cfg_options = common::fixture_cfg_options(&oracle["models"][&name]);
                 shapes.push((name, path, batch, crop, cfg_options, index > 0));
             }
         }
     }
     let mut trials = Vec::new();
     for (name, path, batch, crop, cfg_options, from_fixture) in shapes {
-        let why_not = match segtune::config::resolve(&path, &cfg_options) {
-            Ok(cfg) => segtune::models::check_supported(&cfg)
-                .err()
-                .map(|e| e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
+        let why_not = common::why_unsupported(&path, &cfg_options);
         for stack in ["current", "zoo-2021"] {
             for (precision, amp) in PRECISIONS {
                 let shape = Shape {

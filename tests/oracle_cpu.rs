@@ -127,19 +127,9 @@ fn worker(args: &[&str]) -> Result<Value, Failed> {
         .map_err(|e| format!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)).into())
 }
 
-/// Why segtune cannot build the config's model, if it cannot.
-fn unsupported(config: &Path, cfg_options: &[String]) -> Option<String> {
-    match segtune::config::resolve(config, cfg_options) {
-        Ok(cfg) => segtune::models::check_supported(&cfg)
-            .err()
-            .map(|e| e.to_string()),
-        Err(e) => Some(e.to_string()),
-    }
-}
-
 fn params_test(config: PathBuf, cfg_options: Vec<String>, want: Value) -> Result<(), Failed> {
     let mut args = vec!["inspect", config.to_str().unwrap(), "--json"];
-    args.extend(with_cfg_options(&cfg_options));
+    args.extend(common::cfg_options_args(&cfg_options));
     let inspect = worker(&args)?;
     for (key, oracle_key) in [
         ("params_total", "total"),
@@ -168,16 +158,6 @@ struct PeakRecord {
     cfg_options: Vec<String>,
 }
 
-/// `--cfg-options A=B ...` (nothing when there are none).
-fn with_cfg_options(options: &[String]) -> Vec<&str> {
-    if options.is_empty() {
-        return Vec::new();
-    }
-    std::iter::once("--cfg-options")
-        .chain(options.iter().map(String::as_str))
-        .collect()
-}
-
 fn peak_test(r: PeakRecord) -> Result<(), Failed> {
     let amp = if r.precision == "bf16" { "bf16" } else { "off" };
     let (batch, crop) = (r.batch.to_string(), format!("{0}x{0}", r.crop));
@@ -200,7 +180,7 @@ fn peak_test(r: PeakRecord) -> Result<(), Failed> {
         "2",
         "--json",
     ];
-    args.extend(with_cfg_options(&r.cfg_options));
+    args.extend(common::cfg_options_args(&r.cfg_options));
     let report = worker(&args)?;
     if report["status"] != "ok" {
         return Err(format!("status {}: {}", report["status"], report["message"]).into());
@@ -321,13 +301,8 @@ fn oracle_trials(
     for (name, model) in oracle["models"].as_object().expect("models") {
         let config = configs.join(model["config_path"].as_str().expect("config_path"));
         // A fixture's model may be a shared config with options (with_cp).
-        let cfg_options: Vec<String> = model["cfg_options"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|o| o.as_str().map(String::from))
-            .collect();
-        let why_not = unsupported(&config, &cfg_options);
+        let cfg_options = common::fixture_cfg_options(model);
+        let why_not = common::why_unsupported(&config, &cfg_options);
         let skip = |t: Trial| match &why_not {
             Some(_) => t.with_ignored_flag(true),
             None => t,
@@ -434,24 +409,6 @@ fn oracle_trials(
     compared
 }
 
-/// The models MMSeg's shared oracle does not cover, measured with the
-/// shared oracle script on an AMX CPU, as the shared oracle was (one config
-/// per head type; the command is in the file).
-const EXTRA_ORACLES: [&str; 3] = [
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/oracle_cpu_cnn_extra.json"
-    ),
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/oracle_cpu_swin_extra.json"
-    ),
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/oracle_cpu_with_cp.json"
-    ),
-];
-
 /// One trial per oracle config (parameters) and per record (peak).
 fn trials(shared: &Path) -> Vec<Trial> {
     let oracle: Value = serde_json::from_str(
@@ -464,7 +421,7 @@ fn trials(shared: &Path) -> Vec<Trial> {
     println!("oracle: CPU class {isa}");
     let mut trials = Vec::new();
     let mut compared = oracle_trials(&oracle, &configs, &local, &mut trials);
-    for path in EXTRA_ORACLES {
+    for path in common::EXTRA_ORACLES {
         let extra: Value =
             serde_json::from_str(&std::fs::read_to_string(path).expect("the extra oracle fixture"))
                 .expect("the extra oracle fixture is JSON");

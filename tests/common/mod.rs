@@ -70,3 +70,52 @@ pub fn search_command(config: &std::path::Path, out: &std::path::Path) -> assert
         .arg(out);
     cmd
 }
+
+/// The oracle fixtures of the models the shared oracle lacks, measured
+/// with the shared oracle script on an AMX CPU (commands inside each):
+/// one config per CNN head type, Swin-T UPerNet, and `with_cp=True` models.
+pub const EXTRA_ORACLES: [&str; 3] = [
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_cnn_extra.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_swin_extra.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_with_cp.json"
+    ),
+];
+
+/// An oracle model's `cfg_options` (a fixture's model may be a shared
+/// config with options, e.g. `with_cp`); none for the shared oracle's.
+pub fn fixture_cfg_options(model: &serde_json::Value) -> Vec<String> {
+    model["cfg_options"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o.as_str().map(String::from))
+        .collect()
+}
+
+/// `--cfg-options A=B ...` as command-line arguments (none when empty).
+pub fn cfg_options_args(options: &[String]) -> Vec<&str> {
+    if options.is_empty() {
+        return Vec::new();
+    }
+    std::iter::once("--cfg-options")
+        .chain(options.iter().map(String::as_str))
+        .collect()
+}
+
+/// Why segtune cannot build the config's model (with `cfg_options`), if it cannot.
+pub fn why_unsupported(config: &std::path::Path, cfg_options: &[String]) -> Option<String> {
+    match segtune::config::resolve(config, cfg_options) {
+        Ok(cfg) => segtune::models::check_supported(&cfg)
+            .err()
+            .map(|e| e.to_string()),
+        Err(e) => Some(e.to_string()),
+    }
+}
