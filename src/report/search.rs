@@ -5,6 +5,35 @@
 use super::{gib, gib_or_dash, table};
 use crate::search::SearchResult;
 
+/// The feasible table's columns (`--all`); [`SHORT_COLUMNS`] without it.
+const FEASIBLE_COLUMNS: [&str; 13] = [
+    "rank",
+    "batch",
+    "crop",
+    "accum",
+    "eff. batch",
+    "amp",
+    "with_cp",
+    "allocated GiB",
+    "reserved GiB",
+    "device GiB",
+    "% budget",
+    "images/s",
+    "how",
+];
+
+/// The columns shown without `--all`: the device total, not allocated and reserved.
+const SHORT_COLUMNS: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12];
+
+/// The `with_cp` cell: `-`, `yes`, or `yes (+N% time)` with its cost.
+fn with_cp_cell(checkpoint: bool, cost: Option<f64>) -> String {
+    match (checkpoint, cost) {
+        (false, _) => "-".to_string(),
+        (true, None) => "yes".to_string(),
+        (true, Some(cost)) => format!("yes (+{:.0}% time)", 100.0 * cost),
+    }
+}
+
 /// The result as text: the ranked table, infeasible ones with `all`.
 pub fn search(r: &SearchResult, all: bool) -> String {
     let gpus = if r.gpus > 1 {
@@ -53,11 +82,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                     c.accumulation.to_string(),
                     c.effective_batch(r.gpus).to_string(),
                     c.amp.to_string(),
-                    match (c.checkpoint, o.record.checkpoint_cost) {
-                        (false, _) => "-".to_string(),
-                        (true, None) => "yes".to_string(),
-                        (true, Some(cost)) => format!("yes (+{:.0}% time)", 100.0 * cost),
-                    },
+                    with_cp_cell(c.checkpoint, o.record.checkpoint_cost),
                     gib_or_dash(o.record.peak_allocated_bytes),
                     gib_or_dash(o.record.peak_reserved_bytes),
                     gib_or_dash(o.record.device_bytes),
@@ -70,56 +95,13 @@ pub fn search(r: &SearchResult, all: bool) -> String {
             })
             .collect();
         if all {
-            out.push_str(&table(
-                [
-                    "rank",
-                    "batch",
-                    "crop",
-                    "accum",
-                    "eff. batch",
-                    "amp",
-                    "with_cp",
-                    "allocated GiB",
-                    "reserved GiB",
-                    "device GiB",
-                    "% budget",
-                    "images/s",
-                    "how",
-                ],
-                rows,
-            ));
+            out.push_str(&table(FEASIBLE_COLUMNS, rows));
         } else {
             // Without --all: the device total only (allocated and reserved dropped).
-            let short = rows.into_iter().map(|r| {
-                [
-                    r[0].clone(),
-                    r[1].clone(),
-                    r[2].clone(),
-                    r[3].clone(),
-                    r[4].clone(),
-                    r[5].clone(),
-                    r[6].clone(),
-                    r[9].clone(),
-                    r[10].clone(),
-                    r[11].clone(),
-                    r[12].clone(),
-                ]
-            });
+            let pick = |row: &[String; 13]| SHORT_COLUMNS.map(|k| row[k].clone());
             out.push_str(&table(
-                [
-                    "rank",
-                    "batch",
-                    "crop",
-                    "accum",
-                    "eff. batch",
-                    "amp",
-                    "with_cp",
-                    "device GiB",
-                    "% budget",
-                    "images/s",
-                    "how",
-                ],
-                short,
+                SHORT_COLUMNS.map(|k| FEASIBLE_COLUMNS[k]),
+                rows.iter().map(pick),
             ));
         }
         out.push_str(&format!(
@@ -143,7 +125,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 format!("{}x{}", c.crop.0, c.crop.1),
                 c.amp.to_string(),
                 c.accumulation.to_string(),
-                if c.checkpoint { "yes" } else { "-" }.to_string(),
+                with_cp_cell(c.checkpoint, None),
                 o.record.status.name().to_string(),
                 o.record.reason.clone().unwrap_or_default(),
                 o.record.mode.name().to_string(),

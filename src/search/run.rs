@@ -110,10 +110,7 @@ pub fn search(
             let trace_kind = request.trace;
             let tracer = Box::new(
                 move |batch_size: i64, crop: (i64, i64), amp: Amp, checkpoint: bool| {
-                    let mut cfg_options = options.clone();
-                    if checkpoint {
-                        cfg_options.push(space::CHECKPOINT_OPTION.into());
-                    }
+                    let cfg_options = space::options_with_checkpoint(&options, checkpoint);
                     trace_step(
                         &worker,
                         &StepToTrace {

@@ -150,6 +150,16 @@ pub fn accumulation_for(batch: i64, gpus: i64, effective: i64) -> Option<i64> {
 /// The `--cfg-options` item that turns gradient checkpointing on.
 pub const CHECKPOINT_OPTION: &str = "model.backbone.with_cp=True";
 
+/// `options`, plus [`CHECKPOINT_OPTION`] when `checkpoint`: what a trial or
+/// trace of a candidate runs with.
+pub fn options_with_checkpoint(options: &[String], checkpoint: bool) -> Vec<String> {
+    let mut out = options.to_vec();
+    if checkpoint {
+        out.push(CHECKPOINT_OPTION.into());
+    }
+    out
+}
+
 /// Whether the config's backbone takes `with_cp` (and does not set it
 /// already): the search may then try gradient checkpointing.
 pub fn checkpoint_available(cfg: &Dict) -> bool {

@@ -78,16 +78,8 @@ fn host_available() -> Option<u64> {
 /// Lowers this process's `RLIMIT_DATA` to its data size now (`VmData`)
 /// plus `extra` bytes (`SEGTUNE_WORKER_DATA_LIMIT` sets `extra`, for tests).
 fn limit_data_memory(extra: u64) {
-    let Some(now) = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmData:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-                .map(|kb| kb * 1024)
-        })
-    else {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let Some(now) = kb_field(&status, "VmData:") else {
         return;
     };
     let soft = now.saturating_add(extra);
@@ -414,14 +406,19 @@ fn train_step(
 /// `(MemTotal, MemAvailable)` of this host in bytes, from `/proc/meminfo`.
 pub fn host_memory() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:")?))
+    Some((
+        kb_field(&text, "MemTotal:")?,
+        kb_field(&text, "MemAvailable:")?,
+    ))
+}
+
+/// A `NAME: N kB` line of a /proc file's `text`, in bytes.
+fn kb_field(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
 }
 
 /// Refuses a request whose input batch alone (fp32 images and int64

@@ -14,7 +14,7 @@ use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{
-    checkpoint, linspace_drop_path_rates, nchw_to_nlc, nlc_to_nchw, Conv2d, ConvSpec, DropPath,
+    checkpoint_if, linspace_drop_path_rates, nchw_to_nlc, nlc_to_nchw, Conv2d, ConvSpec, DropPath,
     LayerNorm, MultiheadAttention,
 };
 use crate::models::params::ParamScope;
@@ -251,11 +251,9 @@ impl Block {
     /// `TransformerEncoderLayer.forward`, through [`checkpoint`] under
     /// `with_cp` when the input requires grad.
     fn forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
-        if self.with_cp && x.requires_grad() {
-            checkpoint(x, move |x: &Tensor| self.inner_forward(x, hw, training))
-        } else {
+        checkpoint_if(self.with_cp, x, move |x: &Tensor| {
             self.inner_forward(x, hw, training)
-        }
+        })
     }
 
     fn inner_forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {

@@ -19,7 +19,7 @@
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
-use crate::models::layers::{checkpoint, BatchNorm2d, Conv2d, ConvSpec};
+use crate::models::layers::{checkpoint_if, BatchNorm2d, Conv2d, ConvSpec};
 use crate::models::params::ParamScope;
 use crate::models::{ModelError, NormCfg};
 use tch::Tensor;
@@ -393,11 +393,9 @@ impl ResBlock {
     /// `with_cp` and the input requires grad (the final ReLU stays outside,
     /// as in mmseg's blocks).
     pub fn forward_with_cp(&self, x: &Tensor, bn_training: bool, with_cp: bool) -> Tensor {
-        let mut out = if with_cp && x.requires_grad() {
-            checkpoint(x, move |x: &Tensor| self.inner_forward(x, bn_training))
-        } else {
+        let mut out = checkpoint_if(with_cp, x, move |x: &Tensor| {
             self.inner_forward(x, bn_training)
-        };
+        });
         let _ = out.relu_();
         out
     }

@@ -91,6 +91,21 @@ unsafe extern "C" fn release_block(block: *mut c_void) {
     drop(unsafe { Box::from_raw(block as *mut Block) });
 }
 
+/// mmseg's `if self.with_cp and x.requires_grad: x = cp.checkpoint(f, x)
+/// else: x = f(x)`: `block(input)`, through [`checkpoint`] when `with_cp`
+/// and the input requires grad.
+pub fn checkpoint_if<'a>(
+    with_cp: bool,
+    input: &Tensor,
+    block: impl Fn(&Tensor) -> Tensor + 'a,
+) -> Tensor {
+    if with_cp && input.requires_grad() {
+        checkpoint(input, block)
+    } else {
+        block(input)
+    }
+}
+
 /// `cp.checkpoint(block, input)`: `block(input)` whose intermediate tensors
 /// are not kept for backward but recomputed there.
 ///

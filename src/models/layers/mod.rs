@@ -21,7 +21,7 @@ pub mod norm;
 pub mod shape;
 
 pub use attention::MultiheadAttention;
-pub use checkpoint::checkpoint;
+pub use checkpoint::{checkpoint, checkpoint_if};
 pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 pub use drop::{linspace_drop_path_rates, DropPath};
 pub use linear::Linear;

@@ -41,12 +41,11 @@ impl Evaluator for MeasuredEvaluator {
     }
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
-        let mut cfg_options = self.cfg_options.clone();
-        if c.checkpoint {
-            cfg_options.push(crate::search::space::CHECKPOINT_OPTION.into());
-        }
         let request = TrialRequest {
-            cfg_options,
+            cfg_options: crate::search::space::options_with_checkpoint(
+                &self.cfg_options,
+                c.checkpoint,
+            ),
             batch_size: c.batch_size,
             crop: c.crop,
             amp: c.amp,
