@@ -172,6 +172,9 @@ fn peak_test(r: PeakRecord) -> Result<(), Failed> {
         amp,
         "--ignore-fraction",
         "0",
+        // The oracle's labels: every class in every image.
+        "--gt-segments",
+        "all",
         "--threads",
         "1",
         "--warmup",

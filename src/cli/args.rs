@@ -71,6 +71,22 @@ fn at_least(min: i64) -> impl Fn(&str) -> std::result::Result<i64, String> + Clo
 }
 
 /// A fraction in `[0, max]` (`--ignore-fraction`, `--margin`).
+/// `--gt-segments`: a number of classes (at least 1) or `all` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segments(pub Option<i64>);
+
+fn segments(s: &str) -> std::result::Result<Segments, String> {
+    if s.trim() == "all" {
+        return Ok(Segments(None));
+    }
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(Segments(Some(n))),
+        _ => Err(format!(
+            "`{s}` is neither `all` nor a number of classes (at least 1)"
+        )),
+    }
+}
+
 fn fraction(max: f64) -> impl Fn(&str) -> std::result::Result<f64, String> + Clone {
     move |s: &str| {
         let v: f64 = s
@@ -187,6 +203,12 @@ pub struct TrialArgs {
     /// Fraction of label pixels set to ignore_index in the synthetic batch.
     #[arg(long, default_value_t = 0.05, value_parser = fraction(1.0))]
     pub ignore_fraction: f64,
+    /// Classes present in each synthetic label map, or `all` (uniform random
+    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
+    /// segment per class present: its memory grows with this (see
+    /// docs/trials.md).
+    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
+    pub gt_segments: Segments,
     /// CPU threads for libtorch (default: libtorch's choice).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
@@ -228,6 +250,7 @@ impl TrialArgs {
             device: self.device,
             seed: self.seed,
             ignore_fraction: self.ignore_fraction,
+            gt_segments: self.gt_segments.0,
             threads: self.threads,
             cpu_cap_bytes: self.cpu_cap,
             trace_out: self.trace_out.clone(),
@@ -289,6 +312,12 @@ pub struct EstimateArgs {
     /// CPU threads for the traced step (default: every core).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
+    /// Classes present in each synthetic label map, or `all` (uniform random
+    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
+    /// segment per class present: its memory grows with this (see
+    /// docs/trials.md).
+    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
+    pub gt_segments: Segments,
     #[command(flatten)]
     pub setup: SetupArgs,
     /// How the step is traced: op outputs with meta kernels (meta: no
@@ -316,6 +345,7 @@ impl EstimateArgs {
             crop: self.crop.map(|c| c.0),
             amp: self.amp,
             threads: self.threads,
+            gt_segments: self.gt_segments.0,
             setup: self.setup.setup(),
             trace: self.trace,
         })
@@ -376,6 +406,12 @@ pub struct SearchArgs {
     /// each GPU also holds DDP's gradient buckets.
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub gpus: Option<i64>,
+    /// Classes present in each synthetic label map, or `all` (uniform random
+    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
+    /// segment per class present: its memory grows with this (see
+    /// docs/trials.md).
+    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
+    pub gt_segments: Segments,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     pub cfg_options: Vec<String>,
 }
@@ -399,6 +435,7 @@ impl SearchArgs {
             trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
             threads: self.threads,
             trace: self.trace,
+            gt_segments: self.gt_segments.0,
         }
     }
 }
@@ -452,6 +489,7 @@ mod tests {
             device: DeviceChoice::Cuda(1),
             seed: 7,
             ignore_fraction: 0.0,
+            gt_segments: Some(12),
             threads: Some(2),
             cpu_cap_bytes: Some(1 << 30),
             trace_out: Some("/tmp/x.trace".into()),

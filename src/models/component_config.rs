@@ -86,6 +86,30 @@ impl<'a> ComponentConfig<'a> {
         }
     }
 
+    /// A list of numbers, or `None` when unset or Python's `None`.
+    pub fn floats(&mut self, key: &str) -> Result<Option<Vec<f64>>, ModelError> {
+        match self.value(key) {
+            None | Some(Value::None) => Ok(None),
+            Some(v) => v
+                .as_seq()
+                .and_then(|s| s.iter().map(Value::as_f64).collect::<Option<Vec<_>>>())
+                .map(Some)
+                .ok_or_else(|| self.config_error(format!("`{key}` must be a list of numbers"))),
+        }
+    }
+
+    /// A nested config dict (`encoder`, `loss_cls`), or `None` when unset or
+    /// Python's `None`.
+    pub fn dict(&mut self, key: &str) -> Result<Option<&'a Dict>, ModelError> {
+        match self.value(key) {
+            None | Some(Value::None) => Ok(None),
+            Some(Value::Dict(d)) => Ok(Some(d)),
+            Some(other) => {
+                Err(self.config_error(format!("`{key}` must be a dict, not {}", other.type_name())))
+            }
+        }
+    }
+
     /// A string setting; `None` (Python's) reads as absent.
     pub fn string(&mut self, key: &str) -> Result<Option<&'a str>, ModelError> {
         match self.value(key) {
@@ -187,17 +211,37 @@ fn equals_default(value: &Value, default: &Value) -> bool {
     }
 }
 
-/// Normalisation layer settings (`norm_cfg`), BN only: SyncBN on one device
-/// is BN.
+/// Normalisation layer settings (`norm_cfg`): BN (SyncBN on one device is
+/// BN), or GN where a component accepts it ([`NormCfg::from_cfg_bn_or_gn`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NormCfg {
     pub eps: f64,
     pub momentum: f64,
     pub requires_grad: bool,
+    /// `Some(num_groups)` for `dict(type='GN', num_groups=..)`.
+    pub num_groups: Option<i64>,
 }
 
 impl NormCfg {
+    /// `dict(type='BN')` with PyTorch's defaults.
+    pub const BN_DEFAULT: NormCfg = NormCfg {
+        eps: 1e-5,
+        momentum: 0.1,
+        requires_grad: true,
+        num_groups: None,
+    };
+
+    /// A BN `norm_cfg`; any other type is unsupported.
     pub fn from_cfg(v: Option<&Value>) -> Result<Option<NormCfg>, ModelError> {
+        Self::parse(v, false)
+    }
+
+    /// A BN or GN (`nn.GroupNorm`, `num_groups` required) `norm_cfg`.
+    pub fn from_cfg_bn_or_gn(v: Option<&Value>) -> Result<Option<NormCfg>, ModelError> {
+        Self::parse(v, true)
+    }
+
+    fn parse(v: Option<&Value>, allow_gn: bool) -> Result<Option<NormCfg>, ModelError> {
         let d = match v {
             None | Some(Value::None) => return Ok(None),
             Some(Value::Dict(d)) => d,
@@ -209,9 +253,15 @@ impl NormCfg {
             }
         };
         let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
-        if !matches!(ty, "BN" | "BN2d" | "SyncBN" | "MMSyncBN") {
+        let group_norm = allow_gn && ty == "GN";
+        if !group_norm && !matches!(ty, "BN" | "BN2d" | "SyncBN" | "MMSyncBN") {
+            let supported = if allow_gn {
+                "BN, SyncBN, GN"
+            } else {
+                "BN, SyncBN"
+            };
             return Err(ModelError::Unsupported(format!(
-                "norm_cfg type `{ty}` (supported: BN, SyncBN)"
+                "norm_cfg type `{ty}` (supported: {supported})"
             )));
         }
         let number = |key: &str, default: f64| match d.get(key) {
@@ -227,12 +277,26 @@ impl NormCfg {
             eps: number("eps", 1e-5)?,
             momentum: number("momentum", 0.1)?,
             requires_grad: d.get("requires_grad").map(Value::truthy).unwrap_or(true),
+            num_groups: match (group_norm, d.get("num_groups")) {
+                (false, _) => None,
+                (true, Some(Value::Int(g))) if *g > 0 => Some(*g),
+                (true, other) => {
+                    return Err(ModelError::Config(format!(
+                        "norm_cfg dict(type='GN') needs a positive int `num_groups`, not {}",
+                        other.map_or("nothing".to_string(), |v| v.type_name().to_string())
+                    )))
+                }
+            },
         }))
     }
 
     /// mmcv's name for the norm module inside a ConvModule.
     pub fn module_name(&self) -> &'static str {
-        "bn"
+        if self.num_groups.is_some() {
+            "gn"
+        } else {
+            "bn"
+        }
     }
 }
 

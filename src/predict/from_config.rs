@@ -26,6 +26,8 @@ pub struct EstimateRequest {
     pub amp: Option<Amp>,
     /// CPU threads of the traced step (default: every core).
     pub threads: Option<i32>,
+    /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
+    pub gt_segments: Option<i64>,
     pub setup: TrainingSetup,
     pub trace: TraceKind,
 }
@@ -68,6 +70,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
                 crop,
                 amp,
                 threads,
+                gt_segments: request.gt_segments,
                 setup: request.setup,
                 kind: request.trace,
             },

@@ -62,6 +62,8 @@ pub struct StepToTrace<'a> {
     pub amp: Amp,
     /// CPU threads of the traced step.
     pub threads: i32,
+    /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
+    pub gt_segments: Option<i64>,
     pub setup: TrainingSetup,
     pub kind: TraceKind,
 }
@@ -79,6 +81,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         warmup_steps: 1,
         measured_steps: 1,
         ignore_fraction: 0.0,
+        gt_segments: step.gt_segments,
         threads: Some(step.threads),
         trace_out: Some(trace_path.clone()),
         setup: step.setup,

@@ -28,8 +28,13 @@ fn gib_or_dash(bytes: Option<u64>) -> String {
 /// A table of `rows` under `header`, in the project's one table style:
 /// compact (psql's: a rule under the header, none between rows).
 fn table<const N: usize>(header: [&str; N], rows: impl IntoIterator<Item = [String; N]>) -> String {
+    table_of(header.as_slice(), rows.into_iter().map(|r| r.to_vec()))
+}
+
+/// [`table`] with the number of columns known at run time.
+fn table_of(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
     let mut b = tabled::builder::Builder::default();
-    b.push_record(header);
+    b.push_record(header.iter().copied());
     for row in rows {
         b.push_record(row);
     }

@@ -2,11 +2,12 @@
 //! feasible candidates (and the infeasible ones with `--all`), the trials
 //! run or resumed, the winner and what was written.
 
-use super::{gib, gib_or_dash, table};
+use super::{gib, gib_or_dash, table, table_of};
 use crate::search::SearchResult;
 
 /// The feasible table's columns (`--all`); [`SHORT_COLUMNS`] without it.
-const FEASIBLE_COLUMNS: [&str; 13] = [
+/// `points` only where the search lowered Mask2Former's point count.
+const FEASIBLE_COLUMNS: [&str; 14] = [
     "rank",
     "batch",
     "crop",
@@ -14,6 +15,7 @@ const FEASIBLE_COLUMNS: [&str; 13] = [
     "eff. batch",
     "amp",
     "with_cp",
+    "points",
     "allocated GiB",
     "reserved GiB",
     "device GiB",
@@ -23,7 +25,15 @@ const FEASIBLE_COLUMNS: [&str; 13] = [
 ];
 
 /// The columns shown without `--all`: the device total, not allocated and reserved.
-const SHORT_COLUMNS: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12];
+const SHORT_COLUMNS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13];
+
+/// The column of [`FEASIBLE_COLUMNS`] that shows the point count.
+const POINTS_COLUMN: usize = 7;
+
+/// The `points` cell: the config's count or the lowered one.
+fn points_cell(num_points: Option<i64>) -> String {
+    num_points.map_or("config's".to_string(), |k| k.to_string())
+}
 
 /// The `with_cp` cell: `-`, `yes`, or `yes (+N% time)` with its cost.
 fn with_cp_cell(checkpoint: bool, cost: Option<f64>) -> String {
@@ -68,7 +78,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     if r.feasible.is_empty() {
         out.push_str("no candidate fits this budget.\n");
     } else {
-        let rows: Vec<[String; 13]> = r
+        let rows: Vec<[String; 14]> = r
             .feasible
             .iter()
             .enumerate()
@@ -83,6 +93,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                     c.effective_batch(r.gpus).to_string(),
                     c.amp.to_string(),
                     with_cp_cell(c.checkpoint, o.record.checkpoint_cost),
+                    points_cell(c.num_points),
                     gib_or_dash(o.record.peak_allocated_bytes),
                     gib_or_dash(o.record.peak_reserved_bytes),
                     gib_or_dash(o.record.device_bytes),
@@ -94,16 +105,26 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 ]
             })
             .collect();
-        if all {
-            out.push_str(&table(FEASIBLE_COLUMNS, rows));
+        let lowered_points = r
+            .feasible
+            .iter()
+            .chain(&r.infeasible)
+            .any(|o| o.candidate.num_points.is_some());
+        // Without --all: the device total only (allocated and reserved dropped).
+        let shown: Vec<usize> = if all {
+            (0..FEASIBLE_COLUMNS.len()).collect()
         } else {
-            // Without --all: the device total only (allocated and reserved dropped).
-            let pick = |row: &[String; 13]| SHORT_COLUMNS.map(|k| row[k].clone());
-            out.push_str(&table(
-                SHORT_COLUMNS.map(|k| FEASIBLE_COLUMNS[k]),
-                rows.iter().map(pick),
-            ));
+            SHORT_COLUMNS.to_vec()
         }
+        .into_iter()
+        .filter(|k| lowered_points || *k != POINTS_COLUMN)
+        .collect();
+        let header: Vec<&str> = shown.iter().map(|k| FEASIBLE_COLUMNS[*k]).collect();
+        out.push_str(&table_of(
+            &header,
+            rows.iter()
+                .map(|row| shown.iter().map(|k| row[*k].clone()).collect()),
+        ));
         out.push_str(&format!(
             "\ndevice GiB: the peak memory PyTorch's caching allocator reserves plus the CUDA context ({} GiB), \
              what nvidia-smi shows; % budget: of the usable {} GiB{}\n",
@@ -126,6 +147,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 c.amp.to_string(),
                 c.accumulation.to_string(),
                 with_cp_cell(c.checkpoint, None),
+                points_cell(c.num_points),
                 o.record.status.name().to_string(),
                 o.record.reason.clone().unwrap_or_default(),
                 o.record.mode.name().to_string(),
@@ -134,7 +156,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         out.push_str("infeasible:\n");
         out.push_str(&table(
             [
-                "batch", "crop", "amp", "accum", "with_cp", "status", "reason", "how",
+                "batch", "crop", "amp", "accum", "with_cp", "points", "status", "reason", "how",
             ],
             rows,
         ));
@@ -160,7 +182,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     }
     if let Some(w) = &r.winner {
         out.push_str(&format!(
-            "winner: batch {} x crop {}x{}, amp {}, accumulation {}{} ({})\n",
+            "winner: batch {} x crop {}x{}, amp {}, accumulation {}{}{} ({})\n",
             w.candidate.batch_size,
             w.candidate.crop.0,
             w.candidate.crop.1,
@@ -171,6 +193,10 @@ pub fn search(r: &SearchResult, all: bool) -> String {
             } else {
                 ""
             },
+            w.candidate
+                .num_points
+                .map(|k| format!(", {k} mask-loss points"))
+                .unwrap_or_default(),
             w.record.mode.name()
         ));
         for p in &r.emitted {

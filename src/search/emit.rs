@@ -87,6 +87,15 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
     if c.checkpoint {
         model.push(("backbone", dict(vec![("with_cp", Value::Bool(true))])));
     }
+    if let Some(k) = c.num_points {
+        model.push((
+            "decode_head",
+            dict(vec![(
+                "train_cfg",
+                dict(vec![("num_points", Value::Int(k))]),
+            )]),
+        ));
+    }
     o.insert("model".into(), dict(model));
     let mut ow = cfg
         .get("optim_wrapper")
@@ -156,6 +165,9 @@ pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -
     items.push(format!("model.data_preprocessor.size={crop}"));
     if c.checkpoint {
         items.push(super::space::CHECKPOINT_OPTION.into());
+    }
+    if let Some(k) = c.num_points {
+        items.push(format!("{}={k}", super::space::NUM_POINTS_KEY));
     }
     match c.amp {
         Amp::Off => items.push("optim_wrapper.type=OptimWrapper".into()),
@@ -353,6 +365,7 @@ mod tests {
             amp: Amp::Off,
             accumulation: 2,
             checkpoint: false,
+            num_points: None,
         };
         let o = overrides(&cfg, &c, None);
         let crop = o
@@ -379,6 +392,7 @@ mod tests {
             amp: Amp::Bf16,
             accumulation: 8,
             checkpoint: true,
+            num_points: None,
         };
         let o = overrides(&cfg, &c, None);
         assert_eq!(
@@ -396,5 +410,30 @@ mod tests {
             .and_then(|m| m.get_path("backbone"))
             .is_none());
         assert!(!cfg_options_line(&cfg, &plain, None).contains("with_cp"));
+    }
+
+    #[test]
+    fn a_lowered_point_count_sets_the_heads_train_cfg() {
+        let mut cfg = Dict::new();
+        cfg.insert("crop_size".into(), tuple((512, 512)));
+        let c = Candidate {
+            batch_size: 2,
+            crop: (512, 512),
+            amp: Amp::Off,
+            accumulation: 8,
+            checkpoint: false,
+            num_points: Some(6272),
+        };
+        let o = overrides(&cfg, &c, None);
+        assert_eq!(
+            o.get("model")
+                .and_then(|m| m.get_path("decode_head.train_cfg.num_points")),
+            Some(&Value::Int(6272))
+        );
+        let line = cfg_options_line(&cfg, &c, None);
+        assert!(
+            line.contains(" model.decode_head.train_cfg.num_points=6272"),
+            "{line}"
+        );
     }
 }

@@ -195,6 +195,7 @@ mod tests {
             amp: Amp::Off,
             accumulation: 1,
             checkpoint: false,
+            num_points: None,
         }
     }
 

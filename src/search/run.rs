@@ -34,6 +34,8 @@ pub struct SearchRequest {
     pub threads: Option<i32>,
     /// How predicted candidates are traced.
     pub trace: TraceKind,
+    /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
+    pub gt_segments: Option<i64>,
 }
 
 /// Runs the search; `progress` hears of every candidate as it is decided.
@@ -97,6 +99,7 @@ pub fn search(
                 budget: budget.clone(),
                 timeout: request.trial_timeout,
                 gpus,
+                gt_segments: request.gt_segments,
             }),
             format!("cuda:{i}"),
         ),
@@ -108,9 +111,10 @@ pub fn search(
                 .unwrap_or_else(|| (crate::trial::host_cores() / 2).max(1));
             let worker = worker.clone();
             let trace_kind = request.trace;
+            let gt_segments = request.gt_segments;
             let tracer = Box::new(
-                move |batch_size: i64, crop: (i64, i64), amp: Amp, checkpoint: bool| {
-                    let cfg_options = space::options_with_checkpoint(&options, checkpoint);
+                move |batch_size: i64, crop: (i64, i64), amp: Amp, knobs: space::ModelKnobs| {
+                    let cfg_options = space::options_with_knobs(&options, knobs);
                     trace_step(
                         &worker,
                         &StepToTrace {
@@ -120,6 +124,7 @@ pub fn search(
                             crop,
                             amp,
                             threads,
+                            gt_segments,
                             setup: TrainingSetup {
                                 gpus,
                                 ..TrainingSetup::default()
@@ -142,11 +147,15 @@ pub fn search(
             )
         }
     };
-    // Trials for another number of GPUs are not reusable.
+    // Trials for another number of GPUs or segments are not reusable.
     let journal_device = if gpus > 1 {
         format!("{journal_device}:x{gpus}")
     } else {
         journal_device
+    };
+    let journal_device = match request.gt_segments {
+        Some(n) => format!("{journal_device}:segments{n}"),
+        None => journal_device,
     };
     let config_hash = hash_text(&dump::to_json(&Value::Dict(cfg.clone())));
     let mut journal = Journal::open(&request.out, &config_hash, &journal_device)?;
@@ -157,6 +166,7 @@ pub fn search(
         batches: &batches,
         accumulation: &accumulation,
         checkpoint: space::checkpoint_available(&cfg),
+        num_points: &space::num_points_options(&cfg, recipe.crop),
     };
     let explored = run_search(
         &space,
@@ -207,11 +217,7 @@ pub fn search(
             c.crop.1,
             c.amp,
             c.accumulation,
-            if c.checkpoint {
-                ", gradient checkpointing (model.backbone.with_cp=True)"
-            } else {
-                ""
-            },
+            knobs_note(&c),
             w.record.mode.name()
         );
         let written = emit::emit(&request.config, &cfg, &c, auto, &request.out, &header)?;
@@ -219,4 +225,19 @@ pub fn search(
         result.cfg_options = Some(emit::cfg_options_line(&cfg, &c, auto));
     }
     Ok(result)
+}
+
+/// How the winner's model differs from the config's, for the emitted header.
+fn knobs_note(c: &space::Candidate) -> String {
+    let mut note = String::new();
+    if c.checkpoint {
+        note.push_str(", gradient checkpointing (model.backbone.with_cp=True)");
+    }
+    if let Some(k) = c.num_points {
+        note.push_str(&format!(
+            ", Mask2Former's point loss on {k} points ({}={k})",
+            space::NUM_POINTS_KEY
+        ));
+    }
+    note
 }

@@ -30,19 +30,39 @@ pub struct Candidate {
     /// batch (journals written before it read as `false`).
     #[serde(default)]
     pub checkpoint: bool,
+    /// Mask2Former's `train_cfg.num_points` when lowered from the config's
+    /// (`None`: the config's), tried after gradient checkpointing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_points: Option<i64>,
+}
+
+/// The model-side knobs of a candidate, which change what a trial builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ModelKnobs {
+    pub checkpoint: bool,
+    pub num_points: Option<i64>,
 }
 
 impl Candidate {
     pub fn key(&self) -> String {
         format!(
-            "b{}-{}x{}-{}-acc{}{}",
+            "b{}-{}x{}-{}-acc{}{}{}",
             self.batch_size,
             self.crop.0,
             self.crop.1,
             self.amp.name(),
             self.accumulation,
-            if self.checkpoint { "-cp" } else { "" }
+            if self.checkpoint { "-cp" } else { "" },
+            self.num_points
+                .map(|k| format!("-k{k}"))
+                .unwrap_or_default()
         )
+    }
+    pub fn knobs(&self) -> ModelKnobs {
+        ModelKnobs {
+            checkpoint: self.checkpoint,
+            num_points: self.num_points,
+        }
     }
     pub fn effective_batch(&self, gpus: i64) -> i64 {
         self.batch_size * self.accumulation * gpus
@@ -150,14 +170,48 @@ pub fn accumulation_for(batch: i64, gpus: i64, effective: i64) -> Option<i64> {
 /// The `--cfg-options` item that turns gradient checkpointing on.
 pub const CHECKPOINT_OPTION: &str = "model.backbone.with_cp=True";
 
-/// `options`, plus [`CHECKPOINT_OPTION`] when `checkpoint`: what a trial or
-/// trace of a candidate runs with.
-pub fn options_with_checkpoint(options: &[String], checkpoint: bool) -> Vec<String> {
+/// The config key of Mask2Former's point count.
+pub const NUM_POINTS_KEY: &str = "model.decode_head.train_cfg.num_points";
+
+/// `options`, plus [`CHECKPOINT_OPTION`] and the point count as the knobs
+/// set them: what a trial or trace of a candidate runs with.
+pub fn options_with_knobs(options: &[String], knobs: ModelKnobs) -> Vec<String> {
     let mut out = options.to_vec();
-    if checkpoint {
+    if knobs.checkpoint {
         out.push(CHECKPOINT_OPTION.into());
     }
+    if let Some(k) = knobs.num_points {
+        out.push(format!("{NUM_POINTS_KEY}={k}"));
+    }
     out
+}
+
+/// The lowered `num_points` to try for a Mask2Former config at `crop`,
+/// largest first: the config's K (default 112*112 = 12544) minus
+/// multiples of K/4, down to the rule of thumb's floor (long side / 10)^2
+/// (its range is (long/10)^2 to (long/8)^2 points). Empty for other heads.
+pub fn num_points_options(cfg: &Dict, crop: (i64, i64)) -> Vec<i64> {
+    let Some(head) = cfg.get("model").and_then(|m| m.get_path("decode_head")) else {
+        return Vec::new();
+    };
+    if head.get_path("type").and_then(Value::as_str) != Some("Mask2FormerHead") {
+        return Vec::new();
+    }
+    let default = head
+        .get_path("train_cfg")
+        .and_then(|t| t.get_path("num_points"))
+        .and_then(Value::as_i64)
+        .unwrap_or(12544);
+    let long = crop.0.max(crop.1) as f64;
+    let floor = (long / 10.0).powi(2).ceil() as i64;
+    let step = default / 4;
+    if step < 1 {
+        return Vec::new();
+    }
+    (1..4)
+        .map(|i| default - i * step)
+        .filter(|k| *k >= floor.max(1))
+        .collect()
 }
 
 /// Whether the config's backbone takes `with_cp` (and does not set it
@@ -177,6 +231,13 @@ pub fn checkpoint_available(cfg: &Dict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cfg(json: serde_json::Value) -> Dict {
+        match crate::config::dump::from_json(&json) {
+            Value::Dict(d) => d,
+            _ => unreachable!(),
+        }
+    }
 
     #[test]
     fn crops_keep_the_aspect_ratio_down_to_half() {
@@ -214,13 +275,33 @@ mod tests {
     }
 
     #[test]
-    fn checkpointing_is_offered_for_backbones_that_take_with_cp() {
-        let cfg = |backbone: serde_json::Value| match crate::config::dump::from_json(
-            &serde_json::json!({"model": {"backbone": backbone}}),
-        ) {
-            Value::Dict(d) => d,
-            _ => unreachable!(),
+    fn num_points_step_down_by_a_quarter_to_the_rule_of_thumb_floor() {
+        let m2f = |k: Option<i64>| {
+            let mut head = serde_json::json!({"type": "Mask2FormerHead"});
+            if let Some(k) = k {
+                head["train_cfg"] = serde_json::json!({"num_points": k});
+            }
+            cfg(serde_json::json!({"model": {"decode_head": head}}))
         };
+        // 512x512: floor (51.2)^2 = 2622 points.
+        assert_eq!(
+            num_points_options(&m2f(None), (512, 512)),
+            vec![9408, 6272, 3136]
+        );
+        // 512x1024: floor (102.4)^2 = 10486; 9408 is below it.
+        assert!(num_points_options(&m2f(None), (512, 1024)).is_empty());
+        assert_eq!(
+            num_points_options(&m2f(Some(4000)), (256, 256)),
+            vec![3000, 2000, 1000]
+        );
+        let fcn = cfg(serde_json::json!({"model": {"decode_head": {"type": "FCNHead"}}}));
+        assert!(num_points_options(&fcn, (512, 512)).is_empty());
+    }
+
+    #[test]
+    fn checkpointing_is_offered_for_backbones_that_take_with_cp() {
+        let cfg =
+            |backbone: serde_json::Value| cfg(serde_json::json!({"model": {"backbone": backbone}}));
         assert!(checkpoint_available(&cfg(
             serde_json::json!({"type": "SwinTransformer"})
         )));

@@ -8,7 +8,7 @@
 use super::evaluate::Evaluator;
 use super::journal::Journal;
 use super::record::{Outcome, TrialRecord};
-use super::space::{Amp, Candidate};
+use super::space::{Amp, Candidate, ModelKnobs};
 use super::spec::Objective;
 use crate::error::Result;
 
@@ -25,6 +25,10 @@ pub struct SearchSpace<'a> {
     /// candidate keeps the recipe's crop and effective batch, the recipe's
     /// crop is searched again with it.
     pub checkpoint: bool,
+    /// Lowered Mask2Former point counts, largest first: tried in turn at
+    /// the recipe's crop (without, then with checkpointing) while nothing
+    /// keeps the recipe's crop and effective batch.
+    pub num_points: &'a [i64],
 }
 
 /// What the search loop did: every outcome in evaluation order, and how
@@ -50,20 +54,21 @@ pub fn run_search(
         ran: 0,
         resumed: 0,
     };
-    let mut batches_of = |crop: (i64, i64), amp: Amp, checkpoint: bool, explored: &mut Explored| {
-        search_batches(
-            space,
-            (crop, amp, checkpoint),
-            exhaustive,
-            evaluator,
-            journal,
-            progress,
-            explored,
-        )
-    };
+    let mut batches_of =
+        |crop: (i64, i64), amp: Amp, knobs: ModelKnobs, explored: &mut Explored| {
+            search_batches(
+                space,
+                (crop, amp, knobs),
+                exhaustive,
+                evaluator,
+                journal,
+                progress,
+                explored,
+            )
+        };
     for crop in space.crops.iter() {
         for amp in space.precisions.iter() {
-            batches_of(*crop, *amp, false, &mut explored)?;
+            batches_of(*crop, *amp, ModelKnobs::default(), &mut explored)?;
         }
         // keep-crop: the largest crop where anything fits wins; smaller crops need no trial.
         let any_fit_here = explored
@@ -87,19 +92,43 @@ pub fn run_search(
                 .iter()
                 .any(|b| *b <= o.candidate.batch_size && (space.accumulation)(*b).1)
     };
-    if space.checkpoint && (exhaustive || !explored.outcomes.iter().any(keeps_recipe)) {
+    let kept = |explored: &Explored| !exhaustive && explored.outcomes.iter().any(keeps_recipe);
+    let cp = ModelKnobs {
+        checkpoint: true,
+        num_points: None,
+    };
+    let mut passes: Vec<ModelKnobs> = Vec::new();
+    if space.checkpoint {
+        passes.push(cp);
+    }
+    for k in space.num_points {
+        passes.push(ModelKnobs {
+            checkpoint: false,
+            num_points: Some(*k),
+        });
+        if space.checkpoint {
+            passes.push(ModelKnobs {
+                num_points: Some(*k),
+                ..cp
+            });
+        }
+    }
+    for knobs in passes {
+        if kept(&explored) {
+            break;
+        }
         for amp in space.precisions.iter() {
-            batches_of(*recipe_crop, *amp, true, &mut explored)?;
+            batches_of(*recipe_crop, *amp, knobs, &mut explored)?;
         }
     }
     Ok(explored)
 }
 
 /// Binary search (or, `exhaustive`, every batch) of one crop, precision
-/// and checkpointing setting: batches below a fit fit, above an OOM do not.
+/// and model knobs: batches below a fit fit, above an OOM do not.
 fn search_batches(
     space: &SearchSpace,
-    (crop, amp, checkpoint): ((i64, i64), Amp, bool),
+    (crop, amp, knobs): ((i64, i64), Amp, ModelKnobs),
     exhaustive: bool,
     evaluator: &mut dyn Evaluator,
     journal: &mut Journal,
@@ -122,7 +151,8 @@ fn search_batches(
             crop,
             amp,
             accumulation: acc,
-            checkpoint,
+            checkpoint: knobs.checkpoint,
+            num_points: knobs.num_points,
         };
         let (record, now) = match journal.get(&c) {
             Some(r) => {
@@ -157,16 +187,19 @@ fn search_batches(
     Ok(())
 }
 
-/// Ranks feasible outcomes: keep-crop puts the largest crop first, then
+/// Ranks feasible outcomes: keep-crop puts the largest crop first, then the
+/// most Mask2Former points (the config's before any lowered count), then
 /// throughput; throughput ranks by images/s alone.
 pub fn rank(mut feasible: Vec<Outcome>, objective: Objective) -> Vec<Outcome> {
     let ips = |o: &Outcome| o.record.images_per_s.unwrap_or(0.0);
+    let points = |o: &Outcome| o.candidate.num_points.unwrap_or(i64::MAX);
     feasible.sort_by(|a, b| {
         let by_crop = (b.candidate.crop.0 * b.candidate.crop.1)
             .cmp(&(a.candidate.crop.0 * a.candidate.crop.1));
         let by_speed = ips(b).total_cmp(&ips(a));
+        let by_points = points(b).cmp(&points(a));
         match objective {
-            Objective::KeepCrop => by_crop.then(by_speed),
+            Objective::KeepCrop => by_crop.then(by_points).then(by_speed),
             Objective::Throughput => by_speed.then(by_crop),
         }
     });
@@ -201,7 +234,9 @@ mod tests {
             }
             let need = c.batch_size * c.crop.0 * c.crop.1
                 / if c.amp == Amp::Off { 1 } else { 2 }
-                / if c.checkpoint { 4 } else { 1 };
+                / if c.checkpoint { 4 } else { 1 }
+                * c.num_points.unwrap_or(12544)
+                / 12544;
             let mut r =
                 TrialRecord::failed(CandidateStatus::Oom, "too big".into(), Mode::Predicted);
             if need <= self.capacity {
@@ -219,7 +254,7 @@ mod tests {
         objective: Objective,
         journal_dir: &std::path::Path,
     ) -> (Explored, FakeEvaluator) {
-        explore_with(capacity, fail_every, objective, journal_dir, false)
+        explore_with(capacity, fail_every, objective, journal_dir, false, &[])
     }
 
     fn explore_with(
@@ -228,6 +263,7 @@ mod tests {
         objective: Objective,
         journal_dir: &std::path::Path,
         checkpoint: bool,
+        num_points: &[i64],
     ) -> (Explored, FakeEvaluator) {
         let mut evaluator = FakeEvaluator {
             capacity,
@@ -241,6 +277,7 @@ mod tests {
             batches: &[1, 2, 3, 4, 5, 6, 7, 8],
             accumulation: &|b| (16 / b, 16 % b == 0),
             checkpoint,
+            num_points,
         };
         let explored = run_search(
             &space,
@@ -322,13 +359,14 @@ mod tests {
     fn checkpointing_is_tried_only_when_nothing_keeps_the_recipes_crop_and_batch() {
         let dir = tempfile::tempdir().unwrap();
         // Plenty of memory: no checkpointed candidate is ever evaluated.
-        let (_, evaluator) = explore_with(3 * 512 * 512, 0, Objective::KeepCrop, dir.path(), true);
+        let (_, evaluator) =
+            explore_with(3 * 512 * 512, 0, Objective::KeepCrop, dir.path(), true, &[]);
         assert!(evaluator.evaluated.iter().all(|c| !c.checkpoint));
         // Not one 512x512 image without checkpointing (half precision needs
         // 131072), but two in half precision with it (a quarter: 65536).
         let dir = tempfile::tempdir().unwrap();
         let (explored, evaluator) =
-            explore_with(512 * 512 / 4, 0, Objective::KeepCrop, dir.path(), true);
+            explore_with(512 * 512 / 4, 0, Objective::KeepCrop, dir.path(), true, &[]);
         assert!(evaluator.evaluated.iter().any(|c| c.checkpoint));
         assert!(evaluator
             .evaluated
@@ -340,5 +378,50 @@ mod tests {
         assert_eq!(winner.candidate.crop, (512, 512));
         assert_eq!(winner.candidate.batch_size, 2);
         assert_eq!(winner.candidate.amp, Amp::Fp16);
+    }
+
+    #[test]
+    fn lower_point_counts_are_tried_largest_first_until_the_recipe_fits() {
+        let ks = [9408, 6272, 3136];
+        // Plenty of memory: the config's point count only.
+        let dir = tempfile::tempdir().unwrap();
+        let (_, evaluator) = explore_with(
+            3 * 512 * 512,
+            0,
+            Objective::KeepCrop,
+            dir.path(),
+            false,
+            &ks,
+        );
+        assert!(evaluator.evaluated.iter().all(|c| c.num_points.is_none()));
+        // One 512x512 image in half precision needs 131072 at K = 12544:
+        // 6272 points halve it and fit 65536; 3136 is never tried.
+        let dir = tempfile::tempdir().unwrap();
+        let (explored, evaluator) = explore_with(
+            512 * 512 / 4,
+            0,
+            Objective::KeepCrop,
+            dir.path(),
+            false,
+            &ks,
+        );
+        let tried: Vec<Option<i64>> = evaluator.evaluated.iter().map(|c| c.num_points).collect();
+        assert!(tried.contains(&Some(9408)) && tried.contains(&Some(6272)));
+        assert!(!tried.contains(&Some(3136)));
+        assert!(evaluator
+            .evaluated
+            .iter()
+            .filter(|c| c.num_points.is_some())
+            .all(|c| c.crop == (512, 512)));
+        let winner = &ranked_fits(explored, Objective::KeepCrop)[0];
+        assert_eq!(winner.candidate.num_points, Some(6272));
+        assert_eq!(winner.candidate.crop, (512, 512));
+        // With checkpointing available it is tried first (a quarter: fits).
+        let dir = tempfile::tempdir().unwrap();
+        let (explored, _) =
+            explore_with(512 * 512 / 4, 0, Objective::KeepCrop, dir.path(), true, &ks);
+        let winner = &ranked_fits(explored, Objective::KeepCrop)[0];
+        assert!(winner.candidate.checkpoint);
+        assert_eq!(winner.candidate.num_points, None);
     }
 }

@@ -20,7 +20,10 @@ impl Batch {
             images.push(
                 Tensor::randint(256, [3, h, w], (Kind::Int64, Device::Cpu)).to_kind(Kind::Float),
             );
-            let mut label = Tensor::randint(num_classes, [1, h, w], (Kind::Int64, Device::Cpu));
+            let classes = request
+                .gt_segments
+                .map_or(num_classes, |g| g.min(num_classes));
+            let mut label = Tensor::randint(classes, [1, h, w], (Kind::Int64, Device::Cpu));
             if request.ignore_fraction > 0.0 {
                 let mask =
                     Tensor::rand([1, h, w], (Kind::Float, Device::Cpu)).lt(request.ignore_fraction);

@@ -37,7 +37,7 @@ pub use amp::Amp;
 pub use execute::{execute, inspect, ModelSummary};
 pub use memory::OpTrace;
 pub use report::{StepRecord, TrialReport, TrialStatus};
-pub use request::{DeviceChoice, TrialRequest};
+pub use request::{DeviceChoice, TrialRequest, DEFAULT_GT_SEGMENTS};
 pub use run::run;
 pub use setup::{Stack, TrainingSetup};
 

@@ -223,6 +223,7 @@ fn run_capped(
             optimizer.use_grad_scaler();
         }
         optimizer.use_foreach();
+        crate::models::layers::emulate_mmcv_cuda_ops();
     }
     // DistributedDataParallel wraps the model before training starts.
     let ddp_buckets = ddp::allocate_buckets(&model.params, request.setup.gpus, device);
@@ -237,6 +238,13 @@ fn run_capped(
         _ => None,
     };
     let total_steps = request.warmup_steps + request.measured_steps;
+    if request.op_trace == memory::OpTrace::Meta {
+        let classes = request
+            .gt_segments
+            .map_or(model.num_classes, |g| g.min(model.num_classes));
+        let pixels = request.crop.0 * request.crop.1;
+        crate::models::layers::host::set_shape_only_segments(Some(classes.min(pixels)));
+    }
     // mmengine keeps the last step's log_vars alive into the next step.
     let mut previous_items: Vec<(String, Tensor)> = Vec::new();
     let mut trace: Vec<TraceEvent> = Vec::new();
@@ -317,6 +325,7 @@ fn run_capped(
     drop(previous_items);
     drop(ddp_buckets);
     counter.set_cap(0);
+    crate::models::layers::host::set_shape_only_segments(None);
     if request.op_trace != memory::OpTrace::Off {
         let _ = memory::set_op_trace(memory::OpTrace::Off);
         if request.op_trace == memory::OpTrace::Meta {

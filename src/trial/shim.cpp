@@ -657,6 +657,46 @@ bool meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t firs
     push_outputs(stack, first, {gi, gw, gb});
     return true;
   }
+  if (name == "aten::native_group_norm") {
+    // native_group_norm (group_norm.cpp): Y like X in X's suggested format,
+    // mean and rstd [N, group] in the parameters' type when mixed.
+    at::Tensor input = arg(0).toTensor();
+    int64_t n = arg(3).toInt(), group = arg(6).toInt();
+    auto dtype = stats_dtype(input, arg(1));
+    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format()), meta_empty({n, group}, input, dtype),
+                                meta_empty({n, group}, input, dtype)});
+    return true;
+  }
+  if (name == "aten::native_group_norm_backward") {
+    at::Tensor input = arg(1).toTensor();
+    auto mask = arg(9).to<std::array<bool, 3>>();
+    at::Tensor gi, gw, gb;
+    if (mask[0]) gi = meta_empty_like(input, input.suggest_memory_format());
+    if (mask[1] && arg(4).isTensor()) gw = meta_empty_like(arg(4).toTensor(), at::MemoryFormat::Contiguous);
+    if (mask[2] && arg(4).isTensor()) gb = meta_empty_like(arg(4).toTensor(), at::MemoryFormat::Contiguous);
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::grid_sampler_2d") {
+    // [N, C, H_grid, W_grid] in the input's type (GridSampler.cpp/.cu).
+    at::Tensor input = arg(0).toTensor(), grid = arg(1).toTensor();
+    push_outputs(stack, first, {meta_empty({input.size(0), input.size(1), grid.size(1), grid.size(2)}, input, input.scalar_type())});
+    return true;
+  }
+  if (name == "aten::grid_sampler_2d_backward") {
+    // grad_input zero-filled when the input needs it; grad_grid always.
+    at::Tensor input = arg(1).toTensor(), grid = arg(2).toTensor();
+    auto mask = arg(6).to<std::array<bool, 2>>();
+    at::Tensor gi;
+    if (mask[0]) gi = meta_empty_like(input, at::MemoryFormat::Contiguous);
+    push_outputs(stack, first, {gi, meta_empty_like(grid, at::MemoryFormat::Contiguous)});
+    return true;
+  }
+  if (name == "aten::abs") {
+    at::Tensor self = arg(0).toTensor();
+    push_outputs(stack, first, {meta_empty_like(self, self.suggest_memory_format())});
+    return true;
+  }
   if (name == "aten::nll_loss2d_forward") {
     at::Tensor self = arg(0).toTensor();
     int64_t reduction = arg(3).toInt();
@@ -860,17 +900,18 @@ const char* segtune_op_trace_unsupported() {
 // Gradient checkpointing as torch.utils.checkpoint's reentrant variant
 // (CheckpointFunction, what `cp.checkpoint(f, x)` runs in torch 2.11 when
 // use_reentrant is not passed): the forward runs the block without grad and
-// keeps only its input (and the CPU RNG state); the backward re-runs it with
-// grad under the forward's autocast state and RNG state, back-propagates
-// through the recomputed graph, and returns the input's gradient. The block
-// is a Rust closure (`run`), released with `release` when the graph node goes.
+// keeps only its inputs (and the CPU RNG state); the backward re-runs it with
+// grad on detached inputs under the forward's autocast state and RNG state,
+// back-propagates through the recomputed graph, and returns the inputs'
+// gradients. The block is a Rust closure (`run`), released with `release`
+// when the graph node goes.
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 namespace {
 
-using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* input, int recompute);
+using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* const* inputs, size_t n, int recompute);
 using segtune_block_release = void (*)(void* block);
 
 struct RustBlock {
@@ -878,8 +919,10 @@ struct RustBlock {
   segtune_block_run run;
   segtune_block_release release;
   ~RustBlock() { release(block); }
-  at::Tensor operator()(const at::Tensor& input, bool recompute) const {
-    at::Tensor* out = run(block, &input, recompute ? 1 : 0);
+  at::Tensor operator()(at::TensorList inputs, bool recompute) const {
+    std::vector<const at::Tensor*> ptrs;
+    for (const auto& t : inputs) ptrs.push_back(&t);
+    at::Tensor* out = run(block, ptrs.data(), ptrs.size(), recompute ? 1 : 0);
     TORCH_CHECK(out != nullptr, "the checkpointed block failed: ", segtune_last_error_text());
     at::Tensor result = std::move(*out);
     delete out;
@@ -899,7 +942,7 @@ struct AutocastState {
 const c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
 
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
                                                 int64_t block_address) {
     auto* block = reinterpret_cast<std::shared_ptr<RustBlock>*>(block_address);
     ctx->saved_data["block"] = block_address;
@@ -915,9 +958,9 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       std::lock_guard<std::mutex> lock(gen.mutex());
       ctx->saved_data["cpu_rng_state"] = gen.get_state();
     }
-    ctx->save_for_backward({input});
+    ctx->save_for_backward(inputs.vec());
     at::NoGradGuard no_grad;
-    return {(**block)(input, false)};
+    return {(**block)(inputs, false)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -925,7 +968,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     auto* holder = reinterpret_cast<std::shared_ptr<RustBlock>*>(ctx->saved_data["block"].toInt());
     std::shared_ptr<RustBlock> block = *holder;
     delete holder;  // one backward per forward (retain_graph is never used)
-    at::Tensor input = ctx->get_saved_variables()[0];
+    auto saved = ctx->get_saved_variables();
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor rng_before;
     {
@@ -933,8 +976,12 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       rng_before = gen.get_state();  // torch.random.fork_rng
       gen.set_state(ctx->saved_data["cpu_rng_state"].toTensor());
     }
-    at::Tensor detached = input.detach();
-    detached.set_requires_grad(input.requires_grad());
+    std::vector<at::Tensor> detached;
+    for (const auto& input : saved) {
+      at::Tensor d = input.detach();
+      d.set_requires_grad(input.requires_grad());
+      detached.push_back(d);
+    }
     at::Tensor output;
     {
       at::AutoGradMode enable_grad(true);
@@ -969,7 +1016,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     if (output.requires_grad()) {
       torch::autograd::backward({output}, {grad_outputs[0]});
     }
-    return {detached.grad(), at::Tensor()};
+    torch::autograd::variable_list grads;
+    for (const auto& d : detached) grads.push_back(d.grad());
+    grads.push_back(at::Tensor());
+    return grads;
   }
 };
 
@@ -980,13 +1030,15 @@ extern "C" {
 // The error text a failing block callback leaves for the C++ side.
 void segtune_block_set_error(const char* message) { g_block_error = message ? message : ""; }
 
-// `cp.checkpoint(block, input)`; null (and segtune_last_error) on failure.
-at::Tensor* segtune_checkpoint(const at::Tensor* input, void* block, segtune_block_run run,
+// `cp.checkpoint(block, *inputs)`; null (and segtune_last_error) on failure.
+at::Tensor* segtune_checkpoint(const at::Tensor* const* inputs, size_t n, void* block, segtune_block_run run,
                                segtune_block_release release) {
   auto* holder = new std::shared_ptr<RustBlock>(new RustBlock{block, run, release});
   at::Tensor* out = nullptr;
+  std::vector<at::Tensor> args;
+  for (size_t i = 0; i < n; ++i) args.push_back(*inputs[i]);
   int rc = guarded([&] {
-    out = new at::Tensor(CheckpointFunction::apply(*input, reinterpret_cast<int64_t>(holder))[0]);
+    out = new at::Tensor(CheckpointFunction::apply(at::TensorList(args), reinterpret_cast<int64_t>(holder))[0]);
   });
   if (rc != 0) {
     delete holder;

@@ -73,8 +73,9 @@ pub fn search_command(config: &std::path::Path, out: &std::path::Path) -> assert
 
 /// The oracle fixtures of the models the shared oracle lacks, measured
 /// with the shared oracle script on an AMX CPU (commands inside each):
-/// one config per CNN head type, Swin-T UPerNet, and `with_cp=True` models.
-pub const EXTRA_ORACLES: [&str; 3] = [
+/// one config per CNN head type, Swin-T UPerNet, `with_cp=True` models and
+/// Mask2Former with a lowered `num_points` or `with_cp=True`.
+pub const EXTRA_ORACLES: [&str; 4] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -86,6 +87,10 @@ pub const EXTRA_ORACLES: [&str; 3] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_with_cp.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_mask2former_knobs.json"
     ),
 ];
 

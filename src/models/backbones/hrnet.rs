@@ -238,11 +238,7 @@ impl HRNetCfg {
                 "frozen_stages must be at most 4 (there is no stage{frozen_stages})"
             )));
         }
-        let norm = c.batch_norm("norm_cfg")?.unwrap_or(NormCfg {
-            eps: 1e-5,
-            momentum: 0.1,
-            requires_grad: true,
-        });
+        let norm = c.batch_norm("norm_cfg")?.unwrap_or(NormCfg::BN_DEFAULT);
         c.unimplemented("conv_cfg", &Value::None)?;
         c.unimplemented("with_cp", &Value::Bool(false))?;
         let pretrained = c.value("pretrained").is_some_and(Value::truthy);

@@ -199,11 +199,7 @@ impl ResNetCfg {
                 )));
             }
         }
-        let norm = c.batch_norm("norm_cfg")?.unwrap_or(NormCfg {
-            eps: 1e-5,
-            momentum: 0.1,
-            requires_grad: true,
-        });
+        let norm = c.batch_norm("norm_cfg")?.unwrap_or(NormCfg::BN_DEFAULT);
         c.unimplemented("conv_cfg", &Value::None)?;
         c.unimplemented("dcn", &Value::None)?;
         c.unimplemented("plugins", &Value::None)?;

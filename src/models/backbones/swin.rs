@@ -24,7 +24,7 @@ use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::from_host;
 use crate::models::layers::{
     checkpoint_if, count_flops, linspace_drop_path_rates, softmax_saved, Conv2d, ConvSpec,
-    DropPath, LayerNorm, Linear,
+    DropPath, Ffn, FfnActivation, LayerNorm, Linear,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -461,27 +461,6 @@ impl ShiftWindowMsa {
     }
 }
 
-/// mmcv's `FFN` with two fully connected layers, GELU and the identity
-/// added through a `DropPath` (`ffn.layers.0.0`, `ffn.layers.1`).
-struct Ffn {
-    fc1: Linear,
-    fc2: Linear,
-    drop: f64,
-    drop_path: DropPath,
-}
-
-impl Ffn {
-    fn forward(&self, x: &Tensor, identity: &Tensor, training: bool) -> Tensor {
-        // nn.Sequential keeps only the latest output.
-        let mut out = self.fc1.forward(x);
-        out = out.gelu("none");
-        out = out.dropout(self.drop, training);
-        out = self.fc2.forward(&out);
-        out = out.dropout(self.drop, training);
-        identity + self.drop_path.forward(&out, training)
-    }
-}
-
 /// `SwinBlock`: `x + attn(norm1(x))`, then `x + ffn(norm2(x))`.
 struct SwinBlock {
     norm1: LayerNorm,
@@ -511,19 +490,19 @@ impl SwinBlock {
         };
         let norm2 = c.norm.build(&mut p.sub("norm2"), dims);
         let hidden = (c.mlp_ratio * dims as f64) as i64;
-        let mut fp = p.sub("ffn.layers");
-        let fc1 = Linear::new(&mut fp.sub(0).sub(0), dims, hidden, true);
-        let fc2 = Linear::new(&mut fp.sub(1), hidden, dims, true);
+        let ffn = Ffn::new(
+            &mut p.sub("ffn"),
+            dims,
+            hidden,
+            FfnActivation::Gelu,
+            c.drop_rate,
+            drop_path,
+        );
         SwinBlock {
             norm1,
             attn,
             norm2,
-            ffn: Ffn {
-                fc1,
-                fc2,
-                drop: c.drop_rate,
-                drop_path: DropPath { prob: drop_path },
-            },
+            ffn,
             with_cp: c.with_cp,
         }
     }

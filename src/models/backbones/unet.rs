@@ -201,11 +201,7 @@ impl UNetCfg {
             r.batch_norm("norm_cfg")?
         } else {
             // dict(type='BN')
-            Some(NormCfg {
-                eps: 1e-5,
-                momentum: 0.1,
-                requires_grad: true,
-            })
+            Some(NormCfg::BN_DEFAULT)
         };
         let c = UNetCfg {
             in_channels: r.int("in_channels", 3)?,

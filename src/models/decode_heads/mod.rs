@@ -8,7 +8,10 @@
 pub mod aspp_head;
 pub mod decode_head;
 pub mod fcn_head;
+pub mod mask2former_head;
+pub mod mask2former_loss;
 pub mod ocr_head;
+pub mod pixel_decoder;
 pub mod psp_head;
 pub mod segformer_head;
 pub mod sep_aspp_head;
@@ -62,6 +65,7 @@ crate::models::registry::registry_table!(
         ("ASPPHead", aspp_head::build),
         ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
         ("FCNHead", fcn_head::build),
+        ("Mask2FormerHead", mask2former_head::build),
         ("OCRHead", ocr_head::build),
         ("PSPHead", psp_head::build),
         ("SegformerHead", segformer_head::build),

@@ -43,10 +43,9 @@ impl MultiheadAttention {
     /// `query`: (L, B, E); `key_value`: (S, B, E), one tensor used as both
     /// key and value (the `k is v` branch of `_in_projection_packed`).
     pub fn forward(&self, query: &Tensor, key_value: &Tensor) -> Tensor {
-        let (e, heads) = (self.embed_dims, self.num_heads);
+        let e = self.embed_dims;
         let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
         let src_len = key_value.size()[0];
-        let head_dim = e / heads;
         let w = self.in_proj_weight.split_with_sizes([e, 2 * e], 0);
         let (q, kv) = match &self.in_proj_bias {
             Some(b) => {
@@ -68,14 +67,64 @@ impl MultiheadAttention {
             .squeeze_dim(-2)
             .contiguous();
         let (k, v) = (kv.select(0, 0), kv.select(0, 1));
+        // the in-projections (the out-projection counts itself)
+        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        self.attend(q, k, v, None, tgt_len, bsz, src_len)
+    }
+
+    /// `query`: (L, B, E); `key`, `value`: (S, B, E), distinct tensors (the
+    /// `w.chunk(3)` branch of `_in_projection_packed`). `attn_mask`: bool
+    /// `(B*heads, L, S)`, true where attention is not allowed; made a float
+    /// mask of `-inf` by `_canonical_mask` and added by `baddbmm`.
+    pub fn forward_separate(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        attn_mask: Option<&Tensor>,
+    ) -> Tensor {
+        let e = self.embed_dims;
+        let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
+        let src_len = key.size()[0];
+        let float_mask = attn_mask.map(|m| {
+            let mut f = Tensor::zeros(m.size(), (query.kind(), m.device()));
+            let _ = f.masked_fill_(m, f64::NEG_INFINITY);
+            f
+        });
+        let w = self.in_proj_weight.chunk(3, 0);
+        let b = self.in_proj_bias.as_ref().map(|b| b.chunk(3, 0));
+        let bias = |i: usize| b.as_ref().map(|b| &b[i]);
+        let q = query.linear(&w[0], bias(0));
+        let k = key.linear(&w[1], bias(1));
+        let v = value.linear(&w[2], bias(2));
+        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        self.attend(q, k, v, float_mask.as_ref(), tgt_len, bsz, src_len)
+    }
+
+    /// From the in-projected q, k, v to the out-projection, as the
+    /// `need_weights=True` branch of `F.multi_head_attention_forward`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        float_mask: Option<&Tensor>,
+        tgt_len: i64,
+        bsz: i64,
+        src_len: i64,
+    ) -> Tensor {
+        let (e, heads) = (self.embed_dims, self.num_heads);
+        let head_dim = e / heads;
         let q = q.view([tgt_len, bsz * heads, head_dim]).transpose(0, 1);
         let k = k.view([src_len, bsz * heads, head_dim]).transpose(0, 1);
         let v = v.view([src_len, bsz * heads, head_dim]).transpose(0, 1);
-        // in-projections, the two attention matmuls (the out-projection counts itself)
-        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
         count_flops(2.0 * 2.0 * (bsz * heads * tgt_len * src_len * head_dim) as f64);
         let q_scaled = q * (1.0 / head_dim as f64).sqrt();
-        let logits = q_scaled.bmm(&k.transpose(-2, -1));
+        let logits = match float_mask {
+            Some(mask) => mask.baddbmm(&q_scaled, &k.transpose(-2, -1), 1, 1),
+            None => q_scaled.bmm(&k.transpose(-2, -1)),
+        };
         let weights = logits.softmax(-1, None::<Kind>);
         softmax_saved(&logits, &weights);
         drop(logits);

@@ -20,14 +20,16 @@ use torch_sys::C_tensor;
 
 type BlockRun = unsafe extern "C" fn(
     block: *mut c_void,
-    input: *const C_tensor,
+    inputs: *const *const C_tensor,
+    n: usize,
     recompute: c_int,
 ) -> *mut C_tensor;
 type BlockRelease = unsafe extern "C" fn(block: *mut c_void);
 
 extern "C" {
     fn segtune_checkpoint(
-        input: *const C_tensor,
+        inputs: *const *const C_tensor,
+        n: usize,
         block: *mut c_void,
         run: BlockRun,
         release: BlockRelease,
@@ -36,7 +38,7 @@ extern "C" {
     fn segtune_last_error() -> *const c_char;
 }
 
-type Block<'a> = Box<dyn Fn(&Tensor) -> Tensor + 'a>;
+type Block<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
 
 thread_local! {
     static RECOMPUTE_FLOPS: Cell<f64> = const { Cell::new(0.0) };
@@ -50,15 +52,18 @@ pub fn take_recompute_flops() -> f64 {
 
 unsafe extern "C" fn run_block(
     block: *mut c_void,
-    input: *const C_tensor,
+    inputs: *const *const C_tensor,
+    n: usize,
     recompute: c_int,
 ) -> *mut C_tensor {
-    // SAFETY: `block` is the `Box<Block>` that `checkpoint` leaked, alive until
-    // `release_block`; `input` is a live tensor the shim owns.
+    // SAFETY: `block` is the `Box<Block>` that `checkpoint_inputs` leaked,
+    // alive until `release_block`; `inputs` are `n` live tensors the shim owns.
     let f = unsafe { &*(block as *const Block) };
-    let input = unsafe { Tensor::clone_from_ptr(input as *mut C_tensor) };
+    let inputs: Vec<Tensor> = (0..n)
+        .map(|i| unsafe { Tensor::clone_from_ptr(*inputs.add(i) as *mut C_tensor) })
+        .collect();
     let forward_flops = super::take_forward_flops();
-    let result = catch_unwind(AssertUnwindSafe(|| f(&input)));
+    let result = catch_unwind(AssertUnwindSafe(|| f(&inputs)));
     let block_flops = super::take_forward_flops();
     super::count_flops(forward_flops);
     if recompute != 0 {
@@ -114,12 +119,32 @@ pub fn checkpoint_if<'a>(
 /// its model for all its steps). If the graph is dropped without a
 /// backward, the closure is leaked, never called.
 pub fn checkpoint<'a>(input: &Tensor, block: impl Fn(&Tensor) -> Tensor + 'a) -> Tensor {
+    checkpoint_inputs(std::slice::from_ref(input), move |inputs: &[Tensor]| {
+        block(&inputs[0])
+    })
+}
+
+/// `cp.checkpoint(block, *inputs)`: [`checkpoint`] of a block of several
+/// tensors, each of which gets its gradient.
+pub fn checkpoint_inputs<'a>(
+    inputs: &[Tensor],
+    block: impl Fn(&[Tensor]) -> Tensor + 'a,
+) -> Tensor {
     let boxed: Box<Block<'a>> = Box::new(Box::new(block));
     // SAFETY: see above: the closure is only called while what it borrows lives.
     let boxed: Box<Block<'static>> = unsafe { std::mem::transmute(boxed) };
     let raw = Box::into_raw(boxed) as *mut c_void;
-    // SAFETY: live input; the shim owns `raw` from here on.
-    let out = unsafe { segtune_checkpoint(input.as_ptr(), raw, run_block, release_block) };
+    let pointers: Vec<*const C_tensor> = inputs.iter().map(|t| t.as_ptr()).collect();
+    // SAFETY: live inputs; the shim owns `raw` from here on.
+    let out = unsafe {
+        segtune_checkpoint(
+            pointers.as_ptr(),
+            pointers.len(),
+            raw,
+            run_block,
+            release_block,
+        )
+    };
     if out.is_null() {
         let why = unsafe { std::ffi::CStr::from_ptr(segtune_last_error()) }.to_string_lossy();
         panic!("gradient checkpointing failed: {why}");

@@ -1,7 +1,7 @@
 //! `nn.Conv2d` and mmcv's `ConvModule` (`mmcv/cnn/bricks/conv_module.py`).
 
 use super::count_flops;
-use super::norm::BatchNorm2d;
+use super::norm::ConvNorm;
 use crate::models::params::ParamScope;
 use crate::models::NormCfg;
 use tch::Tensor;
@@ -118,7 +118,7 @@ impl Conv2d {
 /// ([`ConvModule::out_of_place`]).
 pub struct ConvModule {
     conv: Conv2d,
-    norm: Option<BatchNorm2d>,
+    norm: Option<ConvNorm>,
     relu: bool,
     inplace: bool,
 }
@@ -132,16 +132,19 @@ impl ConvModule {
         norm: Option<NormCfg>,
         relu: bool,
     ) -> ConvModule {
-        let conv = Conv2d::new(&mut p.sub("conv"), spec.bias(norm.is_none()));
-        let norm = norm.map(|n| {
-            BatchNorm2d::new(
-                &mut p.sub(n.module_name()),
-                spec.out_channels,
-                n.eps,
-                n.momentum,
-                n.requires_grad,
-            )
-        });
+        Self::with_conv_bias(p, spec, norm, relu, norm.is_none())
+    }
+
+    /// `ConvModule(..., bias=True/False)` set explicitly rather than `'auto'`.
+    pub fn with_conv_bias(
+        p: &mut ParamScope,
+        spec: ConvSpec,
+        norm: Option<NormCfg>,
+        relu: bool,
+        bias: bool,
+    ) -> ConvModule {
+        let conv = Conv2d::new(&mut p.sub("conv"), spec.bias(bias));
+        let norm = norm.map(|n| ConvNorm::new(&mut p.sub(n.module_name()), spec.out_channels, &n));
         ConvModule {
             conv,
             norm,

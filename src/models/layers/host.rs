@@ -39,3 +39,27 @@ pub fn from_host<T: tch::kind::Element>(data: &[T]) -> Tensor {
 pub fn scalar_from_host<T: tch::kind::Element>(value: T) -> Tensor {
     outside_op_trace(|| Tensor::from_slice(&[value]).view([]))
 }
+
+thread_local! {
+    static SHAPE_ONLY_SEGMENTS: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// Declares (with `Some(segments)`) that this thread's step runs on a
+/// shape-only trace: tensor values cannot be read, and each synthetic label
+/// map holds `segments` classes. Code whose shapes depend on values
+/// (Mask2Former's ground-truth segments and matching) then takes them from
+/// here. `None` ends it.
+pub fn set_shape_only_segments(segments: Option<i64>) {
+    SHAPE_ONLY_SEGMENTS.with(|s| s.set(segments));
+}
+
+/// Whether tensor values cannot be read on this thread (see
+/// [`set_shape_only_segments`]).
+pub fn values_unavailable() -> bool {
+    SHAPE_ONLY_SEGMENTS.with(Cell::get).is_some()
+}
+
+/// The classes per synthetic label map of a shape-only trace.
+pub fn shape_only_segments() -> Option<i64> {
+    SHAPE_ONLY_SEGMENTS.with(Cell::get)
+}

@@ -4,8 +4,10 @@
 //! exactly what the Python model does.
 //!
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
-//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`]
-//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`checkpoint`]
+//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
+//! `MultiScaleDeformableAttention`), [`positional_encoding`] (mmdet's sine
+//! encoding),
+//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
 //! (`torch.utils.checkpoint`), [`shape`]
 //! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`), [`host`] (tensors
 //! from host data). This file holds what
@@ -15,17 +17,21 @@ pub mod attention;
 pub mod checkpoint;
 pub mod conv;
 pub mod drop;
+pub mod ffn;
 pub mod host;
 pub mod linear;
+pub mod ms_deform_attn;
 pub mod norm;
+pub mod positional_encoding;
 pub mod shape;
 
 pub use attention::MultiheadAttention;
-pub use checkpoint::{checkpoint, checkpoint_if};
+pub use checkpoint::{checkpoint, checkpoint_if, checkpoint_inputs};
 pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 pub use drop::{linspace_drop_path_rates, DropPath};
+pub use ffn::{Ffn, FfnActivation};
 pub use linear::Linear;
-pub use norm::{BatchNorm2d, LayerNorm};
+pub use norm::{BatchNorm2d, ConvNorm, GroupNorm, LayerNorm};
 pub use shape::{nchw_to_nlc, nlc_to_nchw, resize_bilinear};
 
 use std::cell::Cell;
@@ -45,6 +51,21 @@ static SOFTMAX_KEEPS_INPUT: OnceLock<KeepInputHook> = OnceLock::new();
 /// 2.x behaviour (output only) is the default.
 pub fn emulate_softmax_saving_input(hook: KeepInputHook) {
     let _ = SOFTMAX_KEEPS_INPUT.set(hook);
+}
+
+static MMCV_CUDA_OPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the ops mmcv runs as compiled CUDA kernels on a GPU (today
+/// `MultiScaleDeformableAttnFunction`) keep for backward what those kernels
+/// keep, instead of the tensors of mmcv's PyTorch fallback: for a CPU trial
+/// that stands in for a CUDA run (`--as-cuda`). Process-wide.
+pub fn emulate_mmcv_cuda_ops() {
+    MMCV_CUDA_OPS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether mmcv's CUDA ops are emulated (see [`emulate_mmcv_cuda_ops`]).
+pub fn mmcv_cuda_ops() -> bool {
+    MMCV_CUDA_OPS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether softmax inputs are being kept (see [`emulate_softmax_saving_input`]).

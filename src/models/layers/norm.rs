@@ -1,4 +1,4 @@
-//! `nn.LayerNorm` and `nn.BatchNorm2d`.
+//! `nn.LayerNorm`, `nn.BatchNorm2d` and `nn.GroupNorm`.
 
 use crate::models::params::ParamScope;
 use crate::models::NormCfg;
@@ -107,6 +107,63 @@ impl BatchNorm2d {
             self.eps,
             true,
         )
+    }
+}
+
+/// `nn.GroupNorm` (mmcv's `GN`).
+pub struct GroupNorm {
+    weight: Tensor,
+    bias: Tensor,
+    num_groups: i64,
+    eps: f64,
+}
+
+impl GroupNorm {
+    pub fn new(p: &mut ParamScope, channels: i64, norm: &NormCfg) -> GroupNorm {
+        let weight = p.param_ones("weight", &[channels]);
+        let bias = p.param_zeros("bias", &[channels]);
+        if !norm.requires_grad {
+            p.freeze_last(2);
+        }
+        GroupNorm {
+            weight,
+            bias,
+            num_groups: norm.num_groups.unwrap_or(1),
+            eps: norm.eps,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        // F.group_norm passes torch.backends.cudnn.enabled (True).
+        x.group_norm(
+            self.num_groups,
+            Some(&self.weight),
+            Some(&self.bias),
+            self.eps,
+            true,
+        )
+    }
+}
+
+/// A ConvModule's norm layer: BN or GN.
+pub enum ConvNorm {
+    Batch(BatchNorm2d),
+    Group(GroupNorm),
+}
+
+impl ConvNorm {
+    pub fn new(p: &mut ParamScope, channels: i64, norm: &NormCfg) -> ConvNorm {
+        match norm.num_groups {
+            Some(_) => ConvNorm::Group(GroupNorm::new(p, channels, norm)),
+            None => ConvNorm::Batch(BatchNorm2d::from_cfg(p, channels, norm)),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        match self {
+            ConvNorm::Batch(bn) => bn.forward(x, training),
+            ConvNorm::Group(gn) => gn.forward(x),
+        }
     }
 }
 

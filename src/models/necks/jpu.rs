@@ -58,11 +58,7 @@ impl JpuCfg {
         }
         let norm = match c.value("norm_cfg") {
             // JPU's own default, dict(type='BN').
-            None => Some(NormCfg {
-                eps: 1e-5,
-                momentum: 0.1,
-                requires_grad: true,
-            }),
+            None => Some(NormCfg::BN_DEFAULT),
             Some(Value::None) => None,
             Some(v) => NormCfg::from_cfg(Some(v))?,
         };

@@ -19,6 +19,8 @@ pub struct MeasuredEvaluator {
     pub timeout: Duration,
     /// GPUs of the data-parallel run the trial stands for (DDP's buckets).
     pub gpus: i64,
+    /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
+    pub gt_segments: Option<i64>,
 }
 
 /// The candidate status of a trial that did not end `ok`.
@@ -42,10 +44,7 @@ impl Evaluator for MeasuredEvaluator {
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         let request = TrialRequest {
-            cfg_options: crate::search::space::options_with_checkpoint(
-                &self.cfg_options,
-                c.checkpoint,
-            ),
+            cfg_options: crate::search::space::options_with_knobs(&self.cfg_options, c.knobs()),
             batch_size: c.batch_size,
             crop: c.crop,
             amp: c.amp,
@@ -57,6 +56,7 @@ impl Evaluator for MeasuredEvaluator {
                 gpus: self.gpus,
                 ..TrainingSetup::default()
             },
+            gt_segments: self.gt_segments,
             ..TrialRequest::new(&self.config)
         };
         let report = match self.worker.trial(&request, Some(self.timeout)) {

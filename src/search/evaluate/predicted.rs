@@ -13,14 +13,14 @@ use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
 use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
-use crate::search::space::{Amp, Candidate};
+use crate::search::space::{Amp, Candidate, ModelKnobs};
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// Traces one step: (batch, crop, precision, gradient checkpointing) ->
-/// the traced step.
-pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp, bool) -> Result<TracedStep>>;
+/// Traces one step: (batch, crop, precision, model knobs) -> the traced
+/// step.
+pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs) -> Result<TracedStep>>;
 
 /// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
 struct TracePair {
@@ -52,11 +52,11 @@ fn lerp(pair: (f64, f64), batch: i64) -> f64 {
     pair.0 + (pair.1 - pair.0) * (batch - ba) as f64 / (bb - ba) as f64
 }
 
-/// A traced pair's crop, precision and checkpointing.
-type PairKey = ((i64, i64), Amp, bool);
+/// A traced pair's crop, precision and model knobs.
+type PairKey = ((i64, i64), Amp, ModelKnobs);
 
-/// A traced step's batch, crop, precision and checkpointing.
-type TraceKey = (i64, (i64, i64), Amp, bool);
+/// A traced step's batch, crop, precision and model knobs.
+type TraceKey = (i64, (i64, i64), Amp, ModelKnobs);
 
 /// Predicts candidates from CPU traces (two per crop and precision).
 pub struct PredictedEvaluator {
@@ -98,15 +98,15 @@ impl PredictedEvaluator {
         &mut self,
         crop: (i64, i64),
         amp: Amp,
-        checkpoint: bool,
+        knobs: ModelKnobs,
     ) -> &std::result::Result<TracePair, String> {
         // fp16 and bf16 keep the same tensors in half precision (2 bytes):
         // one CPU trace (bf16 autocast) stands for both.
         let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
-        if !self.pairs.contains_key(&(crop, traced, checkpoint)) {
+        if !self.pairs.contains_key(&(crop, traced, knobs)) {
             let mut run = |b: i64| -> std::result::Result<TracedStep, String> {
                 self.traces_run += 1;
-                (self.tracer)(b, crop, traced, checkpoint).map_err(|e| e.to_string())
+                (self.tracer)(b, crop, traced, knobs).map_err(|e| e.to_string())
             };
             let (ba, bb) = TRACED_BATCHES;
             let pair = run(ba).and_then(|one| {
@@ -119,9 +119,9 @@ impl PredictedEvaluator {
                     two: two.events,
                 })
             });
-            self.pairs.insert((crop, traced, checkpoint), pair);
+            self.pairs.insert((crop, traced, knobs), pair);
         }
-        &self.pairs[&(crop, traced, checkpoint)]
+        &self.pairs[&(crop, traced, knobs)]
     }
 
     /// The step at `batch` (below the traced pair) traced itself.
@@ -130,17 +130,17 @@ impl PredictedEvaluator {
         batch: i64,
         crop: (i64, i64),
         amp: Amp,
-        checkpoint: bool,
+        knobs: ModelKnobs,
     ) -> &std::result::Result<SmallTrace, String> {
         let traced = if amp == Amp::Off || self.direct {
             amp
         } else {
             Amp::Bf16
         };
-        let key = (batch, crop, traced, checkpoint);
+        let key = (batch, crop, traced, knobs);
         if !self.small.contains_key(&key) {
             self.traces_run += 1;
-            let step = (self.tracer)(batch, crop, traced, checkpoint)
+            let step = (self.tracer)(batch, crop, traced, knobs)
                 .map(|s| SmallTrace {
                     step_bytes: step_bytes(&s.events),
                     flops: s.forward_flops,
@@ -184,8 +184,7 @@ impl Evaluator for PredictedEvaluator {
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
-            let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp, c.checkpoint)
-            {
+            let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp, c.knobs()) {
                 Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
                     return TrialRecord::failed(
                         CandidateStatus::Infeasible,
@@ -198,7 +197,7 @@ impl Evaluator for PredictedEvaluator {
             };
             return replay_against_budget(&budget, c, &events, flops, bytes);
         }
-        let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.checkpoint) {
+        let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs()) {
             Err(e) => return failed(e.clone()),
             Ok(p) => {
                 let (ba, bb) = TRACED_BATCHES;
