@@ -1,11 +1,19 @@
-//! Compiles the memory shim (src/trial/shim.cpp) against the libtorch that
+//! Compiles the memory shim (src/trial/shim.cpp, shim_checkpoint.cpp,
+//! shim_meta_rules.cpp) against the libtorch that
 //! torch-sys found, and gives the torch-linked binaries an rpath to it so
 //! they run without LD_LIBRARY_PATH.
 
 use std::path::PathBuf;
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/trial/shim.cpp");
+    for file in [
+        "shim.cpp",
+        "shim_checkpoint.cpp",
+        "shim_meta_rules.cpp",
+        "shim.h",
+    ] {
+        println!("cargo:rerun-if-changed=src/trial/{file}");
+    }
     let lib = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB")
             .expect("torch-sys exports DEP_TCH_LIBTORCH_LIB (set LIBTORCH_USE_PYTORCH=1)"),
@@ -24,6 +32,8 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .warnings(false)
         .file("src/trial/shim.cpp")
+        .file("src/trial/shim_checkpoint.cpp")
+        .file("src/trial/shim_meta_rules.cpp")
         .compile("segtune_shim");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     // tch references nothing in libtorch_cuda, so --as-needed would drop it

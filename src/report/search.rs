@@ -2,7 +2,7 @@
 //! feasible candidates (and the infeasible ones with `--all`), the trials
 //! run or resumed, the winner and what was written.
 
-use super::{gib, gib_or_dash, table, table_of};
+use super::{gib, gib_or_dash, table_of};
 use crate::search::SearchResult;
 
 /// The feasible table's columns (`--all`); [`SHORT_COLUMNS`] without it.
@@ -29,6 +29,15 @@ const SHORT_COLUMNS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13];
 
 /// The column of [`FEASIBLE_COLUMNS`] that shows the point count.
 const POINTS_COLUMN: usize = 7;
+
+/// Whether the search tried a lowered Mask2Former point count (then the
+/// tables show the `points` column).
+fn lowered_points(r: &SearchResult) -> bool {
+    r.feasible
+        .iter()
+        .chain(&r.infeasible)
+        .any(|o| o.candidate.num_points.is_some())
+}
 
 /// The `points` cell: the config's count or the lowered one.
 fn points_cell(num_points: Option<i64>) -> String {
@@ -105,11 +114,6 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 ]
             })
             .collect();
-        let lowered_points = r
-            .feasible
-            .iter()
-            .chain(&r.infeasible)
-            .any(|o| o.candidate.num_points.is_some());
         // Without --all: the device total only (allocated and reserved dropped).
         let shown: Vec<usize> = if all {
             (0..FEASIBLE_COLUMNS.len()).collect()
@@ -117,7 +121,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
             SHORT_COLUMNS.to_vec()
         }
         .into_iter()
-        .filter(|k| lowered_points || *k != POINTS_COLUMN)
+        .filter(|k| lowered_points(r) || *k != POINTS_COLUMN)
         .collect();
         let header: Vec<&str> = shown.iter().map(|k| FEASIBLE_COLUMNS[*k]).collect();
         out.push_str(&table_of(
@@ -139,6 +143,9 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         out.push('\n');
     }
     if all && !r.infeasible.is_empty() {
+        const INFEASIBLE_COLUMNS: [&str; 9] = [
+            "batch", "crop", "amp", "accum", "with_cp", "points", "status", "reason", "how",
+        ];
         let rows = r.infeasible.iter().map(|o| {
             let c = o.candidate;
             [
@@ -153,12 +160,16 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                 o.record.mode.name().to_string(),
             ]
         });
+        let shown: Vec<usize> = (0..INFEASIBLE_COLUMNS.len())
+            .filter(|k| lowered_points(r) || *k != 5)
+            .collect();
         out.push_str("infeasible:\n");
-        out.push_str(&table(
-            [
-                "batch", "crop", "amp", "accum", "with_cp", "points", "status", "reason", "how",
-            ],
-            rows,
+        out.push_str(&table_of(
+            &shown
+                .iter()
+                .map(|k| INFEASIBLE_COLUMNS[*k])
+                .collect::<Vec<_>>(),
+            rows.map(|row| shown.iter().map(|k| row[*k].clone()).collect()),
         ));
         out.push('\n');
     } else if !r.infeasible.is_empty() {

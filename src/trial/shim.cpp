@@ -15,6 +15,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "shim.h"
+
 #include <malloc.h>
 
 #include <atomic>
@@ -133,18 +135,11 @@ CountingAllocator g_alloc;
 
 thread_local std::string g_last_error;
 
-template <typename F>
-int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-    return -1;
-  }
-}
+using segtune_shim::guarded;
 
 }  // namespace
+
+void segtune_shim::set_last_error(const std::string& message) { g_last_error = message; }
 
 extern "C" {
 
@@ -551,168 +546,6 @@ void run_on_cpu_zeros(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
   }
 }
 
-// Shapes of the ops whose meta functions live in Python (torch/_meta_registrations.py),
-// for the ops the models run: each gives the outputs the CPU kernel allocates
-// (sizes, dtype, memory format), as meta tensors. Returns false for an op it
-// does not know, which then runs on CPU stand-ins.
-at::Tensor meta_empty_like(const at::Tensor& t, at::MemoryFormat format) {
-  return at::empty(t.sizes(), t.options().device(c10::kMeta).memory_format(format));
-}
-at::Tensor meta_empty(at::IntArrayRef sizes, const at::Tensor& like, c10::ScalarType dtype) {
-  return at::empty(sizes, like.options().device(c10::kMeta).dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
-}
-c10::ScalarType stats_dtype(const at::Tensor& input, const c10::IValue& param) {
-  // CPU norms keep statistics in the parameters' type when they are fp32
-  // and the input is reduced precision ("mixed type"), else in the input's.
-  if (param.isTensor() && param.toTensor().defined() && param.toTensor().scalar_type() == at::kFloat &&
-      at::isReducedFloatingType(input.scalar_type())) {
-    return at::kFloat;
-  }
-  return input.scalar_type();
-}
-void push_outputs(torch::jit::Stack* stack, size_t first, std::initializer_list<at::Tensor> outs) {
-  stack->resize(first);
-  for (const auto& t : outs) stack->emplace_back(t);
-}
-
-// A convolution runs channels-last when its input or weight is, and so are
-// its outputs and gradients (mkldnn on the CPU, cuDNN on CUDA alike).
-at::MemoryFormat conv_format(const at::Tensor& input, const at::Tensor& weight) {
-  bool last = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-                                   weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
-  return last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-}
-
-bool meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first) {
-  auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[first + i]; };
-  if (name == "aten::convolution") {
-    at::Tensor input = arg(0).toTensor(), weight = arg(1).toTensor();
-    auto stride = arg(3).toIntVector(), padding = arg(4).toIntVector(), dilation = arg(5).toIntVector();
-    bool transposed = arg(6).toBool();
-    auto output_padding = arg(7).toIntVector();
-    int64_t groups = arg(8).toInt();
-    int64_t dims = input.dim() - 2;
-    std::vector<int64_t> sizes{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
-    for (int64_t d = 0; d < dims; ++d) {
-      int64_t in = input.size(d + 2), k = weight.size(d + 2);
-      int64_t s = stride[stride.size() == 1 ? 0 : d], p = padding[padding.size() == 1 ? 0 : d];
-      int64_t dl = dilation[dilation.size() == 1 ? 0 : d];
-      sizes.push_back(transposed ? (in - 1) * s - 2 * p + dl * (k - 1) + output_padding[output_padding.size() == 1 ? 0 : d] + 1
-                                 : (in + 2 * p - dl * (k - 1) - 1) / s + 1);
-    }
-    push_outputs(stack, first, {at::empty(sizes, input.options().device(c10::kMeta).memory_format(conv_format(input, weight)))});
-    return true;
-  }
-  if (name == "aten::convolution_backward") {
-    at::Tensor input = arg(1).toTensor(), weight = arg(2).toTensor();
-    auto bias_sizes = arg(3).isNone() ? std::vector<int64_t>{} : arg(3).toIntVector();
-    auto mask = arg(10).to<std::array<bool, 3>>();
-    at::Tensor gi, gw, gb;
-    auto format = conv_format(input, weight);
-    if (mask[0]) gi = meta_empty_like(input, format);
-    if (mask[1]) gw = meta_empty_like(weight, format);
-    if (mask[2]) gb = meta_empty({weight.size(arg(7).toBool() ? 1 : 0) * (arg(7).toBool() ? arg(9).toInt() : 1)}, weight, weight.scalar_type());
-    push_outputs(stack, first, {gi, gw, gb});
-    return true;
-  }
-  if (name == "aten::native_layer_norm") {
-    at::Tensor input = arg(0).toTensor();
-    auto normalized = arg(1).toIntVector();
-    int64_t axis = input.dim() - static_cast<int64_t>(normalized.size());
-    std::vector<int64_t> stat(input.sizes().begin(), input.sizes().begin() + axis);
-    stat.resize(input.dim(), 1);
-    auto dtype = stats_dtype(input, arg(2));
-    push_outputs(stack, first, {meta_empty_like(input, at::MemoryFormat::Contiguous), meta_empty(stat, input, dtype),
-                                meta_empty(stat, input, dtype)});
-    return true;
-  }
-  if (name == "aten::native_layer_norm_backward") {
-    at::Tensor input = arg(1).toTensor();
-    auto mask = arg(7).to<std::array<bool, 3>>();
-    at::Tensor gi, gw, gb;
-    if (mask[0]) gi = meta_empty_like(input, at::MemoryFormat::Contiguous);
-    if (mask[1] && arg(5).isTensor()) gw = meta_empty_like(arg(5).toTensor(), at::MemoryFormat::Contiguous);
-    if (mask[2] && arg(6).isTensor()) gb = meta_empty_like(arg(6).toTensor(), at::MemoryFormat::Contiguous);
-    push_outputs(stack, first, {gi, gw, gb});
-    return true;
-  }
-  if (name == "aten::native_batch_norm") {
-    at::Tensor input = arg(0).toTensor();
-    bool training = arg(5).toBool();
-    auto dtype = stats_dtype(input, arg(1));
-    int64_t channels = training ? input.size(1) : 0;
-    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format()), meta_empty({channels}, input, dtype),
-                                meta_empty({channels}, input, dtype)});
-    return true;
-  }
-  if (name == "aten::native_batch_norm_backward") {
-    at::Tensor input = arg(1).toTensor();
-    auto mask = arg(9).to<std::array<bool, 3>>();
-    at::Tensor weight = arg(2).isTensor() ? arg(2).toTensor() : at::Tensor();
-    auto param_dtype = weight.defined() ? weight.scalar_type() : input.scalar_type();
-    at::Tensor gi, gw, gb;
-    if (mask[0]) gi = meta_empty_like(input, input.suggest_memory_format());
-    if (mask[1]) gw = meta_empty({input.size(1)}, input, param_dtype);
-    if (mask[2]) gb = meta_empty({input.size(1)}, input, param_dtype);
-    push_outputs(stack, first, {gi, gw, gb});
-    return true;
-  }
-  if (name == "aten::native_group_norm") {
-    // native_group_norm (group_norm.cpp): Y like X in X's suggested format,
-    // mean and rstd [N, group] in the parameters' type when mixed.
-    at::Tensor input = arg(0).toTensor();
-    int64_t n = arg(3).toInt(), group = arg(6).toInt();
-    auto dtype = stats_dtype(input, arg(1));
-    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format()), meta_empty({n, group}, input, dtype),
-                                meta_empty({n, group}, input, dtype)});
-    return true;
-  }
-  if (name == "aten::native_group_norm_backward") {
-    at::Tensor input = arg(1).toTensor();
-    auto mask = arg(9).to<std::array<bool, 3>>();
-    at::Tensor gi, gw, gb;
-    if (mask[0]) gi = meta_empty_like(input, input.suggest_memory_format());
-    if (mask[1] && arg(4).isTensor()) gw = meta_empty_like(arg(4).toTensor(), at::MemoryFormat::Contiguous);
-    if (mask[2] && arg(4).isTensor()) gb = meta_empty_like(arg(4).toTensor(), at::MemoryFormat::Contiguous);
-    push_outputs(stack, first, {gi, gw, gb});
-    return true;
-  }
-  if (name == "aten::grid_sampler_2d") {
-    // [N, C, H_grid, W_grid] in the input's type (GridSampler.cpp/.cu).
-    at::Tensor input = arg(0).toTensor(), grid = arg(1).toTensor();
-    push_outputs(stack, first, {meta_empty({input.size(0), input.size(1), grid.size(1), grid.size(2)}, input, input.scalar_type())});
-    return true;
-  }
-  if (name == "aten::grid_sampler_2d_backward") {
-    // grad_input zero-filled when the input needs it; grad_grid always.
-    at::Tensor input = arg(1).toTensor(), grid = arg(2).toTensor();
-    auto mask = arg(6).to<std::array<bool, 2>>();
-    at::Tensor gi;
-    if (mask[0]) gi = meta_empty_like(input, at::MemoryFormat::Contiguous);
-    push_outputs(stack, first, {gi, meta_empty_like(grid, at::MemoryFormat::Contiguous)});
-    return true;
-  }
-  if (name == "aten::abs") {
-    at::Tensor self = arg(0).toTensor();
-    push_outputs(stack, first, {meta_empty_like(self, self.suggest_memory_format())});
-    return true;
-  }
-  if (name == "aten::nll_loss2d_forward") {
-    at::Tensor self = arg(0).toTensor();
-    int64_t reduction = arg(3).toInt();
-    at::Tensor out = reduction == 0 ? meta_empty({self.size(0), self.size(2), self.size(3)}, self, self.scalar_type())
-                                    : meta_empty({}, self, self.scalar_type());
-    push_outputs(stack, first, {out, meta_empty({}, self, self.scalar_type())});
-    return true;
-  }
-  if (name == "aten::nll_loss2d_backward") {
-    at::Tensor self = arg(1).toTensor();
-    push_outputs(stack, first, {meta_empty_like(self, at::MemoryFormat::Contiguous)});
-    return true;
-  }
-  return false;
-}
-
 // Turns a meta op's outputs back into CPU tensors: the argument itself for
 // an in-place op, a view of the argument's CPU storage for a view, and a new
 // counted fake storage for a new output.
@@ -797,7 +630,7 @@ void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       std::lock_guard<std::mutex> lk(g_mu);
       has_meta_kernel = !g_cpu_for_meta.count(schema.operator_name().name + "." + schema.overload_name());
     }
-    if (meta_by_rule(schema.name(), stack, first)) return finish_meta(op, stack, cpu_of_meta, cpu_tensor_of_meta);
+    if (segtune_shim::meta_by_rule(schema.name(), stack, first)) return finish_meta(op, stack, cpu_of_meta, cpu_tensor_of_meta);
     torch::jit::Stack saved(stack->begin() + first, stack->end());
     if (has_meta_kernel) {
       // Real CPU memory a meta kernel allocates (wrapped scalars) is the
@@ -895,156 +728,3 @@ const char* segtune_op_trace_unsupported() {
   return g_meta_unsupported.c_str();
 }
 }
-
-
-// Gradient checkpointing as torch.utils.checkpoint's reentrant variant
-// (CheckpointFunction, what `cp.checkpoint(f, x)` runs in torch 2.11 when
-// use_reentrant is not passed): the forward runs the block without grad and
-// keeps only its inputs (and the CPU RNG state); the backward re-runs it with
-// grad on detached inputs under the forward's autocast state and RNG state,
-// back-propagates through the recomputed graph, and returns the inputs'
-// gradients. The block is a Rust closure (`run`), released with `release`
-// when the graph node goes.
-#include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <ATen/CPUGeneratorImpl.h>
-
-namespace {
-
-using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* const* inputs, size_t n, int recompute);
-using segtune_block_release = void (*)(void* block);
-
-struct RustBlock {
-  void* block;
-  segtune_block_run run;
-  segtune_block_release release;
-  ~RustBlock() { release(block); }
-  at::Tensor operator()(at::TensorList inputs, bool recompute) const {
-    std::vector<const at::Tensor*> ptrs;
-    for (const auto& t : inputs) ptrs.push_back(&t);
-    at::Tensor* out = run(block, ptrs.data(), ptrs.size(), recompute ? 1 : 0);
-    TORCH_CHECK(out != nullptr, "the checkpointed block failed: ", segtune_last_error_text());
-    at::Tensor result = std::move(*out);
-    delete out;
-    return result;
-  }
-  static const char* segtune_last_error_text();
-};
-
-std::string g_block_error;
-const char* RustBlock::segtune_last_error_text() { return g_block_error.c_str(); }
-
-struct AutocastState {
-  bool enabled;
-  at::ScalarType dtype;
-};
-
-const c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
-
-struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                int64_t block_address) {
-    auto* block = reinterpret_cast<std::shared_ptr<RustBlock>*>(block_address);
-    ctx->saved_data["block"] = block_address;
-    for (auto device : kAutocastDevices) {
-      std::string key = std::string("autocast_") + c10::DeviceTypeName(device, true);
-      ctx->saved_data[key] = at::autocast::is_autocast_enabled(device);
-      ctx->saved_data[key + "_dtype"] = at::autocast::get_autocast_dtype(device);
-    }
-    ctx->saved_data["cache_enabled"] = at::autocast::is_autocast_cache_enabled();
-    {
-      // torch.get_rng_state(): a copy of the CPU generator's state, kept for backward.
-      auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      ctx->saved_data["cpu_rng_state"] = gen.get_state();
-    }
-    ctx->save_for_backward(inputs.vec());
-    at::NoGradGuard no_grad;
-    return {(**block)(inputs, false)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    auto* holder = reinterpret_cast<std::shared_ptr<RustBlock>*>(ctx->saved_data["block"].toInt());
-    std::shared_ptr<RustBlock> block = *holder;
-    delete holder;  // one backward per forward (retain_graph is never used)
-    auto saved = ctx->get_saved_variables();
-    auto gen = at::detail::getDefaultCPUGenerator();
-    at::Tensor rng_before;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rng_before = gen.get_state();  // torch.random.fork_rng
-      gen.set_state(ctx->saved_data["cpu_rng_state"].toTensor());
-    }
-    std::vector<at::Tensor> detached;
-    for (const auto& input : saved) {
-      at::Tensor d = input.detach();
-      d.set_requires_grad(input.requires_grad());
-      detached.push_back(d);
-    }
-    at::Tensor output;
-    {
-      at::AutoGradMode enable_grad(true);
-      std::vector<AutocastState> previous;
-      bool cache_before = at::autocast::is_autocast_cache_enabled();
-      for (auto device : kAutocastDevices) {
-        std::string key = std::string("autocast_") + c10::DeviceTypeName(device, true);
-        previous.push_back({at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)});
-        at::autocast::set_autocast_enabled(device, ctx->saved_data[key].toBool());
-        at::autocast::set_autocast_dtype(device, ctx->saved_data[key + "_dtype"].toScalarType());
-        at::autocast::increment_nesting();
-      }
-      at::autocast::set_autocast_cache_enabled(ctx->saved_data["cache_enabled"].toBool());
-      try {
-        output = (*block)(detached, true);
-      } catch (...) {
-        for (size_t i = 0; i < 2; ++i) at::autocast::decrement_nesting();
-        throw;
-      }
-      for (size_t i = 0; i < 2; ++i) {
-        auto device = kAutocastDevices[1 - i];
-        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-        at::autocast::set_autocast_enabled(device, previous[1 - i].enabled);
-        at::autocast::set_autocast_dtype(device, previous[1 - i].dtype);
-      }
-      at::autocast::set_autocast_cache_enabled(cache_before);
-    }
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(rng_before);
-    }
-    if (output.requires_grad()) {
-      torch::autograd::backward({output}, {grad_outputs[0]});
-    }
-    torch::autograd::variable_list grads;
-    for (const auto& d : detached) grads.push_back(d.grad());
-    grads.push_back(at::Tensor());
-    return grads;
-  }
-};
-
-}  // namespace
-
-extern "C" {
-
-// The error text a failing block callback leaves for the C++ side.
-void segtune_block_set_error(const char* message) { g_block_error = message ? message : ""; }
-
-// `cp.checkpoint(block, *inputs)`; null (and segtune_last_error) on failure.
-at::Tensor* segtune_checkpoint(const at::Tensor* const* inputs, size_t n, void* block, segtune_block_run run,
-                               segtune_block_release release) {
-  auto* holder = new std::shared_ptr<RustBlock>(new RustBlock{block, run, release});
-  at::Tensor* out = nullptr;
-  std::vector<at::Tensor> args;
-  for (size_t i = 0; i < n; ++i) args.push_back(*inputs[i]);
-  int rc = guarded([&] {
-    out = new at::Tensor(CheckpointFunction::apply(at::TensorList(args), reinterpret_cast<int64_t>(holder))[0]);
-  });
-  if (rc != 0) {
-    delete holder;
-    return nullptr;
-  }
-  return out;
-}
-
-}  // extern "C"

@@ -181,7 +181,9 @@ impl DecoderCfg {
         let (embed_dims, num_heads) = self_attn;
         let (feedforward_channels, ffn_drop) = ffn_cfg(ffn, embed_dims, 1024)?;
         if num_layers < 1 {
-            return Err(c_error("transformer_decoder num_layers must be at least 1"));
+            return Err(ModelError::Config(
+                "Mask2FormerHead: transformer_decoder num_layers must be at least 1".into(),
+            ));
         }
         Ok(DecoderCfg {
             num_layers,
@@ -191,10 +193,6 @@ impl DecoderCfg {
             ffn_drop,
         })
     }
-}
-
-fn c_error(what: &str) -> ModelError {
-    ModelError::Config(format!("Mask2FormerHead: {what}"))
 }
 
 /// mmcv's `MultiheadAttention` config: `(embed_dims, num_heads)`; dropout
@@ -292,7 +290,6 @@ impl DecoderLayer {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         query: &Tensor,

@@ -1,0 +1,33 @@
+// What the shim's translation units (shim.cpp, shim_checkpoint.cpp,
+// shim_meta_rules.cpp) share.
+#pragma once
+
+#include <ATen/core/stack.h>
+
+#include <cstddef>
+#include <exception>
+#include <string>
+
+namespace segtune_shim {
+
+// Records the error of a failed call on this thread (`segtune_last_error`).
+void set_last_error(const std::string& message);
+
+// Runs `f`; 0, or -1 with the exception's text recorded.
+template <typename F>
+int guarded(F f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_last_error(e.what());
+    return -1;
+  }
+}
+
+// The outputs of `name` as meta tensors, by segtune's shape rule
+// (shim_meta_rules.cpp), replacing its arguments from `first` on the stack;
+// false for an op without a rule.
+bool meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first);
+
+}  // namespace segtune_shim

@@ -1,0 +1,177 @@
+// Shape rules of the op-level meta trace (shim.cpp's fallback): the outputs
+// of the ops whose meta functions live only in Python.
+#include <ATen/ATen.h>
+#include <ATen/core/stack.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "shim.h"
+
+namespace {
+
+// Shapes of the ops whose meta functions live in Python (torch/_meta_registrations.py),
+// for the ops the models run: each gives the outputs the CPU kernel allocates
+// (sizes, dtype, memory format), as meta tensors. Returns false for an op it
+// does not know, which then runs on CPU stand-ins.
+at::Tensor meta_empty_like(const at::Tensor& t, at::MemoryFormat format) {
+  return at::empty(t.sizes(), t.options().device(c10::kMeta).memory_format(format));
+}
+at::Tensor meta_empty(at::IntArrayRef sizes, const at::Tensor& like, c10::ScalarType dtype) {
+  return at::empty(sizes, like.options().device(c10::kMeta).dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
+}
+c10::ScalarType stats_dtype(const at::Tensor& input, const c10::IValue& param) {
+  // CPU norms keep statistics in the parameters' type when they are fp32
+  // and the input is reduced precision ("mixed type"), else in the input's.
+  if (param.isTensor() && param.toTensor().defined() && param.toTensor().scalar_type() == at::kFloat &&
+      at::isReducedFloatingType(input.scalar_type())) {
+    return at::kFloat;
+  }
+  return input.scalar_type();
+}
+void push_outputs(torch::jit::Stack* stack, size_t first, std::initializer_list<at::Tensor> outs) {
+  stack->resize(first);
+  for (const auto& t : outs) stack->emplace_back(t);
+}
+
+// A convolution runs channels-last when its input or weight is, and so are
+// its outputs and gradients (mkldnn on the CPU, cuDNN on CUDA alike).
+at::MemoryFormat conv_format(const at::Tensor& input, const at::Tensor& weight) {
+  bool last = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                                   weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
+  return last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+}  // namespace
+
+bool segtune_shim::meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first) {
+  auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[first + i]; };
+  if (name == "aten::convolution") {
+    at::Tensor input = arg(0).toTensor(), weight = arg(1).toTensor();
+    auto stride = arg(3).toIntVector(), padding = arg(4).toIntVector(), dilation = arg(5).toIntVector();
+    bool transposed = arg(6).toBool();
+    auto output_padding = arg(7).toIntVector();
+    int64_t groups = arg(8).toInt();
+    int64_t dims = input.dim() - 2;
+    std::vector<int64_t> sizes{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+    for (int64_t d = 0; d < dims; ++d) {
+      int64_t in = input.size(d + 2), k = weight.size(d + 2);
+      int64_t s = stride[stride.size() == 1 ? 0 : d], p = padding[padding.size() == 1 ? 0 : d];
+      int64_t dl = dilation[dilation.size() == 1 ? 0 : d];
+      sizes.push_back(transposed ? (in - 1) * s - 2 * p + dl * (k - 1) + output_padding[output_padding.size() == 1 ? 0 : d] + 1
+                                 : (in + 2 * p - dl * (k - 1) - 1) / s + 1);
+    }
+    push_outputs(stack, first, {at::empty(sizes, input.options().device(c10::kMeta).memory_format(conv_format(input, weight)))});
+    return true;
+  }
+  if (name == "aten::convolution_backward") {
+    at::Tensor input = arg(1).toTensor(), weight = arg(2).toTensor();
+    auto bias_sizes = arg(3).isNone() ? std::vector<int64_t>{} : arg(3).toIntVector();
+    auto mask = arg(10).to<std::array<bool, 3>>();
+    at::Tensor gi, gw, gb;
+    auto format = conv_format(input, weight);
+    if (mask[0]) gi = meta_empty_like(input, format);
+    if (mask[1]) gw = meta_empty_like(weight, format);
+    if (mask[2]) gb = meta_empty({weight.size(arg(7).toBool() ? 1 : 0) * (arg(7).toBool() ? arg(9).toInt() : 1)}, weight, weight.scalar_type());
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::native_layer_norm") {
+    at::Tensor input = arg(0).toTensor();
+    auto normalized = arg(1).toIntVector();
+    int64_t axis = input.dim() - static_cast<int64_t>(normalized.size());
+    std::vector<int64_t> stat(input.sizes().begin(), input.sizes().begin() + axis);
+    stat.resize(input.dim(), 1);
+    auto dtype = stats_dtype(input, arg(2));
+    push_outputs(stack, first, {meta_empty_like(input, at::MemoryFormat::Contiguous), meta_empty(stat, input, dtype),
+                                meta_empty(stat, input, dtype)});
+    return true;
+  }
+  if (name == "aten::native_layer_norm_backward") {
+    at::Tensor input = arg(1).toTensor();
+    auto mask = arg(7).to<std::array<bool, 3>>();
+    at::Tensor gi, gw, gb;
+    if (mask[0]) gi = meta_empty_like(input, at::MemoryFormat::Contiguous);
+    if (mask[1] && arg(5).isTensor()) gw = meta_empty_like(arg(5).toTensor(), at::MemoryFormat::Contiguous);
+    if (mask[2] && arg(6).isTensor()) gb = meta_empty_like(arg(6).toTensor(), at::MemoryFormat::Contiguous);
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::native_batch_norm") {
+    at::Tensor input = arg(0).toTensor();
+    bool training = arg(5).toBool();
+    auto dtype = stats_dtype(input, arg(1));
+    int64_t channels = training ? input.size(1) : 0;
+    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format()), meta_empty({channels}, input, dtype),
+                                meta_empty({channels}, input, dtype)});
+    return true;
+  }
+  if (name == "aten::native_batch_norm_backward") {
+    at::Tensor input = arg(1).toTensor();
+    auto mask = arg(9).to<std::array<bool, 3>>();
+    at::Tensor weight = arg(2).isTensor() ? arg(2).toTensor() : at::Tensor();
+    auto param_dtype = weight.defined() ? weight.scalar_type() : input.scalar_type();
+    at::Tensor gi, gw, gb;
+    if (mask[0]) gi = meta_empty_like(input, input.suggest_memory_format());
+    if (mask[1]) gw = meta_empty({input.size(1)}, input, param_dtype);
+    if (mask[2]) gb = meta_empty({input.size(1)}, input, param_dtype);
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::native_group_norm") {
+    // native_group_norm (group_norm.cpp): Y like X in X's suggested format,
+    // mean and rstd [N, group] in the parameters' type when mixed.
+    at::Tensor input = arg(0).toTensor();
+    int64_t n = arg(3).toInt(), group = arg(6).toInt();
+    auto dtype = stats_dtype(input, arg(1));
+    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format()), meta_empty({n, group}, input, dtype),
+                                meta_empty({n, group}, input, dtype)});
+    return true;
+  }
+  if (name == "aten::native_group_norm_backward") {
+    at::Tensor input = arg(1).toTensor();
+    auto mask = arg(9).to<std::array<bool, 3>>();
+    at::Tensor gi, gw, gb;
+    if (mask[0]) gi = meta_empty_like(input, input.suggest_memory_format());
+    if (mask[1] && arg(4).isTensor()) gw = meta_empty_like(arg(4).toTensor(), at::MemoryFormat::Contiguous);
+    if (mask[2] && arg(4).isTensor()) gb = meta_empty_like(arg(4).toTensor(), at::MemoryFormat::Contiguous);
+    push_outputs(stack, first, {gi, gw, gb});
+    return true;
+  }
+  if (name == "aten::grid_sampler_2d") {
+    // [N, C, H_grid, W_grid] in the input's type (GridSampler.cpp/.cu).
+    at::Tensor input = arg(0).toTensor(), grid = arg(1).toTensor();
+    push_outputs(stack, first, {meta_empty({input.size(0), input.size(1), grid.size(1), grid.size(2)}, input, input.scalar_type())});
+    return true;
+  }
+  if (name == "aten::grid_sampler_2d_backward") {
+    // grad_input zero-filled when the input needs it; grad_grid always.
+    at::Tensor input = arg(1).toTensor(), grid = arg(2).toTensor();
+    auto mask = arg(6).to<std::array<bool, 2>>();
+    at::Tensor gi;
+    if (mask[0]) gi = meta_empty_like(input, at::MemoryFormat::Contiguous);
+    push_outputs(stack, first, {gi, meta_empty_like(grid, at::MemoryFormat::Contiguous)});
+    return true;
+  }
+  if (name == "aten::abs") {
+    at::Tensor self = arg(0).toTensor();
+    push_outputs(stack, first, {meta_empty_like(self, self.suggest_memory_format())});
+    return true;
+  }
+  if (name == "aten::nll_loss2d_forward") {
+    at::Tensor self = arg(0).toTensor();
+    int64_t reduction = arg(3).toInt();
+    at::Tensor out = reduction == 0 ? meta_empty({self.size(0), self.size(2), self.size(3)}, self, self.scalar_type())
+                                    : meta_empty({}, self, self.scalar_type());
+    push_outputs(stack, first, {out, meta_empty({}, self, self.scalar_type())});
+    return true;
+  }
+  if (name == "aten::nll_loss2d_backward") {
+    at::Tensor self = arg(1).toTensor();
+    push_outputs(stack, first, {meta_empty_like(self, at::MemoryFormat::Contiguous)});
+    return true;
+  }
+  return false;
+}
+
