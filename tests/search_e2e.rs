@@ -12,7 +12,7 @@ fn b0(shared: &Path) -> PathBuf {
     shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py")
 }
 
-use common::search_command;
+use common::{search_command, search_command_on, RTX3050TI};
 
 /// Runs a command that must succeed; returns its stdout.
 fn stdout_of(cmd: &mut Command) -> Vec<u8> {
@@ -26,8 +26,8 @@ fn stdout_of(cmd: &mut Command) -> Vec<u8> {
 }
 
 /// Runs the search twice, as a table and as JSON (the second run resumes).
-fn search(config: &Path, out: &Path, extra: &[&str]) -> (String, serde_json::Value) {
-    let run = |format: &str| stdout_of(search_command(config, out).arg(format).args(extra));
+fn search(config: &Path, out: &Path, budget: &[&str]) -> (String, serde_json::Value) {
+    let run = |format: &str| stdout_of(search_command_on(config, out, budget).arg(format));
     let table = String::from_utf8(run("--all")).unwrap();
     (table, serde_json::from_slice(&run("--json")).unwrap())
 }
@@ -41,6 +41,16 @@ fn search_emits_a_config_mmengine_reads(
     config: &str,
     effective_batch: i64,
 ) -> serde_json::Value {
+    search_on_emits_a_config_mmengine_reads(name, config, effective_batch, RTX3050TI)
+}
+
+/// [`search_emits_a_config_mmengine_reads`] on another budget.
+fn search_on_emits_a_config_mmengine_reads(
+    name: &str,
+    config: &str,
+    effective_batch: i64,
+    budget: &[&str],
+) -> serde_json::Value {
     let Some(shared) = common::require_shared(name) else {
         return serde_json::Value::Null;
     };
@@ -48,19 +58,25 @@ fn search_emits_a_config_mmengine_reads(
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let started = std::time::Instant::now();
-    let (table, result) = search(&config, &out, &[]);
+    let (table, result) = search(&config, &out, budget);
     println!("{table}");
     println!(
-        "{name}: 3050 Ti search (this build) took {:.1} s including a journal re-read",
+        "{name}: search on {} (this build) took {:.1} s including a journal re-read",
+        budget.join(" "),
         started.elapsed().as_secs_f64()
     );
     assert!(
         table.contains("rank | batch |")
             && table.contains("predicted")
-            && table.contains("on rtx3050ti-laptop (GeForce RTX 3050 Ti Laptop GPU, 4.00 GiB,")
             && table.contains("device GiB: the peak memory PyTorch's caching allocator reserves"),
         "{table}"
     );
+    if budget == RTX3050TI {
+        assert!(
+            table.contains("on rtx3050ti-laptop (GeForce RTX 3050 Ti Laptop GPU, 4.00 GiB,"),
+            "{table}"
+        );
+    }
     assert!(out.join("trials.jsonl").is_file());
     // The second (JSON) invocation resumed everything from the journal.
     assert_eq!(result["trials_run"], 0, "{result}");
@@ -103,7 +119,8 @@ crops = [t['crop_size'] for t in ds.pipeline if t['type'] == 'RandomCrop']
 print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[list(c) for c in crops],
                       preprocessor=list(cfg.model.data_preprocessor.size), ow=cfg.optim_wrapper.type,
                       dtype=cfg.optim_wrapper.get('dtype'), accumulation=cfg.optim_wrapper.get('accumulative_counts', 1),
-                      with_cp=bool(cfg.model.backbone.get('with_cp', False)))))
+                      with_cp=bool(cfg.model.backbone.get('with_cp', False)),
+                      num_points=(cfg.model.decode_head.get('train_cfg') or {}).get('num_points'))))
 "#;
     let run = std::process::Command::new(&python)
         .args(["-c", check])
@@ -168,6 +185,9 @@ print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[lis
         winner["checkpoint"].as_bool().unwrap_or(false),
         "{read}"
     );
+    if let Some(k) = winner["num_points"].as_i64() {
+        assert_eq!(read["num_points"], k, "{read}");
+    }
     winner.clone()
 }
 
@@ -297,4 +317,26 @@ fn search_on_two_gpus_keeps_the_effective_batch_across_them() {
         journal.contains(":x2"),
         "trials for 2 GPUs are journalled as such"
     );
+}
+
+/// Mask2Former R50 with every ADE20K class in every image on a 2.6 GiB
+/// card: nothing fits at 512x512 without the knobs (a 448x448 crop would),
+/// so the search checkpoints the backbone and lowers the point count until
+/// one image fits at the recipe's crop. 90 meta traces: 376 s in a debug
+/// build on the 2-core machine, so outside the suite (`cargo test --test
+/// search_e2e -- --ignored`).
+#[test]
+#[ignore = "90 Mask2Former traces, about 6 minutes in a debug build"]
+fn search_mask2former_on_a_small_card_lowers_num_points() {
+    let winner = search_on_emits_a_config_mmengine_reads(
+        "search_mask2former_on_a_small_card_lowers_num_points",
+        "mask2former/mask2former_r50_8xb2-160k_ade20k-512x512.py",
+        16,
+        &["--vram", "2700M", "--gt-segments", "all"],
+    );
+    if winner.is_null() {
+        return;
+    }
+    assert_eq!(winner["crop"], serde_json::json!([512, 512]), "{winner}");
+    assert!(winner["num_points"].as_i64().is_some(), "{winner}");
 }

@@ -112,6 +112,18 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
     if request.setup.stack == Stack::Zoo2021 {
         e.notes.push("stack zoo-2021: PyTorch <= 1.10 with the mmcv 1.x runner (softmax and log_softmax keep their input for backward; gradients are zeroed, not freed), as MMSeg's model-zoo memory was measured".into());
     }
+    let head = cfg
+        .get("model")
+        .and_then(|m| m.get_path("decode_head.type"))
+        .and_then(Value::as_str);
+    if head == Some("Mask2FormerHead") {
+        e.notes.push(format!(
+            "Mask2Former: one ground-truth segment per class present in an image; the synthetic labels hold {} (--gt-segments N|all), and mmcv's CUDA deformable attention is modelled (what it keeps for backward)",
+            request
+                .gt_segments
+                .map_or("every class".to_string(), |n| format!("{n} classes"))
+        ));
+    }
     if cpu_peak.is_none() {
         e.notes.push(format!("batch {batch} was extrapolated from traces at batch 2 and 3 (every step tensor is affine in the batch)"));
     }

@@ -56,17 +56,23 @@ pub fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
 /// `segtune search CONFIG --preset rtx3050ti --device cpu --quiet --out OUT`
 /// (predicted mode), to which a test adds its own arguments.
 pub fn search_command(config: &std::path::Path, out: &std::path::Path) -> assert_cmd::Command {
+    search_command_on(config, out, RTX3050TI)
+}
+
+/// The budget arguments of a 3050 Ti laptop.
+pub const RTX3050TI: &[&str] = &["--preset", "rtx3050ti"];
+
+/// [`search_command`] on another budget (`--vram 2700M`, ...).
+pub fn search_command_on(
+    config: &std::path::Path,
+    out: &std::path::Path,
+    budget: &[&str],
+) -> assert_cmd::Command {
     let mut cmd = assert_cmd::Command::cargo_bin("segtune").unwrap();
     cmd.arg("search")
         .arg(config)
-        .args([
-            "--preset",
-            "rtx3050ti",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--out",
-        ])
+        .args(budget)
+        .args(["--device", "cpu", "--quiet", "--out"])
         .arg(out);
     cmd
 }
