@@ -12,15 +12,14 @@
 
 use super::mask2former_loss::{Mask2FormerLoss, Mask2FormerLossCfg};
 use super::pixel_decoder::{
-    ffn_cfg, layer_norm_value, sine_encoding, MsDeformAttnPixelDecoder, PixelDecoderCfg,
+    ffn_and_norms, ffn_cfg, layer_norm_value, sine_encoding, MsDeformAttnPixelDecoder,
+    PixelDecoderCfg,
 };
 use super::DecodeHead;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::positional_encoding::SinePositionalEncoding;
-use crate::models::layers::{
-    Conv2d, ConvSpec, Ffn, FfnActivation, LayerNorm, Linear, MultiheadAttention,
-};
+use crate::models::layers::{Conv2d, ConvSpec, Ffn, LayerNorm, Linear, MultiheadAttention};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 use tch::{Kind, Tensor};
@@ -272,16 +271,7 @@ impl DecoderLayer {
     fn new(p: &mut ParamScope, c: &DecoderCfg) -> DecoderLayer {
         let self_attn = MmcvAttention::new(&mut p.sub("self_attn"), c.embed_dims, c.num_heads);
         let cross_attn = MmcvAttention::new(&mut p.sub("cross_attn"), c.embed_dims, c.num_heads);
-        let ffn = Ffn::new(
-            &mut p.sub("ffn"),
-            c.embed_dims,
-            c.feedforward_channels,
-            FfnActivation::Relu,
-            c.ffn_drop,
-            0.0,
-        );
-        let mut np = p.sub("norms");
-        let norms = [0, 1, 2].map(|i| LayerNorm::new(&mut np.sub(i), c.embed_dims, 1e-5));
+        let (ffn, norms) = ffn_and_norms(p, c.embed_dims, c.feedforward_channels, c.ffn_drop);
         DecoderLayer {
             cross_attn,
             self_attn,

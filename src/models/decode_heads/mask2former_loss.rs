@@ -478,34 +478,13 @@ impl Mask2FormerLoss {
             })
             .collect();
         let avg_factor: i64 = targets.iter().map(|t| t.num_pos).sum();
-        let labels = Tensor::stack(
-            &targets
-                .iter()
-                .map(|t| t.labels.shallow_clone())
-                .collect::<Vec<_>>(),
-            0,
-        );
-        let label_weights = Tensor::stack(
-            &targets
-                .iter()
-                .map(|t| t.label_weights.shallow_clone())
-                .collect::<Vec<_>>(),
-            0,
-        );
-        let mask_targets = Tensor::cat(
-            &targets
-                .iter()
-                .map(|t| t.mask_targets.shallow_clone())
-                .collect::<Vec<_>>(),
-            0,
-        );
-        let mask_weights = Tensor::stack(
-            &targets
-                .iter()
-                .map(|t| t.mask_weights.shallow_clone())
-                .collect::<Vec<_>>(),
-            0,
-        );
+        let field = |f: fn(&Targets) -> &Tensor| -> Vec<Tensor> {
+            targets.iter().map(|t| f(t).shallow_clone()).collect()
+        };
+        let labels = Tensor::stack(&field(|t| &t.labels), 0);
+        let label_weights = Tensor::stack(&field(|t| &t.label_weights), 0);
+        let mask_targets = Tensor::cat(&field(|t| &t.mask_targets), 0);
+        let mask_weights = Tensor::stack(&field(|t| &t.mask_weights), 0);
         let cls_flat = cls_scores.flatten(0, 1);
         let labels = labels.flatten(0, 1);
         let label_weights = label_weights.flatten(0, 1);

@@ -238,6 +238,27 @@ pub fn ffn_cfg(
     Ok((channels, drop))
 }
 
+/// A DETR layer's `ffn` (two fcs, ReLU) and its `N` LayerNorms (`norms.<i>`),
+/// as mmdet's `_init_layers` builds them.
+pub fn ffn_and_norms<const N: usize>(
+    p: &mut ParamScope,
+    embed_dims: i64,
+    feedforward_channels: i64,
+    ffn_drop: f64,
+) -> (Ffn, [LayerNorm; N]) {
+    let ffn = Ffn::new(
+        &mut p.sub("ffn"),
+        embed_dims,
+        feedforward_channels,
+        FfnActivation::Relu,
+        ffn_drop,
+        0.0,
+    );
+    let mut np = p.sub("norms");
+    let norms = std::array::from_fn(|i| LayerNorm::new(&mut np.sub(i), embed_dims, 1e-5));
+    (ffn, norms)
+}
+
 /// `DeformableDetrTransformerEncoderLayer`: deformable self-attention, LN,
 /// FFN, LN.
 struct EncoderLayer {
@@ -256,19 +277,7 @@ impl EncoderLayer {
             c.num_points,
             c.attn_dropout,
         );
-        let ffn = Ffn::new(
-            &mut p.sub("ffn"),
-            c.embed_dims,
-            c.feedforward_channels,
-            FfnActivation::Relu,
-            c.ffn_drop,
-            0.0,
-        );
-        let mut np = p.sub("norms");
-        let norms = [
-            LayerNorm::new(&mut np.sub(0), c.embed_dims, 1e-5),
-            LayerNorm::new(&mut np.sub(1), c.embed_dims, 1e-5),
-        ];
+        let (ffn, norms) = ffn_and_norms(p, c.embed_dims, c.feedforward_channels, c.ffn_drop);
         EncoderLayer {
             self_attn,
             ffn,
