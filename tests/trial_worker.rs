@@ -87,7 +87,7 @@ fn an_unknown_model_type_lists_what_is_supported() {
         return;
     };
     let path = shared
-        .join("mmseg-configs/configs/mask2former/mask2former_swin-t_8xb2-160k_ade20k-512x512.py");
+        .join("mmseg-configs/configs/maskformer/maskformer_r50-d32_8xb2-160k_ade20k-512x512.py");
     let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .args(["trial", path.to_str().unwrap()])
         .output()
@@ -95,7 +95,7 @@ fn an_unknown_model_type_lists_what_is_supported() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("unknown decode head type `Mask2FormerHead`")
+        err.contains("unknown decode head type `MaskFormerHead`")
             && err.contains("SegformerHead")
             && err.contains("UPerHead"),
         "{err}"
