@@ -159,29 +159,22 @@ fn run(cli: Cli) -> Result<Output> {
     }
 }
 
-/// The search with a spinner on stderr (hidden with `--json`/`--quiet`).
+/// The search with a spinner on stderr: the candidate just decided, how
+/// many are done and at most how many are left. Hidden with `--json` or
+/// `--quiet`, or when stdout or stderr is not a terminal.
 fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
+    use std::io::IsTerminal;
     let worker = Worker::locate()?;
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_style(
         indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
             .expect("static template"),
     );
-    if args.json || args.quiet {
+    if args.json || args.quiet || !std::io::stdout().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let progress = |c: &crate::search::space::Candidate, r: &crate::search::TrialRecord| {
-        bar.set_message(format!(
-            "{} trial b{} {}x{} {}: {}",
-            r.mode.name(),
-            c.batch_size,
-            c.crop.0,
-            c.crop.1,
-            c.amp,
-            r.status.name()
-        ));
-    };
+    let progress = |step: &crate::search::Step| bar.set_message(report::progress_line(step));
     let result = crate::search::search(&args.request(), &worker, &progress);
     bar.finish_and_clear();
     result

@@ -12,7 +12,7 @@ mod trial;
 pub use estimate::estimate;
 pub use inspect::inspect;
 pub use presets::presets;
-pub use search::search;
+pub use search::{progress_line, search};
 pub use trial::trial;
 
 /// Bytes as GiB with two decimals.

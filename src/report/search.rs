@@ -3,11 +3,11 @@
 //! run or resumed, the winner and what was written.
 
 use super::{gib, gib_or_dash, table_of};
-use crate::search::SearchResult;
+use crate::search::{Mode, SearchResult, Step};
 
 /// The feasible table's columns (`--all`); [`SHORT_COLUMNS`] without it.
 /// `points` only where the search lowered Mask2Former's point count.
-const FEASIBLE_COLUMNS: [&str; 14] = [
+const FEASIBLE_COLUMNS: [&str; 15] = [
     "rank",
     "batch",
     "crop",
@@ -19,16 +19,30 @@ const FEASIBLE_COLUMNS: [&str; 14] = [
     "allocated GiB",
     "reserved GiB",
     "device GiB",
+    "predicted GiB",
     "% budget",
     "images/s",
     "how",
 ];
 
 /// The columns shown without `--all`: the device total, not allocated and reserved.
-const SHORT_COLUMNS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13];
+const SHORT_COLUMNS: [usize; 13] = [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14];
 
 /// The column of [`FEASIBLE_COLUMNS`] that shows the point count.
 const POINTS_COLUMN: usize = 7;
+
+/// The column of [`FEASIBLE_COLUMNS`] that shows a measured candidate's
+/// prediction.
+const PREDICTED_COLUMN: usize = 11;
+
+/// Whether some candidate was predicted and then measured (then the table
+/// shows the prediction beside the measurement).
+fn confirmed_predictions(r: &SearchResult) -> bool {
+    r.feasible
+        .iter()
+        .chain(&r.infeasible)
+        .any(|o| o.record.predicted.is_some())
+}
 
 /// Whether the search tried a lowered Mask2Former point count (then the
 /// tables show the `points` column).
@@ -51,6 +65,35 @@ fn with_cp_cell(checkpoint: bool, cost: Option<f64>) -> String {
         (true, None) => "yes".to_string(),
         (true, Some(cost)) => format!("yes (+{:.0}% time)", 100.0 * cost),
     }
+}
+
+/// The progress line after a decided candidate: what was done for it (a
+/// trace for a prediction, a trial for a measurement, or the journal), the
+/// candidate and its status, and the counts.
+pub fn progress_line(step: &Step) -> String {
+    let c = step.candidate;
+    let how = match (step.resumed, step.record.mode) {
+        (true, _) => "from the journal",
+        (false, Mode::Predicted) => "traced",
+        (false, Mode::Measured) => "trial",
+    };
+    let mut knobs = String::new();
+    if c.checkpoint {
+        knobs.push_str(" with_cp");
+    }
+    if let Some(k) = c.num_points {
+        knobs.push_str(&format!(" points {k}"));
+    }
+    format!(
+        "{how}: batch {} crop {}x{} {}{knobs} -> {} | {} done, at most {} left",
+        c.batch_size,
+        c.crop.0,
+        c.crop.1,
+        c.amp,
+        step.record.status.name(),
+        step.done,
+        step.left_at_most
+    )
 }
 
 /// The result as text: the ranked table, infeasible ones with `all`.
@@ -87,7 +130,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     if r.feasible.is_empty() {
         out.push_str("no candidate fits this budget.\n");
     } else {
-        let rows: Vec<[String; 14]> = r
+        let rows: Vec<[String; 15]> = r
             .feasible
             .iter()
             .enumerate()
@@ -106,6 +149,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                     gib_or_dash(o.record.peak_allocated_bytes),
                     gib_or_dash(o.record.peak_reserved_bytes),
                     gib_or_dash(o.record.device_bytes),
+                    gib_or_dash(o.record.predicted.and_then(|p| p.device_bytes)),
                     format!("{:.0}%", 100.0 * device / r.budget.usable_bytes as f64),
                     o.record
                         .images_per_s
@@ -122,6 +166,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         }
         .into_iter()
         .filter(|k| lowered_points(r) || *k != POINTS_COLUMN)
+        .filter(|k| confirmed_predictions(r) || *k != PREDICTED_COLUMN)
         .collect();
         let header: Vec<&str> = shown.iter().map(|k| FEASIBLE_COLUMNS[*k]).collect();
         out.push_str(&table_of(
@@ -176,6 +221,12 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         out.push_str(&format!(
             "{} infeasible candidates (--all lists them with the reason)\n",
             r.infeasible.len()
+        ));
+    }
+    if r.predictions_confirmed_from > 0 {
+        out.push_str(&format!(
+            "predicted first: {} candidates predicted from CPU traces ({} traces), the best confirmed by real trials from the top down (predicted GiB: the device total predicted for a measured one)\n",
+            r.predictions_confirmed_from, r.traces_run
         ));
     }
     out.push_str(&format!(

@@ -31,8 +31,11 @@ pub struct Journal {
     /// Held for the journal's life: the directory's exclusive lock.
     _lock: File,
     config_hash: String,
+    /// The device whose records [`Journal::get`] reads and
+    /// [`Journal::append`] writes (see [`Journal::set_device`]).
     device: String,
-    done: HashMap<String, TrialRecord>,
+    /// Records of this config, by device and candidate key.
+    done: HashMap<(String, String), TrialRecord>,
     /// The file ends in a torn line (a run killed mid-write, a full disk):
     /// the next record starts on a line of its own.
     needs_newline: bool,
@@ -104,8 +107,8 @@ impl Journal {
             match serde_json::from_str::<Line>(line) {
                 Ok(l) => {
                     read += 1;
-                    if l.config_hash == config_hash && l.device == device {
-                        done.insert(l.candidate.key(), l.record);
+                    if l.config_hash == config_hash {
+                        done.insert((l.device, l.candidate.key()), l.record);
                     }
                 }
                 Err(_) => skipped_lines += 1,
@@ -137,7 +140,17 @@ impl Journal {
     }
 
     pub fn get(&self, c: &Candidate) -> Option<&TrialRecord> {
-        self.done.get(&c.key())
+        self.done.get(&(self.device.clone(), c.key()))
+    }
+
+    /// Reads and writes the records of another device from now on (a
+    /// search that predicts, then measures, keeps both in one journal).
+    pub fn set_device(&mut self, device: &str) {
+        self.device = device.to_string();
+    }
+
+    pub fn device(&self) -> &str {
+        &self.device
     }
 
     /// Lines of the file that were not trial records (torn or foreign).
@@ -165,7 +178,8 @@ impl Journal {
             .and_then(|_| self.file.sync_data())
             .map_err(|e| environment(&self.path, "write", e))?;
         self.needs_newline = false;
-        self.done.insert(c.key(), record.clone());
+        self.done
+            .insert((self.device.clone(), c.key()), record.clone());
         Ok(())
     }
 
@@ -256,5 +270,21 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("is not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn one_journal_keeps_each_devices_records_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), "h", "predicted").unwrap();
+            j.append(&candidate(1), &record()).unwrap();
+            j.set_device("cuda:0");
+            assert!(j.get(&candidate(1)).is_none());
+            j.append(&candidate(2), &record()).unwrap();
+        }
+        let mut j = Journal::open(dir.path(), "h", "cuda:0").unwrap();
+        assert!(j.get(&candidate(2)).is_some() && j.get(&candidate(1)).is_none());
+        j.set_device("predicted");
+        assert!(j.get(&candidate(1)).is_some() && j.get(&candidate(2)).is_none());
     }
 }

@@ -2,19 +2,22 @@
 //!
 //! The space (batch x crop x AMP, accumulation keeping the recipe's
 //! effective batch) is searched per (crop, AMP) by binary search over the
-//! batch sizes. On a CUDA device each candidate is a short real training
-//! trial in its own process; without one, each is predicted from CPU traces
-//! (see `predict`), and says so. Every finished trial goes to the journal at
+//! batch sizes, each candidate predicted from CPU traces (see `predict`).
+//! On a CUDA device, short real training trials, each in its own process,
+//! then confirm the predicted ranking from the top down; without one, the
+//! predictions are the answer, and say so. Every finished trial goes to the journal at
 //! once; a re-run redoes none.
 //!
 //! - `spec.rs`: the settings (command line over the config's `segtune` dict).
 //! - `space.rs`: the recipe and the candidates' axes.
 //! - `evaluate/`: measured and predicted evaluators behind one trait.
 //! - `strategy.rs`: the binary search and the ranking.
+//! - `confirm.rs`: on a GPU, real trials confirming the predicted ranking.
 //! - `journal.rs`: the append-only record of trials.
 //! - `emit.rs`: the winner as an MMSeg config and a `--cfg-options` line.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
 
+pub mod confirm;
 pub mod emit;
 pub mod evaluate;
 pub mod journal;
@@ -25,5 +28,6 @@ pub mod spec;
 pub mod strategy;
 
 pub use record::{CandidateStatus, Mode, Outcome, SearchResult, TrialRecord};
-pub use run::{search, SearchRequest};
+pub use run::{search, search_with, RealTrials, SearchRequest};
 pub use spec::{DeviceSetting, Objective, SearchSpec};
+pub use strategy::{Progress, Step};

@@ -77,6 +77,19 @@ pub struct TrialRecord {
     /// over three times the forward's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_cost: Option<f64>,
+    /// A measured candidate's prediction, kept beside the measurement
+    /// (predict-then-confirm on a GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<Prediction>,
+}
+
+/// What was predicted for a candidate that was then measured.
+#[derive(
+    Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+pub struct Prediction {
+    pub device_bytes: Option<u64>,
+    pub images_per_s: Option<f64>,
 }
 
 impl TrialRecord {
@@ -95,6 +108,7 @@ impl TrialRecord {
             images_per_s: None,
             mode,
             checkpoint_cost: None,
+            predicted: None,
         }
     }
 }
@@ -129,6 +143,10 @@ pub struct SearchResult {
     pub trials_resumed: usize,
     /// CPU traces run for the predictions.
     pub traces_run: usize,
+    /// On a GPU: candidates predicted before the real trials confirmed the
+    /// best of them (0 when every candidate was measured or predicted only).
+    #[serde(default)]
+    pub predictions_confirmed_from: usize,
     pub winner: Option<Outcome>,
     /// Files written for the winner.
     pub emitted: Vec<String>,

@@ -2,13 +2,14 @@
 //! evaluator (measured on CUDA, else predicted), the strategy with its
 //! journal, the ranking, and the winner emitted as an MMSeg config.
 
+use super::confirm::{confirm, Confirmation};
 use super::emit;
 use super::evaluate::{Evaluator, MeasuredEvaluator, PredictedEvaluator};
 use super::journal::{hash_text, Journal};
-use super::record::{Outcome, SearchResult, TrialRecord};
-use super::space::{self, Amp, Candidate, Recipe};
+use super::record::{Mode, Outcome, SearchResult};
+use super::space::{self, Amp, Recipe};
 use super::spec::{DeviceSetting, SearchSpec};
-use super::strategy::{rank, run_search, SearchSpace};
+use super::strategy::{rank, run_search, Explored, Progress, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
@@ -39,10 +40,57 @@ pub struct SearchRequest {
 }
 
 /// Runs the search; `progress` hears of every candidate as it is decided.
+/// On a CUDA device the candidates are predicted first and the best of them
+/// confirmed by real trials ([`super::confirm`]); else they are predicted.
 pub fn search(
     request: &SearchRequest,
     worker: &Worker,
-    progress: &dyn Fn(&Candidate, &TrialRecord),
+    progress: Progress,
+) -> Result<SearchResult> {
+    let gpus = CudaTrials { request, worker };
+    search_with(request, worker, progress, &gpus)
+}
+
+/// Where real trials run: the CUDA devices there are, and an evaluator of
+/// trials on one of them. Tests stand in a fake GPU.
+pub trait RealTrials {
+    fn devices(&self) -> usize;
+    /// Evaluates candidates by real trials on `device` for `budget`, as one
+    /// of `gpus` data-parallel GPUs.
+    fn evaluator(&self, device: usize, budget: &Budget, gpus: i64) -> Box<dyn Evaluator>;
+}
+
+/// Real CUDA trials, each in its own worker process.
+struct CudaTrials<'a> {
+    request: &'a SearchRequest,
+    worker: &'a Worker,
+}
+
+impl RealTrials for CudaTrials<'_> {
+    fn devices(&self) -> usize {
+        self.worker.cuda_devices()
+    }
+
+    fn evaluator(&self, device: usize, budget: &Budget, gpus: i64) -> Box<dyn Evaluator> {
+        Box::new(MeasuredEvaluator {
+            worker: self.worker.clone(),
+            config: self.request.config.clone(),
+            cfg_options: self.request.cfg_options.clone(),
+            device,
+            budget: budget.clone(),
+            timeout: self.request.trial_timeout,
+            gpus,
+            gt_segments: self.request.gt_segments,
+        })
+    }
+}
+
+/// [`search`] with real trials from `real` (see [`RealTrials`]).
+pub fn search_with(
+    request: &SearchRequest,
+    worker: &Worker,
+    progress: Progress,
+    real: &dyn RealTrials,
 ) -> Result<SearchResult> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
@@ -81,85 +129,30 @@ pub fn search(
     };
     let cuda = match spec.device_setting()? {
         DeviceSetting::Cpu => None,
-        DeviceSetting::Auto => (worker.cuda_devices() > 0).then_some(0),
-        DeviceSetting::Cuda(i) if worker.cuda_devices() > i => Some(i),
+        DeviceSetting::Auto => (real.devices() > 0).then_some(0),
+        DeviceSetting::Cuda(i) if real.devices() > i => Some(i),
         DeviceSetting::Cuda(i) => {
             return Err(Error::Input(format!(
                 "--device cuda:{i}, but no such CUDA device is visible"
             )))
         }
     };
-    let (mut evaluator, journal_device): (Box<dyn Evaluator>, String) = match cuda {
-        Some(i) => (
-            Box::new(MeasuredEvaluator {
-                worker: worker.clone(),
-                config: request.config.clone(),
-                cfg_options: request.cfg_options.clone(),
-                device: i,
-                budget: budget.clone(),
-                timeout: request.trial_timeout,
-                gpus,
-                gt_segments: request.gt_segments,
-            }),
-            format!("cuda:{i}"),
-        ),
-        None => {
-            let config_path = request.config.clone();
-            let options = request.cfg_options.clone();
-            let threads = request
-                .threads
-                .unwrap_or_else(|| (crate::trial::host_cores() / 2).max(1));
-            let worker = worker.clone();
-            let trace_kind = request.trace;
-            let gt_segments = request.gt_segments;
-            let tracer = Box::new(
-                move |batch_size: i64, crop: (i64, i64), amp: Amp, knobs: space::ModelKnobs| {
-                    let cfg_options = space::options_with_knobs(&options, knobs);
-                    trace_step(
-                        &worker,
-                        &StepToTrace {
-                            config: &config_path,
-                            cfg_options: &cfg_options,
-                            batch_size,
-                            crop,
-                            amp,
-                            threads,
-                            gt_segments,
-                            setup: TrainingSetup {
-                                gpus,
-                                ..TrainingSetup::default()
-                            },
-                            kind: trace_kind,
-                        },
-                    )
-                },
-            );
-            (
-                Box::new(PredictedEvaluator::new(
-                    budget.clone(),
-                    tracer,
-                    request.trace != TraceKind::CpuAllocator,
-                )),
-                format!(
-                    "predicted:{}:{}:{:.3}:{}",
-                    budget.gpu, budget.vram_bytes, budget.margin, request.trace
-                ),
-            )
-        }
-    };
+    let mut predictor = predictor(request, worker, &budget, gpus);
     // Trials for another number of GPUs or segments are not reusable.
-    let journal_device = if gpus > 1 {
-        format!("{journal_device}:x{gpus}")
+    let mut suffix = if gpus > 1 {
+        format!(":x{gpus}")
     } else {
-        journal_device
+        String::new()
     };
-    let journal_device = match request.gt_segments {
-        Some(n) => format!("{journal_device}:segments{n}"),
-        None => journal_device,
-    };
+    if let Some(n) = request.gt_segments {
+        suffix.push_str(&format!(":segments{n}"));
+    }
+    let predicted_device = format!(
+        "predicted:{}:{}:{:.3}:{}{suffix}",
+        budget.gpu, budget.vram_bytes, budget.margin, request.trace
+    );
     let config_hash = hash_text(&dump::to_json(&Value::Dict(cfg.clone())));
-    let mut journal = Journal::open(&request.out, &config_hash, &journal_device)?;
-    let mode = evaluator.mode();
+    let mut journal = Journal::open(&request.out, &config_hash, &predicted_device)?;
     let space = SearchSpace {
         crops: &crops,
         precisions: &precisions,
@@ -168,19 +161,56 @@ pub fn search(
         checkpoint: space::checkpoint_available(&cfg),
         num_points: &space::num_points_options(&cfg, recipe.crop),
     };
-    let explored = run_search(
-        &space,
-        objective,
-        request.exhaustive,
-        evaluator.as_mut(),
-        &mut journal,
-        progress,
-    )?;
-    let traces_run = evaluator.traces_run();
+    let mut measurer = cuda.map(|i| real.evaluator(i, &budget, gpus));
+    if let Some(i) = cuda {
+        journal.set_device(&format!("cuda:{i}{suffix}"));
+    }
+    let explored = match measurer.as_mut() {
+        // Benchmarks measure every candidate of the grid.
+        Some(m) if request.exhaustive => {
+            run_search(&space, objective, true, m.as_mut(), &mut journal, progress)?
+        }
+        _ => {
+            journal.set_device(&predicted_device);
+            let explored = run_search(
+                &space,
+                objective,
+                request.exhaustive,
+                predictor.as_mut(),
+                &mut journal,
+                progress,
+            )?;
+            if let (Some(i), Some(m)) = (cuda, measurer.as_mut()) {
+                journal.set_device(&format!("cuda:{i}{suffix}"));
+                let mut cx = Confirmation {
+                    objective,
+                    space: &space,
+                    predictor: predictor.as_mut(),
+                    measurer: m.as_mut(),
+                    journal: &mut journal,
+                    predicted_device: &predicted_device,
+                    progress,
+                };
+                confirm_predictions(explored, &mut cx)?
+            } else {
+                explored
+            }
+        }
+    };
+    let traces_run = predictor.traces_run();
+    let mode = if cuda.is_some() {
+        Mode::Measured
+    } else {
+        Mode::Predicted
+    };
+    // Unconfirmed predictions rank below every measured candidate.
     let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) =
         explored.outcomes.into_iter().partition(|o| o.record.fits());
-    let feasible = rank(feasible, objective);
+    let (measured, predicted): (Vec<Outcome>, Vec<Outcome>) =
+        feasible.into_iter().partition(|o| o.record.mode == mode);
+    let mut feasible = rank(measured, objective);
     let winner = feasible.first().cloned();
+    feasible.extend(rank(predicted, objective));
     let mut result = SearchResult {
         config: request.config.display().to_string(),
         budget,
@@ -194,6 +224,7 @@ pub fn search(
         trials_run: explored.ran,
         trials_resumed: explored.resumed,
         traces_run,
+        predictions_confirmed_from: explored.predictions,
         winner: winner.clone(),
         emitted: Vec::new(),
         cfg_options: None,
@@ -240,4 +271,89 @@ fn knobs_note(c: &space::Candidate) -> String {
         ));
     }
     note
+}
+
+/// The evaluator of predictions: CPU traces (op-level on meta by default)
+/// replayed through the caching allocator model.
+pub fn predictor(
+    request: &SearchRequest,
+    worker: &Worker,
+    budget: &Budget,
+    gpus: i64,
+) -> Box<dyn Evaluator> {
+    let config_path = request.config.clone();
+    let options = request.cfg_options.clone();
+    let threads = request
+        .threads
+        .unwrap_or_else(|| (crate::trial::host_cores() / 2).max(1));
+    let worker = worker.clone();
+    let trace_kind = request.trace;
+    let gt_segments = request.gt_segments;
+    let tracer = Box::new(
+        move |batch_size: i64, crop: (i64, i64), amp: Amp, knobs: space::ModelKnobs| {
+            let cfg_options = space::options_with_knobs(&options, knobs);
+            trace_step(
+                &worker,
+                &StepToTrace {
+                    config: &config_path,
+                    cfg_options: &cfg_options,
+                    batch_size,
+                    crop,
+                    amp,
+                    threads,
+                    gt_segments,
+                    setup: TrainingSetup {
+                        gpus,
+                        ..TrainingSetup::default()
+                    },
+                    kind: trace_kind,
+                },
+            )
+        },
+    );
+    Box::new(PredictedEvaluator::new(
+        budget.clone(),
+        tracer,
+        request.trace != TraceKind::CpuAllocator,
+    ))
+}
+
+/// Confirms the predicted search's feasible candidates with real trials
+/// (best first); when none measures feasible, the real trials search the
+/// space themselves (binary search, as without predictions).
+fn confirm_predictions(predicted: Explored, cx: &mut Confirmation) -> Result<Explored> {
+    let (fits, misses): (Vec<Outcome>, Vec<Outcome>) = predicted
+        .outcomes
+        .into_iter()
+        .partition(|o| o.record.fits());
+    let predictions = fits.len() + misses.len();
+    let confirmed = confirm(fits, cx)?;
+    let (mut ran, mut resumed) = (confirmed.ran, confirmed.resumed);
+    let mut outcomes = confirmed.measured;
+    if !outcomes.iter().any(|o| o.record.fits()) {
+        let searched = run_search(
+            cx.space,
+            cx.objective,
+            false,
+            cx.measurer,
+            cx.journal,
+            cx.progress,
+        )?;
+        ran += searched.ran;
+        resumed += searched.resumed;
+        for o in searched.outcomes {
+            if outcomes
+                .iter()
+                .any(|m| m.candidate.key() == o.candidate.key())
+            {
+                // Measured by the confirmation a moment ago, not resumed.
+                resumed -= usize::from(!o.ran_now);
+            } else {
+                outcomes.push(o);
+            }
+        }
+    }
+    outcomes.extend(confirmed.unconfirmed);
+    outcomes.extend(misses);
+    Ok(Explored::new(outcomes, ran, resumed, predictions))
 }

@@ -37,6 +37,44 @@ pub struct Explored {
     pub outcomes: Vec<Outcome>,
     pub ran: usize,
     pub resumed: usize,
+    /// Candidates predicted before real trials confirmed the best of them
+    /// (0 without a confirmation).
+    pub predictions: usize,
+    /// Evaluations the loop may still make: a bound, lowered as it goes.
+    left_at_most: usize,
+}
+
+impl Explored {
+    pub fn new(outcomes: Vec<Outcome>, ran: usize, resumed: usize, predictions: usize) -> Explored {
+        Explored {
+            outcomes,
+            ran,
+            resumed,
+            predictions,
+            left_at_most: 0,
+        }
+    }
+}
+
+/// What the progress display hears after each decided candidate.
+pub struct Step<'a> {
+    pub candidate: &'a Candidate,
+    pub record: &'a TrialRecord,
+    /// From the journal (no trace or trial run for it now).
+    pub resumed: bool,
+    /// Candidates decided so far, this one included.
+    pub done: usize,
+    /// At most this many more will be evaluated (the binary search usually
+    /// needs fewer).
+    pub left_at_most: usize,
+}
+
+/// Hears of every decided candidate.
+pub type Progress<'a> = &'a dyn Fn(&Step);
+
+/// Evaluations one binary search over `n` batch sizes makes at most.
+fn binary_search_bound(n: usize) -> usize {
+    (usize::BITS - n.leading_zeros()) as usize
 }
 
 /// The search loop: binary search of the batch per (crop, precision);
@@ -47,12 +85,21 @@ pub fn run_search(
     exhaustive: bool,
     evaluator: &mut dyn Evaluator,
     journal: &mut Journal,
-    progress: &dyn Fn(&Candidate, &TrialRecord),
+    progress: Progress,
 ) -> Result<Explored> {
+    let per_group = if exhaustive {
+        space.batches.len()
+    } else {
+        binary_search_bound(space.batches.len())
+    };
+    let passes_after =
+        usize::from(space.checkpoint) * (1 + space.num_points.len()) + space.num_points.len();
     let mut explored = Explored {
         outcomes: Vec::new(),
         ran: 0,
         resumed: 0,
+        predictions: 0,
+        left_at_most: per_group * space.precisions.len() * (space.crops.len() + passes_after),
     };
     let mut batches_of =
         |crop: (i64, i64), amp: Amp, knobs: ModelKnobs, explored: &mut Explored| {
@@ -79,6 +126,7 @@ pub fn run_search(
             break;
         }
     }
+    explored.left_at_most = per_group * space.precisions.len() * passes_after;
     let Some(recipe_crop) = space.crops.first() else {
         return Ok(explored);
     };
@@ -115,6 +163,7 @@ pub fn run_search(
     }
     for knobs in passes {
         if kept(&explored) {
+            explored.left_at_most = 0;
             break;
         }
         for amp in space.precisions.iter() {
@@ -132,10 +181,17 @@ fn search_batches(
     exhaustive: bool,
     evaluator: &mut dyn Evaluator,
     journal: &mut Journal,
-    progress: &dyn Fn(&Candidate, &TrialRecord),
+    progress: Progress,
     explored: &mut Explored,
 ) -> Result<()> {
     let batches = space.batches;
+    let bound_at_start = explored.left_at_most;
+    let group_bound = if exhaustive {
+        batches.len()
+    } else {
+        binary_search_bound(batches.len())
+    };
+    let mut evaluated_here = 0usize;
     // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
     let (mut lo, mut hi) = (0usize, batches.len());
     let mut next_exhaustive = 0usize;
@@ -166,7 +222,15 @@ fn search_batches(
                 (r, true)
             }
         };
-        progress(&c, &record);
+        evaluated_here += 1;
+        explored.left_at_most = bound_at_start.saturating_sub(evaluated_here);
+        progress(&Step {
+            candidate: &c,
+            record: &record,
+            resumed: !now,
+            done: explored.outcomes.len() + 1,
+            left_at_most: explored.left_at_most,
+        });
         let fits = record.fits();
         explored.outcomes.push(Outcome {
             candidate: c,
@@ -184,6 +248,8 @@ fn search_batches(
             hi = mid;
         }
     }
+    // The group's unused evaluations leave the bound.
+    explored.left_at_most = bound_at_start.saturating_sub(group_bound);
     Ok(())
 }
 
@@ -191,19 +257,22 @@ fn search_batches(
 /// most Mask2Former points (the config's before any lowered count), then
 /// throughput; throughput ranks by images/s alone.
 pub fn rank(mut feasible: Vec<Outcome>, objective: Objective) -> Vec<Outcome> {
+    feasible.sort_by(|a, b| order(a, b, objective));
+    feasible
+}
+
+/// The ranking's order of two feasible outcomes ([`rank`]).
+pub fn order(a: &Outcome, b: &Outcome, objective: Objective) -> std::cmp::Ordering {
     let ips = |o: &Outcome| o.record.images_per_s.unwrap_or(0.0);
     let points = |o: &Outcome| o.candidate.num_points.unwrap_or(i64::MAX);
-    feasible.sort_by(|a, b| {
-        let by_crop = (b.candidate.crop.0 * b.candidate.crop.1)
-            .cmp(&(a.candidate.crop.0 * a.candidate.crop.1));
-        let by_speed = ips(b).total_cmp(&ips(a));
-        let by_points = points(b).cmp(&points(a));
-        match objective {
-            Objective::KeepCrop => by_crop.then(by_points).then(by_speed),
-            Objective::Throughput => by_speed.then(by_crop),
-        }
-    });
-    feasible
+    let by_crop =
+        (b.candidate.crop.0 * b.candidate.crop.1).cmp(&(a.candidate.crop.0 * a.candidate.crop.1));
+    let by_speed = ips(b).total_cmp(&ips(a));
+    let by_points = points(b).cmp(&points(a));
+    match objective {
+        Objective::KeepCrop => by_crop.then(by_points).then(by_speed),
+        Objective::Throughput => by_speed.then(by_crop),
+    }
 }
 
 #[cfg(test)]
@@ -285,7 +354,7 @@ mod tests {
             false,
             &mut evaluator,
             &mut journal,
-            &|_, _| {},
+            &|_| {},
         )
         .unwrap();
         (explored, evaluator)

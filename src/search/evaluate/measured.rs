@@ -83,6 +83,7 @@ impl Evaluator for MeasuredEvaluator {
             images_per_s: report.images_per_s,
             mode: Mode::Measured,
             checkpoint_cost: None,
+            predicted: None,
         };
         if device > self.budget.usable_bytes {
             record.status = CandidateStatus::Oom;

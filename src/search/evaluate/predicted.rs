@@ -252,6 +252,7 @@ fn replay_against_budget(
             images_per_s: Some(PredictedEvaluator::images_per_s(budget, c, flops, bytes)),
             mode: Mode::Predicted,
             checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
+            predicted: None,
         };
         if r.out_of_memory || device > budget.usable_bytes {
             record.status = CandidateStatus::Oom;
