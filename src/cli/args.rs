@@ -149,6 +149,14 @@ pub enum Command {
         after_help = "Examples:\n  segtune estimate my_config.py --preset rtx3050ti --batch-size 2 --crop 512x512 --amp fp16\n  segtune estimate my_config.py --vram 24G --batch-size 8 --stack zoo-2021 --gpus 4"
     )]
     Estimate(EstimateArgs),
+    /// Why a setting fits or not: the predicted peak of one training step
+    /// split into parameters, optimizer state, activations by model part
+    /// (backbone stages, heads, losses), gradients, the input batch, the
+    /// cuBLAS workspace, the allocator's reserve and the CUDA context.
+    #[command(
+        after_help = "Examples:\n  segtune explain my_config.py --preset rtx3050ti --batch-size 4 --crop 512x512 --amp fp16\n  segtune explain my_config.py --vram 8G --json"
+    )]
+    Explain(EstimateArgs),
     /// Find the best feasible training config for a GPU budget: batch x crop
     /// x AMP (x accumulation keeping the recipe's effective batch), ranked;
     /// the winner is written as an MMSeg config.

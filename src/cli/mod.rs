@@ -129,6 +129,14 @@ fn run(cli: Cli) -> Result<Output> {
                 report::estimate(&estimate)
             }))
         }
+        Command::Explain(args) => {
+            let estimate = estimate_config(&args.request()?, &Worker::locate()?)?;
+            Ok(Output::ok(if args.json {
+                json(&estimate)
+            } else {
+                report::explain(&estimate)
+            }))
+        }
         Command::Search(args) => {
             let result = search_with_progress(&args)?;
             Ok(Output::ok(if args.json {

@@ -15,7 +15,8 @@
 //! Shared parts: [`layers`] (the building blocks), [`losses`], [`params`]
 //! (parameter naming and storage), [`component_config`] (reading a
 //! component's config dict with MMSeg's defaults, refusing keys segtune does
-//! not implement), [`registry`] (table lookups, [`check_supported`]).
+//! not implement), [`registry`] (table lookups, [`check_supported`]),
+//! [`scope`] (which part of the model runs, for attributing memory).
 //!
 //! Supported now: `EncoderDecoder` and `CascadeEncoderDecoder` with the
 //! backbones `MixVisionTransformer` (SegFormer B0-B5), `ResNet`,
@@ -33,6 +34,7 @@ pub mod losses;
 pub mod necks;
 pub mod params;
 pub mod registry;
+pub mod scope;
 pub mod segmentors;
 
 pub use backbones::BACKBONES;

@@ -2,6 +2,7 @@
 //! CPU trace of it, plus the terms a CPU cannot show. Every figure is a
 //! prediction and is labelled so.
 
+use super::breakdown::{breakdown, PeakBreakdown};
 use super::budget::Gpu;
 use super::replay::{replay, ReplayInputs, ReplayResult};
 use crate::config::{Dict, Value};
@@ -64,12 +65,16 @@ pub struct Estimate {
     /// The traced CPU step's peak (absent when the batch was extrapolated).
     pub cpu_trace_peak_bytes: Option<i64>,
     pub notes: Vec<String>,
+    /// The predicted peak split into what it holds (`segtune explain`).
+    pub breakdown: PeakBreakdown,
 }
 
 /// Predicts from a trace of a trial (`trace`: from the model build through
 /// a warm-up and a measured step).
+#[allow(clippy::too_many_arguments)]
 pub fn estimate(
     trace: &[TraceEvent],
+    model_scopes: &[String],
     target: &Gpu,
     batch_size: i64,
     crop: (i64, i64),
@@ -83,14 +88,13 @@ pub fn estimate(
     let batch_copies = batch_tensors(batch_size, crop);
     let workspace = cublas_workspace_bytes(&target.compute_capability);
     let context = cuda_context_bytes(&target.compute_capability);
-    let unlimited = replay(
-        trace,
-        &ReplayInputs {
-            batch_copies: batch_copies.clone(),
-            cublas_workspace: workspace,
-            capacity: None,
-        },
-    );
+    let unlimited_inputs = ReplayInputs {
+        batch_copies: batch_copies.clone(),
+        cublas_workspace: workspace,
+        capacity: None,
+    };
+    let unlimited = replay(trace, &unlimited_inputs);
+    let breakdown = breakdown(trace, model_scopes, &unlimited_inputs, &unlimited, context);
     let capacity = target.vram_bytes.saturating_sub(context);
     let limited: ReplayResult = replay(
         trace,
@@ -156,6 +160,7 @@ pub fn estimate(
         fits: !limited.out_of_memory,
         cpu_trace_peak_bytes,
         notes,
+        breakdown,
     }
 }
 

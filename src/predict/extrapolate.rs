@@ -54,7 +54,7 @@ pub fn extrapolate(
             id,
             bytes: size.max(1),
             phase,
-            pad: 0,
+            scope: 0,
         });
         id
     };
@@ -76,7 +76,7 @@ pub fn extrapolate(
                             id,
                             bytes: -sizes[&id],
                             phase: y.phase,
-                            pad: 0,
+                            scope: 0,
                         });
                     }
                 }
@@ -91,7 +91,7 @@ pub fn extrapolate(
                             id: *id,
                             bytes: -sizes[id],
                             phase: y.phase,
-                            pad: 0,
+                            scope: 0,
                         });
                     }
                 }
@@ -150,7 +150,7 @@ mod tests {
             id,
             bytes,
             phase: phase_code(1, phase),
-            pad: 0,
+            scope: 0,
         }
     }
 

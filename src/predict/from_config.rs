@@ -77,9 +77,9 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         )
     };
     // Op-level traces cost little: any batch is traced as it is.
-    let (events, cpu_peak) = if batch <= 3 || request.trace != TraceKind::CpuAllocator {
+    let (events, cpu_peak, scopes) = if batch <= 3 || request.trace != TraceKind::CpuAllocator {
         let step = trace(batch)?;
-        (step.events, Some(step.cpu_peak_bytes))
+        (step.events, Some(step.cpu_peak_bytes), step.model_scopes)
     } else {
         let (ba, bb) = TRACED_BATCHES;
         let one = trace(ba)?;
@@ -87,10 +87,12 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         (
             extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
             None,
+            Vec::new(),
         )
     };
     let mut e = estimate::estimate(
         &events,
+        &scopes,
         &request.gpu,
         batch,
         crop,

@@ -7,10 +7,12 @@
 //! - `step_trace.rs`: a step traced on the CPU by the worker.
 //! - `extrapolate.rs`: larger batches from traces at batch 2 and 3.
 //! - `allocator.rs`, `replay.rs`: the caching allocator model and the replay.
+//! - `breakdown.rs`: the predicted peak split into what it holds.
 //! - `estimate.rs`: the estimate with its fixed terms; `from_config.rs`:
 //!   `segtune estimate` as a library call.
 
 pub mod allocator;
+pub mod breakdown;
 pub mod budget;
 pub mod estimate;
 pub mod extrapolate;

@@ -36,6 +36,10 @@ pub struct ReplayResult {
     /// Whether some request could not be served within the capacity.
     pub out_of_memory: bool,
     pub num_alloc_retries: u64,
+    /// How many of the trace's events had been replayed when allocated
+    /// memory peaked in the last step (the last step's batch copies and the
+    /// workspace are live then too).
+    pub peak_after_events: usize,
 }
 
 const INJECTED: u64 = 1 << 62;
@@ -56,17 +60,19 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
     let mut peak_phase = Phase::Setup;
     let mut best = 0u64;
     let mut skipped: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut peak_after_events = 0usize;
     let track = |alloc: &CachingAllocator,
-                 phase: Phase,
+                 (phase, replayed): (Phase, usize),
                  measuring: bool,
                  best: &mut u64,
-                 peak_phase: &mut Phase| {
+                 peak: &mut (Phase, usize)| {
         if measuring && alloc.stats().allocated > *best {
             *best = alloc.stats().allocated;
-            *peak_phase = phase;
+            *peak = (phase, replayed);
         }
     };
-    for e in events {
+    let mut peak = (peak_phase, peak_after_events);
+    for (i, e) in events.iter().enumerate() {
         let (step, phase) = phase_of(e.phase);
         if phase == Phase::Data || phase == Phase::Preprocess {
             if e.bytes > 0 {
@@ -83,6 +89,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
             if step == last_step {
                 alloc.reset_peaks();
                 best = alloc.stats().allocated;
+                peak = (phase, i);
             }
             for bytes in &inputs.batch_copies {
                 out_of_memory |= alloc.malloc(next_injected, *bytes).is_err();
@@ -96,16 +103,16 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
                 next_injected += 1;
                 workspace_done = true;
             }
-            track(&alloc, phase, step == last_step, &mut best, &mut peak_phase);
+            track(&alloc, (phase, i), step == last_step, &mut best, &mut peak);
         }
         if e.bytes > 0 {
             out_of_memory |= alloc.malloc(e.id, e.bytes as u64).is_err();
             track(
                 &alloc,
-                phase,
+                (phase, i + 1),
                 current_step == last_step && step == last_step,
                 &mut best,
-                &mut peak_phase,
+                &mut peak,
             );
         } else if !skipped.contains(&e.id) {
             alloc.free(e.id);
@@ -114,6 +121,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
     for id in injected_for_step {
         alloc.free(id);
     }
+    (peak_phase, peak_after_events) = peak;
     let s: Stats = alloc.stats();
     ReplayResult {
         peak_allocated: s.allocated_peak,
@@ -122,6 +130,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
         allocated_after: s.allocated,
         out_of_memory,
         num_alloc_retries: s.num_alloc_retries,
+        peak_after_events,
     }
 }
 
@@ -135,7 +144,7 @@ mod tests {
             id,
             bytes,
             phase: phase_code(step, phase),
-            pad: 0,
+            scope: 0,
         }
     }
 

@@ -19,6 +19,8 @@ pub struct TracedStep {
     pub forward_flops: f64,
     /// FLOPs that gradient checkpointing recomputed in the backward.
     pub recompute_flops: f64,
+    /// The model parts the events' scopes name, by id.
+    pub model_scopes: Vec<String>,
 }
 
 /// How a step is traced for a prediction.
@@ -109,5 +111,6 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         cpu_peak_bytes: report.peak_bytes.unwrap_or(0),
         forward_flops: report.forward_flops,
         recompute_flops: report.recompute_flops,
+        model_scopes: report.model_scopes,
     })
 }

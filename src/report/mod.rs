@@ -1,15 +1,17 @@
 //! Everything a person reads: the text and tables of `search`, `estimate`,
-//! `trial`, `inspect` and `presets`, rendered from the typed results of the
+//! `explain`, `trial`, `inspect` and `presets`, rendered from the typed results of the
 //! layers below (their JSON is the same results, serialised). Nothing here
 //! computes a figure; it only shows them.
 
 mod estimate;
+mod explain;
 mod inspect;
 mod presets;
 mod search;
 mod trial;
 
 pub use estimate::estimate;
+pub use explain::explain;
 pub use inspect::inspect;
 pub use presets::presets;
 pub use search::{progress_line, search};

@@ -270,3 +270,48 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::space::{Amp, Candidate};
+    use crate::search::{CandidateStatus, TrialRecord};
+
+    #[test]
+    fn the_progress_line_says_what_ran_for_which_candidate_and_how_many_are_left() {
+        let c = Candidate {
+            batch_size: 4,
+            crop: (512, 512),
+            amp: Amp::Bf16,
+            accumulation: 4,
+            checkpoint: true,
+            num_points: Some(3136),
+        };
+        let record = TrialRecord::failed(CandidateStatus::Oom, "big".into(), Mode::Measured);
+        let line = progress_line(&Step {
+            candidate: &c,
+            record: &record,
+            resumed: false,
+            done: 3,
+            left_at_most: 7,
+        });
+        assert_eq!(
+            line,
+            "trial: batch 4 crop 512x512 bf16 with_cp points 3136 -> oom | 3 done, at most 7 left"
+        );
+        let predicted = TrialRecord::failed(CandidateStatus::Oom, "big".into(), Mode::Predicted);
+        let step = Step {
+            candidate: &c,
+            record: &predicted,
+            resumed: false,
+            done: 1,
+            left_at_most: 0,
+        };
+        assert!(progress_line(&step).starts_with("traced: "));
+        let resumed = Step {
+            resumed: true,
+            ..step
+        };
+        assert!(progress_line(&resumed).starts_with("from the journal: "));
+    }
+}

@@ -493,4 +493,44 @@ mod tests {
         assert!(winner.candidate.checkpoint);
         assert_eq!(winner.candidate.num_points, None);
     }
+
+    #[test]
+    fn progress_counts_what_is_done_and_bounds_what_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut evaluator = FakeEvaluator {
+            capacity: 512 * 512 / 4,
+            fail_every: 0,
+            evaluated: Vec::new(),
+        };
+        let mut journal = Journal::open(dir.path(), "hash", "fake").unwrap();
+        let space = SearchSpace {
+            crops: &[(512, 512), (384, 384)],
+            precisions: &[Amp::Off, Amp::Fp16],
+            batches: &[1, 2, 3, 4, 5, 6, 7, 8],
+            accumulation: &|b| (16 / b, 16 % b == 0),
+            checkpoint: true,
+            num_points: &[],
+        };
+        let steps = std::cell::RefCell::new(Vec::new());
+        let explored = run_search(
+            &space,
+            Objective::KeepCrop,
+            false,
+            &mut evaluator,
+            &mut journal,
+            &|s: &Step| steps.borrow_mut().push((s.done, s.left_at_most)),
+        )
+        .unwrap();
+        let steps = steps.into_inner();
+        assert_eq!(steps.len(), explored.outcomes.len());
+        // 4 binary searches of 8 batches (2 crops x 2 precisions) and 2 with
+        // checkpointing: at most 4 evaluations each.
+        let bound = 6 * 4;
+        for (i, (done, left)) in steps.iter().enumerate() {
+            assert_eq!(*done, i + 1);
+            assert!(done + left <= bound, "{steps:?}");
+        }
+        // The bound only falls.
+        assert!(steps.windows(2).all(|w| w[0].0 + w[0].1 >= w[1].0 + w[1].1));
+    }
 }

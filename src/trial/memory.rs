@@ -30,6 +30,7 @@ extern "C" {
     fn segtune_cpu_alloc_count() -> i64;
     fn segtune_cpu_alloc_set_cap(bytes: i64);
     fn segtune_cpu_alloc_set_phase(phase: u32);
+    fn segtune_cpu_alloc_set_scope(scope: u32);
     fn segtune_cpu_alloc_trace(on: bool);
     fn segtune_cpu_alloc_trace_take(out: *mut TraceEvent, capacity: usize) -> usize;
     fn segtune_cpu_alloc_trace_len() -> usize;
@@ -133,6 +134,14 @@ impl CpuCounter {
     pub fn set_phase_code(&self, code: u32) {
         unsafe { segtune_cpu_alloc_set_phase(code) }
     }
+    /// Tags the following trace events with the model part running
+    /// (`models::scope` tells each change once this is called).
+    pub fn tag_model_scopes(&self) {
+        fn set_scope(id: u32) {
+            unsafe { segtune_cpu_alloc_set_scope(id) }
+        }
+        crate::models::scope::set_hook(set_scope);
+    }
     pub fn trace(&self, on: bool) {
         unsafe { segtune_cpu_alloc_trace(on) }
     }
@@ -144,7 +153,7 @@ impl CpuCounter {
                 id: 0,
                 bytes: 0,
                 phase: 0,
-                pad: 0
+                scope: 0
             };
             n
         ];

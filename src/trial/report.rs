@@ -115,6 +115,9 @@ pub struct TrialReport {
     pub steps: Vec<StepRecord>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub trace: Option<Vec<TraceEvent>>,
+    /// The model parts a trace's events name (`TraceEvent::scope` ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_scopes: Vec<String>,
     /// What the trace counted (`off`: every CPU allocation).
     #[serde(default)]
     pub op_trace: super::OpTrace,
@@ -159,6 +162,7 @@ impl TrialReport {
             images_per_s: None,
             steps: Vec::new(),
             trace: None,
+            model_scopes: Vec::new(),
             op_trace: request.op_trace,
             meta_ops_on_cpu: Vec::new(),
             meta_stand_ins: 0,

@@ -152,6 +152,7 @@ fn run_capped(
     if request.trace_out.is_some() {
         let _ = counter.take_trace();
         counter.set_phase_code(0);
+        counter.tag_model_scopes();
         counter.trace(true);
     }
     if let Err(why) = check_host_memory(request) {
@@ -342,6 +343,7 @@ fn run_capped(
     report.optimizer_state_bytes = optimizer.state_bytes();
     if request.trace_out.is_some() {
         report.trace = Some(trace);
+        report.model_scopes = crate::models::scope::names();
     }
     report.finish();
     report

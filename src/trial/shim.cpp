@@ -37,7 +37,7 @@ struct TraceEvent {
   uint64_t id;    // allocation id (its order among allocations)
   int64_t bytes;  // > 0: allocation of that size; < 0: free of that size
   uint32_t phase; // caller-defined phase at the time of the event
-  uint32_t pad;
+  uint32_t scope; // the model part running (models::scope ids)
 };
 
 struct Block {
@@ -52,6 +52,7 @@ int64_t g_peak = 0;
 int64_t g_count = 0;
 int64_t g_cap = 0;  // 0: no cap
 uint32_t g_phase = 0;
+uint32_t g_scope = 0;  // the model part running (models::scope ids)
 bool g_tracing = false;
 std::vector<TraceEvent> g_trace;
 bool g_installed = false;
@@ -72,7 +73,7 @@ void count_allocation(void* p, size_t n) {
   g_live[p] = {n, id};
   g_current += static_cast<int64_t>(n);
   if (g_current > g_peak) g_peak = g_current;
-  if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, 0});
+  if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, g_scope});
 }
 
 // Uncounts (and traces the free of) the storage at `p`, counted or pending,
@@ -84,7 +85,7 @@ std::vector<at::Tensor> forget(void* p) {
   auto it = g_live.find(p);
   if (it != g_live.end()) {
     g_current -= static_cast<int64_t>(it->second.bytes);
-    if (g_tracing) g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, 0});
+    if (g_tracing) g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, g_scope});
     g_live.erase(it);
   } else {
     g_pending.erase(p);
@@ -163,6 +164,7 @@ void segtune_cpu_alloc_reset_peak() { std::lock_guard<std::mutex> lk(g_mu); g_pe
 int64_t segtune_cpu_alloc_count() { std::lock_guard<std::mutex> lk(g_mu); return g_count; }
 void segtune_cpu_alloc_set_cap(int64_t bytes) { std::lock_guard<std::mutex> lk(g_mu); g_cap = bytes; }
 void segtune_cpu_alloc_set_phase(uint32_t phase) { std::lock_guard<std::mutex> lk(g_mu); g_phase = phase; }
+void segtune_cpu_alloc_set_scope(uint32_t scope) { std::lock_guard<std::mutex> lk(g_mu); g_scope = scope; }
 void segtune_cpu_alloc_trace(bool on) {
   std::lock_guard<std::mutex> lk(g_mu);
   g_tracing = on;

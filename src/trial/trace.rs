@@ -12,8 +12,10 @@ pub struct TraceEvent {
     pub id: u64,
     pub bytes: i64,
     pub phase: u32,
-    #[serde(skip)]
-    pub pad: u32,
+    /// The model part running at the event (`models::scope` ids; 0:
+    /// outside any part).
+    #[serde(default)]
+    pub scope: u32,
 }
 
 /// The phases of a training step.
@@ -49,22 +51,28 @@ pub fn phase_of(code: u32) -> (usize, Phase) {
     ((code / 8) as usize, phase)
 }
 
-/// Writes events as text: a header line, then `id bytes phase` per line.
+const HEADER_V1: &str = "# segtune trace v1: id bytes phase";
+const HEADER_V2: &str = "# segtune trace v2: id bytes phase scope";
+
+/// Writes events as text: a header line, then `id bytes phase scope` per line.
 pub fn to_text(events: &[TraceEvent]) -> String {
-    let mut out = String::with_capacity(events.len() * 24 + 32);
-    out.push_str("# segtune trace v1: id bytes phase\n");
+    let mut out = String::with_capacity(events.len() * 26 + 48);
+    out.push_str(HEADER_V2);
+    out.push('\n');
     for e in events {
-        let _ = writeln!(out, "{} {} {}", e.id, e.bytes, e.phase);
+        let _ = writeln!(out, "{} {} {} {}", e.id, e.bytes, e.phase, e.scope);
     }
     out
 }
 
-/// Parses [`to_text`]'s output.
+/// Parses [`to_text`]'s output (and v1 traces, without scopes).
 pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, String> {
     let mut lines = text.lines();
-    if lines.next() != Some("# segtune trace v1: id bytes phase") {
-        return Err("not a segtune trace (v1)".into());
-    }
+    let scoped = match lines.next() {
+        Some(HEADER_V2) => true,
+        Some(HEADER_V1) => false,
+        _ => return Err("not a segtune trace (v1 or v2)".into()),
+    };
     lines
         .enumerate()
         .map(|(i, line)| {
@@ -83,11 +91,18 @@ pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, String> {
             let phase = next()?
                 .parse()
                 .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+            let scope = if scoped {
+                next()?
+                    .parse()
+                    .map_err(|e| format!("trace line {}: {e}", i + 2))?
+            } else {
+                0
+            };
             Ok(TraceEvent {
                 id,
                 bytes,
                 phase,
-                pad: 0,
+                scope,
             })
         })
         .collect()
@@ -147,13 +162,13 @@ mod tests {
                 id: 0,
                 bytes: 100,
                 phase: 0,
-                pad: 0,
+                scope: 0,
             },
             TraceEvent {
                 id: 0,
                 bytes: -100,
                 phase: 5,
-                pad: 0,
+                scope: 3,
             },
         ];
         assert_eq!(from_text(&to_text(&events)).unwrap(), events);
@@ -167,7 +182,7 @@ mod tests {
             id,
             bytes,
             phase: 1,
-            pad: 0,
+            scope: 0,
         };
         let a = [e(5, 10), e(6, 20), e(5, -10), e(6, -20), e(7, 30)];
         let b = [e(0, 10), e(1, 20), e(1, -20), e(0, -10), e(2, 30)];

@@ -619,21 +619,26 @@ impl Backbone for HRNet {
         // Each step's input dies once the step has run, as when Python
         // rebinds `x` (unless autograd keeps it).
         let stem = bn_training(self.frozen_stages >= 0);
+        let stem_part = crate::models::scope::enter("stem");
         let mut h = self.conv1.forward(x); // [B, 64, H/2, W/2]
         h = self.bn1.forward(&h, stem);
         let _ = h.relu_();
         h = self.conv2.forward(&h); // [B, 64, H/4, W/4]
         h = self.bn2.forward(&h, stem);
         let _ = h.relu_();
-        h = self
-            .layer1
-            .forward(&h, bn_training(self.frozen_stages >= 1));
+        drop(stem_part);
+        h = {
+            let _part = crate::models::scope::enter("layer1");
+            self.layer1
+                .forward(&h, bn_training(self.frozen_stages >= 1))
+        };
 
         // HRNet.forward never rebinds `x` after layer1: its output lives
         // until the backbone returns, even where autograd does not keep it.
         let layer1_out = h.shallow_clone();
         let mut y_list = vec![h];
         for (n, (transition, stage)) in self.transitions.iter().zip(&self.stages).enumerate() {
+            let _part = crate::models::scope::enter(&format!("stage{}", n + 2));
             // transition<n+1> is frozen with the stage before it.
             let t_training = bn_training(self.frozen_stages > n as i64);
             let x_list: Vec<Tensor> = transition

@@ -336,6 +336,7 @@ impl Backbone for MixVisionTransformer {
         let mut outs = Vec::new();
         let mut x = x.shallow_clone(); // [B, C_in, H, W]
         for (i, stage) in self.stages.iter().enumerate() {
+            let _part = crate::models::scope::enter(&format!("stage{}", i + 1));
             let y = stage.patch_embed.projection.forward(&x); // [B, C, h, w]
             let hw = (y.size()[2], y.size()[3]);
             let mut t = stage

@@ -646,6 +646,7 @@ impl Backbone for ResNet {
     fn forward(&self, x: &Tensor, training: bool) -> Vec<Tensor> {
         let bn_training = |frozen: bool| training && !self.norm_eval && !frozen;
         let stem_training = bn_training(self.frozen_stages >= 0);
+        let stem_part = crate::models::scope::enter("stem");
         let mut x = match &self.stem {
             Stem::Plain { conv1, bn1 } => {
                 let y = conv1.forward(x); // [B, stem, H/2, W/2]
@@ -665,8 +666,10 @@ impl Backbone for ResNet {
         };
         // nn.MaxPool2d(3, 2, 1)
         x = x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false); // [B, stem, H/4, W/4]
+        drop(stem_part);
         let mut outs = Vec::with_capacity(self.out_indices.len());
         for (i, layer) in self.layers.iter().enumerate() {
+            let _part = crate::models::scope::enter(&format!("layer{}", i + 1));
             x = layer.forward(&x, bn_training((i as i64) < self.frozen_stages));
             if self.out_indices.contains(&(i as i64)) {
                 outs.push(x.shallow_clone());

@@ -654,6 +654,7 @@ impl Backbone for SwinTransformer {
         x = x.dropout(self.drop_rate, training && !self.patch_embed_frozen);
         let mut outs = Vec::new();
         for (i, stage) in self.stages.iter().enumerate() {
+            let _part = crate::models::scope::enter(&format!("stage{}", i + 1));
             let training = training && !stage.frozen;
             for block in &stage.blocks {
                 x = block.forward(&x, hw, training);

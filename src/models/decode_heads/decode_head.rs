@@ -212,6 +212,7 @@ impl DecodeHeadBase {
     /// `1 x H x W` label maps (`gt_sem_seg.data`). Returns the loss items in
     /// MMSeg's order (`loss_ce`, ..., then `acc_seg`).
     pub fn loss_by_feat(&self, seg_logits: &Tensor, labels: &[Tensor]) -> Vec<(String, Tensor)> {
+        let _part = crate::models::scope::enter("loss");
         // Python rebinds `seg_logits` and `seg_label`: the old tensors die at
         // once (unless autograd saved them), so do the same here.
         let mut seg_label = Tensor::stack(labels, 0); // [B, 1, H, W]

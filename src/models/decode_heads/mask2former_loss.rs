@@ -568,6 +568,7 @@ impl Mask2FormerLoss {
         all_masks: &[Tensor],
         gts: &[GtInstances],
     ) -> Vec<(String, Tensor)> {
+        let _part = crate::models::scope::enter("loss");
         let per_layer: Vec<[Tensor; 3]> = all_cls
             .iter()
             .zip(all_masks)

@@ -8,6 +8,7 @@ use super::encoder_decoder::{check_parts, with_prefix, DecodeHeads, EncoderDecod
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::decode_heads::DecodeHead;
+use crate::models::scope;
 use crate::models::ModelError;
 use tch::Tensor;
 
@@ -62,11 +63,18 @@ pub fn decode_head_forward_train(
     labels: &[Tensor],
 ) -> Vec<(String, Tensor)> {
     let (first_prefix, first) = &stages[0];
-    let mut items = with_prefix(first_prefix, first.loss(features, None, labels, true));
+    let mut items = {
+        let _part = scope::enter("decode_head.0");
+        with_prefix(first_prefix, first.loss(features, None, labels, true))
+    };
     let mut prev_outputs: Option<Tensor> = None;
     for i in 1..stages.len() {
         let (_, previous) = &stages[i - 1];
-        prev_outputs = Some(previous.forward(features, prev_outputs.as_ref(), true));
+        prev_outputs = {
+            let _part = scope::enter(&format!("decode_head.{}", i - 1));
+            Some(previous.forward(features, prev_outputs.as_ref(), true))
+        };
+        let _part = scope::enter(&format!("decode_head.{i}"));
         let (prefix, head) = &stages[i];
         items.extend(with_prefix(
             prefix,

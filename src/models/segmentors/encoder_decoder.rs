@@ -21,6 +21,7 @@ use crate::models::decode_heads::{DecodeHead, DECODE_HEADS, DECODE_HEAD_NAMES};
 use crate::models::necks::{Neck, NECKS, NECK_NAMES};
 use crate::models::params::ParamStore;
 use crate::models::registry::{check_supported, check_type, lookup};
+use crate::models::scope;
 use crate::models::ModelError;
 use tch::{Device, Tensor};
 
@@ -286,9 +287,15 @@ impl EncoderDecoder {
 
     /// `extract_feat`: the backbone's features, through the neck if any.
     fn extract_feat(&self, inputs: &Tensor, training: bool) -> Vec<Tensor> {
-        let features = self.backbone.forward(inputs, training); // [B, C_i, H_i, W_i] per level
+        let features = {
+            let _part = scope::enter("backbone");
+            self.backbone.forward(inputs, training) // [B, C_i, H_i, W_i] per level
+        };
         match &self.neck {
-            Some(neck) => neck.forward(features, training),
+            Some(neck) => {
+                let _part = scope::enter("neck");
+                neck.forward(features, training)
+            }
             None => features,
         }
     }
@@ -298,6 +305,7 @@ impl EncoderDecoder {
     fn decode_head_loss(&self, features: &[Tensor], labels: &[Tensor]) -> Vec<(String, Tensor)> {
         match self.decode_heads.as_slice() {
             [(prefix, head)] if prefix == "decode" => {
+                let _part = scope::enter("decode_head");
                 with_prefix(prefix, head.loss(features, None, labels, true))
             }
             stages => {
@@ -314,6 +322,11 @@ impl EncoderDecoder {
         let features = self.extract_feat(inputs, true);
         let mut items = self.decode_head_loss(&features, labels);
         for (prefix, head) in &self.auxiliary_heads {
+            // `aux` -> `auxiliary_head`, `aux_<i>` -> `auxiliary_head.<i>`.
+            let _part = scope::enter(&match prefix.strip_prefix("aux_") {
+                Some(i) => format!("auxiliary_head.{i}"),
+                None => "auxiliary_head".to_string(),
+            });
             items.extend(with_prefix(
                 prefix,
                 head.loss(&features, None, labels, true),

@@ -1,0 +1,70 @@
+//! `segtune explain`'s text: the predicted peak of one training step split
+//! into what it holds (parameters, optimizer state, activations by model
+//! part, gradients, the batch, workspaces, the allocator's reserve, the
+//! CUDA context), each with its share, against the GPU's memory.
+
+use super::table;
+use crate::predict::Estimate;
+
+fn gib3(bytes: u64) -> String {
+    format!("{:.3}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// The breakdown as text.
+pub fn explain(e: &Estimate) -> String {
+    let total = e.breakdown.total();
+    let mut out = format!(
+        "segtune explain: batch {} x {}x{}, amp {} on {} ({:.2} GiB): every figure predicted\n",
+        e.batch_size,
+        e.crop[0],
+        e.crop[1],
+        e.amp,
+        e.gpu,
+        e.vram_bytes as f64 / (1u64 << 30) as f64
+    );
+    out.push_str(&format!(
+        "at the peak of the step (in the {} phase) the device holds:\n",
+        e.predicted_peak_phase
+    ));
+    let rows = e.breakdown.parts.iter().map(|p| {
+        [
+            p.name.clone(),
+            mib(p.bytes),
+            format!("{:.1}%", 100.0 * p.bytes as f64 / total.max(1) as f64),
+            if p.in_allocated {
+                "allocated"
+            } else if p.name == "CUDA context" {
+                "outside PyTorch"
+            } else {
+                "reserved"
+            }
+            .to_string(),
+        ]
+    });
+    out.push_str(&table(["part", "MiB", "share", "counted in"], rows));
+    out.push('\n');
+    out.push_str(&format!(
+        "total {} GiB of {:.2} GiB: {}\n",
+        gib3(total),
+        e.vram_bytes as f64 / (1u64 << 30) as f64,
+        if e.fits {
+            "fits (predicted)".to_string()
+        } else {
+            format!(
+                "does not fit (predicted): {} GiB over",
+                gib3(total.saturating_sub(e.vram_bytes))
+            )
+        }
+    ));
+    out.push_str(
+        "activations: what the forward of each model part still holds at the peak (saved for \
+         backward, or outputs in use); with AMP this includes autocast's half-precision copies \
+         of the weights the part cast. parameter gradients: the backward's allocations that \
+         live into the optimizer step; gradients in flight: the backward's other allocations\n",
+    );
+    out
+}
