@@ -72,3 +72,51 @@ fn a_setting_that_does_not_fit_says_by_how_much() {
     assert!(text.contains("GiB over"), "{text}");
     assert!(text.contains("activations: backbone.stage1"), "{text}");
 }
+
+#[test]
+fn search_why_sets_the_winner_beside_the_next_batch_that_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("search")
+        .arg(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"),
+        )
+        .arg("--out")
+        .arg(dir.path())
+        .arg("--why")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let why = &text[text
+        .find("why (predicted, against the usable")
+        .expect("a why table")..];
+    assert!(why.contains("winner: batch"), "{why}");
+    assert!(why.contains("(does not fit)"), "{why}");
+    let total = why
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .unwrap();
+    let figures: Vec<f64> = total
+        .split('|')
+        .skip(1)
+        .map(|f| f.trim().parse().unwrap())
+        .collect();
+    let usable: f64 = why
+        .split("usable ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        figures[0] <= usable && figures[1] > usable,
+        "{total} vs {usable}"
+    );
+}

@@ -164,6 +164,17 @@ pub enum Command {
         after_help = "Examples:\n  segtune search my_config.py --preset rtx3050ti\n  segtune search my_config.py --vram 8G --objective throughput --out runs/tune --all\n  segtune search docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"
     )]
     Search(SearchArgs),
+    /// Write a finished search's report: a self-contained HTML page and
+    /// SVG charts (memory and throughput against batch with the budget,
+    /// the winner marked, the winner's peak split into parts) from the
+    /// --out directory's journal, into DIR/report/.
+    #[command(
+        after_help = "Example:\n  segtune search my_config.py --preset rtx3050ti --out runs/tune\n  segtune report runs/tune    # writes runs/tune/report/report.html"
+    )]
+    Report {
+        /// A `segtune search --out` directory.
+        dir: PathBuf,
+    },
     /// Print a JSON schema: `search` (the search settings) or `result` (`search --json`).
     Schema {
         #[arg(value_parser = ["search", "result"])]
@@ -396,6 +407,10 @@ pub struct SearchArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// After the table, say why: the winner's predicted peak split into
+    /// parts beside the next larger batch's, which does not fit.
+    #[arg(long)]
+    pub why: bool,
     /// CPU threads for each traced step (predicted mode; two run side by
     /// side; default: half the cores each).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]

@@ -139,12 +139,17 @@ fn run(cli: Cli) -> Result<Output> {
         }
         Command::Search(args) => {
             let result = search_with_progress(&args)?;
-            Ok(Output::ok(if args.json {
+            let mut text = if args.json {
                 json(&result)
             } else {
                 report::search(&result, args.all)
-            }))
+            };
+            if args.why && !args.json {
+                text.push_str(&why(&args, &result)?);
+            }
+            Ok(Output::ok(text))
         }
+        Command::Report { dir } => write_report(&dir),
         Command::Schema { which } => {
             let schema = if which == "search" {
                 schemars::schema_for!(SearchSpec)
@@ -186,4 +191,57 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
     let result = crate::search::search(&args.request(), &worker, &progress);
     bar.finish_and_clear();
     result
+}
+
+/// `segtune report DIR`: the page and its charts into `DIR/report/`.
+fn write_report(dir: &std::path::Path) -> Result<Output> {
+    use crate::search::saved;
+    let (search, rows) = saved::load(dir)?;
+    let breakdown = saved::winner_breakdown(&search, &Worker::locate()?)?;
+    let page = report::page(&search, &rows, breakdown.as_ref());
+    let out = dir.join("report");
+    std::fs::create_dir_all(&out).map_err(|e| {
+        crate::error::Error::Environment(format!("cannot create {}: {e}", out.display()))
+    })?;
+    let mut text = String::new();
+    for (name, svg) in &page.svgs {
+        let path = out.join(name);
+        saved::write_atomically(&path, svg.as_bytes())?;
+        text.push_str(&format!("wrote {}\n", path.display()));
+    }
+    let path = out.join("report.html");
+    saved::write_atomically(&path, page.html.as_bytes())?;
+    text.push_str(&format!(
+        "wrote {} ({} journal rows)\n",
+        path.display(),
+        rows.len()
+    ));
+    Ok(Output::ok(text))
+}
+
+/// `search --why`: the winner's predicted peak beside the next larger
+/// batch's (which does not fit), part by part.
+fn why(args: &SearchArgs, result: &SearchResult) -> Result<String> {
+    use crate::search::saved;
+    let Some(winner) = &result.winner else {
+        return Ok(String::new());
+    };
+    let search = saved::SavedSearch {
+        result: result.clone(),
+        config: config::absolute(&args.config),
+        config_hash: String::new(),
+        cfg_options: args.cfg_options.clone(),
+        gt_segments: args.gt_segments.0,
+    };
+    let worker = Worker::locate()?;
+    let won = saved::breakdown_of(&search, &winner.candidate, &worker)?;
+    let next = match saved::next_that_does_not_fit(result) {
+        Some(c) => Some((c, saved::breakdown_of(&search, &c, &worker)?)),
+        None => None,
+    };
+    Ok(report::why(
+        result,
+        (&winner.candidate, &won),
+        next.as_ref().map(|(c, b)| (c, b)),
+    ))
 }

@@ -138,7 +138,7 @@ pub fn breakdown(
         });
     }
     parts.push(PeakPart {
-        name: "reserved, not allocated (fragmentation and cached free blocks)".into(),
+        name: "reserved, not allocated (fragmentation, cached blocks)".into(),
         bytes: replayed
             .peak_reserved
             .saturating_sub(replayed.peak_allocated),

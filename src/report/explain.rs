@@ -3,8 +3,11 @@
 //! part, gradients, the batch, workspaces, the allocator's reserve, the
 //! CUDA context), each with its share, against the GPU's memory.
 
-use super::table;
+use super::{table, table_of};
+use crate::predict::breakdown::PeakBreakdown;
 use crate::predict::Estimate;
+use crate::search::space::Candidate;
+use crate::search::SearchResult;
 
 fn gib3(bytes: u64) -> String {
     format!("{:.3}", bytes as f64 / (1u64 << 30) as f64)
@@ -66,5 +69,61 @@ pub fn explain(e: &Estimate) -> String {
          of the weights the part cast. parameter gradients: the backward's allocations that \
          live into the optimizer step; gradients in flight: the backward's other allocations\n",
     );
+    out
+}
+
+fn candidate_name(c: &Candidate) -> String {
+    format!("batch {} {}x{} {}", c.batch_size, c.crop.0, c.crop.1, c.amp)
+}
+
+/// `search --why`: the winner's parts beside the next larger batch's.
+pub fn why(
+    r: &SearchResult,
+    winner: (&Candidate, &PeakBreakdown),
+    next: Option<(&Candidate, &PeakBreakdown)>,
+) -> String {
+    let mut names: Vec<&str> = winner.1.parts.iter().map(|p| p.name.as_str()).collect();
+    if let Some((_, b)) = next {
+        for p in &b.parts {
+            if !names.contains(&p.name.as_str()) {
+                names.push(&p.name);
+            }
+        }
+    }
+    let bytes = |b: &PeakBreakdown, name: &str| {
+        b.parts
+            .iter()
+            .find(|p| p.name == name)
+            .map_or(0, |p| p.bytes)
+    };
+    let mut header = vec![
+        "part (predicted MiB)".to_string(),
+        format!("winner: {}", candidate_name(winner.0)),
+    ];
+    if let Some((c, _)) = next {
+        header.push(format!("{} (does not fit)", candidate_name(c)));
+    }
+    let mut rows: Vec<Vec<String>> = names
+        .iter()
+        .map(|name| {
+            let mut row = vec![name.to_string(), mib(bytes(winner.1, name))];
+            if let Some((_, b)) = next {
+                row.push(mib(bytes(b, name)));
+            }
+            row
+        })
+        .collect();
+    let mut total = vec!["total".to_string(), mib(winner.1.total())];
+    if let Some((_, b)) = next {
+        total.push(mib(b.total()));
+    }
+    rows.push(total);
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut out = format!(
+        "\nwhy (predicted, against the usable {} MiB):\n",
+        mib(r.budget.usable_bytes)
+    );
+    out.push_str(&table_of(&header, rows));
+    out.push('\n');
     out
 }

@@ -5,13 +5,16 @@
 
 mod estimate;
 mod explain;
+mod html;
 mod inspect;
 mod presets;
 mod search;
+mod svg;
 mod trial;
 
 pub use estimate::estimate;
-pub use explain::explain;
+pub use explain::{explain, why};
+pub use html::{page, ReportPage};
 pub use inspect::inspect;
 pub use presets::presets;
 pub use search::{progress_line, search};

@@ -16,12 +16,30 @@ use std::path::{Path, PathBuf};
 /// few hundred lines of ~500 bytes).
 pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
 
+/// One line of the journal.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct Line {
-    config_hash: String,
-    device: String,
-    candidate: Candidate,
-    record: TrialRecord,
+pub struct JournalRow {
+    pub config_hash: String,
+    /// `predicted:...` or `cuda:N`, with the GPUs and segments settings.
+    pub device: String,
+    pub candidate: Candidate,
+    pub record: TrialRecord,
+}
+
+type Line = JournalRow;
+
+/// Every readable row of `dir/trials.jsonl`, in the order written (torn
+/// or foreign lines skipped).
+pub fn rows(dir: &Path) -> Result<Vec<JournalRow>> {
+    let path = dir.join("trials.jsonl");
+    let mut bytes = Vec::new();
+    File::open(&path)
+        .and_then(|f| f.take(MAX_JOURNAL_BYTES).read_to_end(&mut bytes))
+        .map_err(|e| environment(&path, "read", e))?;
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
 }
 
 /// An append-only journal of trials.

@@ -16,6 +16,7 @@
 //! - `journal.rs`: the append-only record of trials.
 //! - `emit.rs`: the winner as an MMSeg config and a `--cfg-options` line.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
+//! - `saved.rs`: `search.json`, the finished search for `segtune report`.
 
 pub mod confirm;
 pub mod emit;
@@ -23,6 +24,7 @@ pub mod evaluate;
 pub mod journal;
 pub mod record;
 pub mod run;
+pub mod saved;
 pub mod space;
 pub mod spec;
 pub mod strategy;

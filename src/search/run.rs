@@ -7,6 +7,7 @@ use super::emit;
 use super::evaluate::{Evaluator, MeasuredEvaluator, PredictedEvaluator};
 use super::journal::{hash_text, Journal};
 use super::record::{Mode, Outcome, SearchResult};
+use super::saved;
 use super::space::{self, Amp, Recipe};
 use super::spec::{DeviceSetting, SearchSpec};
 use super::strategy::{rank, run_search, Explored, Progress, SearchSpace};
@@ -255,6 +256,16 @@ pub fn search_with(
         result.emitted = written.iter().map(|p| p.display().to_string()).collect();
         result.cfg_options = Some(emit::cfg_options_line(&cfg, &c, auto));
     }
+    saved::save(
+        &request.out,
+        &saved::SavedSearch {
+            result: result.clone(),
+            config: config::absolute(&request.config),
+            config_hash,
+            cfg_options: request.cfg_options.clone(),
+            gt_segments: request.gt_segments,
+        },
+    )?;
     Ok(result)
 }
 

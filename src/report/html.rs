@@ -1,0 +1,194 @@
+//! `segtune report`'s page: a self-contained HTML file (and its charts as
+//! SVG files) from a finished search and its journal: memory against batch
+//! per crop and precision with the budget, throughput against batch, the
+//! winner marked, the winner's predicted peak split into parts, and the
+//! search's table. One chart point per journal row.
+
+use super::svg::{self, escape, Line, Point, Scatter, Series};
+use crate::predict::breakdown::PeakBreakdown;
+use crate::search::journal::JournalRow;
+use crate::search::saved::SavedSearch;
+use crate::search::Mode;
+
+/// The page and its charts (file name, SVG text).
+pub struct ReportPage {
+    pub html: String,
+    pub svgs: Vec<(&'static str, String)>,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The series a row belongs to: crop, precision, model knobs, and whether
+/// it was measured.
+fn series_label(row: &JournalRow) -> String {
+    let c = &row.candidate;
+    let mut label = format!("{}x{} {}", c.crop.0, c.crop.1, c.amp);
+    if c.checkpoint {
+        label.push_str(" with_cp");
+    }
+    if let Some(k) = c.num_points {
+        label.push_str(&format!(" K={k}"));
+    }
+    if row.record.mode == Mode::Measured {
+        label.push_str(" measured");
+    }
+    label
+}
+
+/// One chart over the rows: `y` picks the figure.
+fn chart(
+    saved: &SavedSearch,
+    rows: &[JournalRow],
+    (title, y_label): (&str, &str),
+    y: &dyn Fn(&JournalRow) -> Option<f64>,
+    lines: Vec<Line>,
+) -> Scatter {
+    let winner = saved.result.winner.as_ref();
+    let mut series: Vec<Series> = Vec::new();
+    for row in rows {
+        let c = &row.candidate;
+        let label = series_label(row);
+        let point = Point {
+            x: c.batch_size as f64,
+            y: y(row),
+            title: format!(
+                "batch {}, {}x{}, {}, accumulation {}: {} ({}){}",
+                c.batch_size,
+                c.crop.0,
+                c.crop.1,
+                c.amp,
+                c.accumulation,
+                row.record.status.name(),
+                row.record.mode.name(),
+                y(row).map_or(String::new(), |v| format!(", {v:.2} {y_label}"))
+            ),
+            fits: row.record.fits(),
+            winner: winner
+                .is_some_and(|w| w.candidate.key() == c.key() && w.record.mode == row.record.mode),
+        };
+        match series.iter_mut().find(|s| s.label == label) {
+            Some(s) => s.points.push(point),
+            None => series.push(Series {
+                label,
+                points: vec![point],
+            }),
+        }
+    }
+    Scatter {
+        title: title.to_string(),
+        x_label: "batch size per GPU".into(),
+        y_label: y_label.to_string(),
+        series,
+        lines,
+    }
+}
+
+/// The report of a finished search: `rows` are its journal's rows,
+/// `breakdown` the winner's predicted peak, if any.
+pub fn page(
+    saved: &SavedSearch,
+    rows: &[JournalRow],
+    breakdown: Option<&PeakBreakdown>,
+) -> ReportPage {
+    let r = &saved.result;
+    let b = &r.budget;
+    let memory = svg::scatter(&chart(
+        saved,
+        rows,
+        ("Device memory at the peak", "GiB"),
+        &|row| row.record.device_bytes.map(|v| v as f64 / GIB),
+        vec![
+            Line {
+                y: b.usable_bytes as f64 / GIB,
+                label: format!("usable {:.2} GiB", b.usable_bytes as f64 / GIB),
+                color: "#d62728",
+            },
+            Line {
+                y: b.vram_bytes as f64 / GIB,
+                label: format!("VRAM {:.2} GiB", b.vram_bytes as f64 / GIB),
+                color: "#7f7f7f",
+            },
+        ],
+    ));
+    let throughput = svg::scatter(&chart(
+        saved,
+        rows,
+        ("Throughput", "images/s"),
+        &|row| row.record.images_per_s,
+        Vec::new(),
+    ));
+    let mut svgs = vec![("memory.svg", memory), ("throughput.svg", throughput)];
+    if let Some(parts) = breakdown {
+        let bars: Vec<(String, f64)> = parts
+            .parts
+            .iter()
+            .map(|p| (p.name.clone(), p.bytes as f64 / (1u64 << 20) as f64))
+            .collect();
+        svgs.push((
+            "breakdown.svg",
+            svg::bars("The winner's peak (predicted)", &bars, &|v| {
+                format!("{v:.1} MiB")
+            }),
+        ));
+    }
+    let mut html =
+        String::from("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+    html.push_str(&format!(
+        "<title>segtune search: {}</title>",
+        escape(&r.config)
+    ));
+    html.push_str(
+        "<style>body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}\
+         h1{font-size:22px}h2{font-size:17px;margin-top:28px}\
+         pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px}\
+         .figures{color:#555}</style></head>\n<body>\n",
+    );
+    html.push_str(&format!(
+        "<h1>segtune search report</h1><p><b>{}</b> on <b>{}</b>{} ({:.2} GiB, usable {:.2} GiB); \
+         recipe batch {} x crop {}x{}, effective batch {}.</p>\
+         <p class=\"figures\">Figures are {}: {} journal rows shown, one point each. {}</p>\n",
+        escape(&r.config),
+        escape(&b.gpu),
+        b.gpu_description
+            .as_deref()
+            .map(|d| format!(" ({})", escape(d)))
+            .unwrap_or_default(),
+        b.vram_bytes as f64 / GIB,
+        b.usable_bytes as f64 / GIB,
+        r.recipe.batch_size,
+        r.recipe.crop.0,
+        r.recipe.crop.1,
+        r.recipe.effective_batch,
+        match r.mode {
+            Mode::Predicted => "predicted from CPU traces (no GPU was used)",
+            Mode::Measured => "measured by real trials (rows marked measured) or predicted",
+        },
+        rows.len(),
+        match &r.winner {
+            Some(w) => format!(
+                "Winner: batch {} x crop {}x{}, {}, accumulation {} ({}).",
+                w.candidate.batch_size,
+                w.candidate.crop.0,
+                w.candidate.crop.1,
+                w.candidate.amp,
+                w.candidate.accumulation,
+                w.record.mode.name()
+            ),
+            None => "No candidate fits.".into(),
+        }
+    ));
+    for (name, svg) in &svgs {
+        let id = name.trim_end_matches(".svg");
+        html.push_str(&format!("<h2>{id}</h2><div id=\"{id}\">{svg}</div>\n"));
+    }
+    html.push_str(&format!(
+        "<h2>table</h2><pre>{}</pre>\n",
+        escape(&super::search(r, true))
+    ));
+    // Lets a headless browser report what it rendered.
+    html.push_str(
+        "<script>document.body.dataset.points = \
+         document.querySelectorAll('#memory .point').length;</script>\n</body></html>\n",
+    );
+    ReportPage { html, svgs }
+}

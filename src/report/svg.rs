@@ -1,0 +1,293 @@
+//! Small, self-contained SVG charts for `segtune report`: a scatter of
+//! points by series over integer x (the batch size), with horizontal
+//! reference lines (the budget), and a horizontal bar chart (the breakdown).
+//! Every point is one `class="point"` element, so a page can be checked
+//! point for point; text is plain SVG `<text>`, no fonts embedded.
+
+use std::fmt::Write;
+
+const WIDTH: f64 = 760.0;
+const HEIGHT: f64 = 420.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 210.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 50.0;
+
+/// Colours of the series, in turn.
+const PALETTE: [&str; 10] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+/// One point: `y` absent for a row without the figure (drawn as a cross
+/// on the top edge).
+#[derive(Debug, Clone)]
+pub struct Point {
+    pub x: f64,
+    pub y: Option<f64>,
+    /// The tooltip.
+    pub title: String,
+    pub fits: bool,
+    pub winner: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub label: String,
+    pub points: Vec<Point>,
+}
+
+/// A horizontal reference line.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub y: f64,
+    pub label: String,
+    pub color: &'static str,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scatter {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<Series>,
+    pub lines: Vec<Line>,
+}
+
+/// Escapes text for SVG/HTML.
+pub fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// About five round tick values from 0 to at least `max`.
+fn ticks(max: f64) -> Vec<f64> {
+    let max = if max > 0.0 { max } else { 1.0 };
+    let raw = max / 5.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * magnitude);
+    (0..)
+        .map(|i| i as f64 * step)
+        .take_while(|t| *t < max + step)
+        .collect()
+}
+
+fn number(v: f64) -> String {
+    if v == v.round() {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn svg_open(out: &mut String, title: &str, height: f64) {
+    let _ = write!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12"><title>{}</title><rect width="100%" height="100%" fill="white"/><text x="{}" y="22" font-size="15" font-weight="bold">{}</text>"#,
+        escape(title),
+        LEFT,
+        escape(title)
+    );
+}
+
+/// The scatter as an SVG document.
+pub fn scatter(chart: &Scatter) -> String {
+    let all = chart.series.iter().flat_map(|s| &s.points);
+    let x_max = all.clone().map(|p| p.x).fold(1.0, f64::max) + 1.0;
+    let y_max = all
+        .filter_map(|p| p.y)
+        .chain(chart.lines.iter().map(|l| l.y))
+        .fold(0.0, f64::max)
+        * 1.08;
+    let y_ticks = ticks(y_max);
+    let y_top = *y_ticks.last().unwrap_or(&1.0);
+    let (plot_w, plot_h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
+    let sx = |x: f64| LEFT + plot_w * x / x_max;
+    let sy = |y: f64| TOP + plot_h * (1.0 - y / y_top);
+    let mut out = String::new();
+    svg_open(&mut out, &chart.title, HEIGHT);
+    // Axes, grid and ticks.
+    for t in &y_ticks {
+        let _ = write!(
+            out,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#e5e5e5"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            LEFT + plot_w,
+            LEFT - 6.0,
+            sy(*t) + 4.0,
+            number(*t),
+            y = sy(*t)
+        );
+    }
+    for x in 1..(x_max as i64) {
+        let _ = write!(
+            out,
+            r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#,
+            sx(x as f64),
+            TOP + plot_h + 16.0
+        );
+    }
+    let _ = write!(
+        out,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/><text x="{}" y="{}" text-anchor="middle">{}</text><text transform="translate(16 {}) rotate(-90)" text-anchor="middle">{}</text>"##,
+        LEFT + plot_w / 2.0,
+        HEIGHT - 12.0,
+        escape(&chart.x_label),
+        TOP + plot_h / 2.0,
+        escape(&chart.y_label)
+    );
+    for line in &chart.lines {
+        let _ = write!(
+            out,
+            r#"<line class="reference" x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="{c}" stroke-dasharray="6 4" stroke-width="1.5"/><text x="{}" y="{}" fill="{c}" text-anchor="end">{}</text>"#,
+            LEFT + plot_w,
+            LEFT + plot_w - 4.0,
+            sy(line.y) - 4.0,
+            escape(&line.label),
+            y = sy(line.y),
+            c = line.color
+        );
+    }
+    // Points, and the legend.
+    for (i, series) in chart.series.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        // Series at the same batch are spread a little, to be seen apart.
+        let dx = (i as f64 - chart.series.len() as f64 / 2.0) * 2.5;
+        for p in &series.points {
+            let x = sx(p.x) + dx;
+            let title = format!("<title>{}</title>", escape(&p.title));
+            match p.y {
+                Some(y) => {
+                    let fill = if p.fits { color } else { "white" };
+                    let _ = write!(
+                        out,
+                        r#"<circle class="point" cx="{x:.1}" cy="{:.1}" r="5" fill="{fill}" stroke="{color}" stroke-width="2">{title}</circle>"#,
+                        sy(y)
+                    );
+                    if p.winner {
+                        let _ = write!(
+                            out,
+                            r##"<circle class="winner-mark" cx="{x:.1}" cy="{:.1}" r="10" fill="none" stroke="#000" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-weight="bold">winner</text>"##,
+                            sy(y),
+                            x + 12.0,
+                            sy(y) - 8.0
+                        );
+                    }
+                }
+                None => {
+                    let y = TOP + 8.0;
+                    let _ = write!(
+                        out,
+                        r#"<path class="point missing" d="M{:.1} {:.1} l8 8 m0 -8 l-8 8" stroke="{color}" stroke-width="2">{title}</path>"#,
+                        x - 4.0,
+                        y - 4.0
+                    );
+                }
+            }
+        }
+        let ly = TOP + 14.0 + 18.0 * i as f64;
+        let _ = write!(
+            out,
+            r#"<circle cx="{}" cy="{ly}" r="5" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+            WIDTH - RIGHT + 20.0,
+            WIDTH - RIGHT + 30.0,
+            ly + 4.0,
+            escape(&series.label)
+        );
+    }
+    let ly = TOP + 14.0 + 18.0 * chart.series.len() as f64 + 8.0;
+    let _ = write!(
+        out,
+        r##"<text x="{}" y="{ly}" fill="#555">filled: fits; hollow: does not;</text><text x="{}" y="{}" fill="#555">cross on top: no figure</text></svg>"##,
+        WIDTH - RIGHT + 14.0,
+        WIDTH - RIGHT + 14.0,
+        ly + 16.0
+    );
+    out
+}
+
+/// A horizontal bar per `(label, value)`, largest first as given, with
+/// the value written by `format`.
+pub fn bars(title: &str, rows: &[(String, f64)], format: &dyn Fn(f64) -> String) -> String {
+    let row_h = 22.0;
+    let label_w = 360.0;
+    let height = TOP + 20.0 + row_h * rows.len() as f64;
+    let max = rows.iter().map(|r| r.1).fold(0.0, f64::max).max(1e-9);
+    let bar_w = WIDTH - label_w - 110.0;
+    let mut out = String::new();
+    svg_open(&mut out, title, height);
+    for (i, (label, value)) in rows.iter().enumerate() {
+        let y = TOP + row_h * i as f64;
+        let w = bar_w * value / max;
+        let _ = write!(
+            out,
+            r##"<text x="{}" y="{}" text-anchor="end">{}</text><rect class="bar" x="{label_w}" y="{}" width="{w:.1}" height="{}" fill="{}"/><text x="{}" y="{}">{}</text>"##,
+            label_w - 8.0,
+            y + 15.0,
+            escape(label),
+            y + 3.0,
+            row_h - 6.0,
+            PALETTE[i % PALETTE.len()],
+            label_w + w + 6.0,
+            y + 15.0,
+            escape(&format(*value))
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_maximum() {
+        assert_eq!(ticks(4.3), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let small = ticks(0.9);
+        assert_eq!(small.len(), 6);
+        assert!((small[5] - 1.0).abs() < 1e-9 && (small[1] - 0.2).abs() < 1e-9);
+        assert!(ticks(0.0).len() > 1);
+    }
+
+    #[test]
+    fn every_point_is_one_element_and_the_winner_is_marked() {
+        let p = |x: f64, y: Option<f64>, winner: bool| Point {
+            x,
+            y,
+            title: format!("b{x}"),
+            fits: y.is_some_and(|y| y < 3.0),
+            winner,
+        };
+        let chart = Scatter {
+            title: "memory <GiB>".into(),
+            x_label: "batch".into(),
+            y_label: "GiB".into(),
+            series: vec![Series {
+                label: "512x512 fp16".into(),
+                points: vec![
+                    p(1.0, Some(1.0), false),
+                    p(2.0, Some(2.0), true),
+                    p(4.0, None, false),
+                ],
+            }],
+            lines: vec![Line {
+                y: 3.5,
+                label: "usable".into(),
+                color: "#d00",
+            }],
+        };
+        let svg = scatter(&chart);
+        assert_eq!(svg.matches(r#"class="point"#).count(), 3);
+        assert_eq!(svg.matches("winner-mark").count(), 1);
+        assert!(svg.contains("memory &lt;GiB&gt;"));
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+    }
+}

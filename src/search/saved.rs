@@ -1,0 +1,125 @@
+//! What a finished search leaves beside its journal for `segtune report`:
+//! `DIR/search.json`, the result with what reproduces its predictions (the
+//! config's hash, the `--cfg-options`, the segments setting), written
+//! whole (a temporary file renamed over it). The journal's rows of the
+//! same config are read back with it.
+
+use super::journal::{JournalRow, MAX_JOURNAL_BYTES};
+use super::record::SearchResult;
+use super::space::Candidate;
+use crate::error::{Error, Result};
+use crate::predict::breakdown::PeakBreakdown;
+use crate::predict::{estimate_config, EstimateRequest, Gpu, TraceKind};
+use crate::trial::worker::Worker;
+use crate::trial::TrainingSetup;
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// The file in a search's `--out` directory.
+pub const SEARCH_FILE: &str = "search.json";
+
+/// A finished search, as saved.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SavedSearch {
+    pub result: SearchResult,
+    /// The config searched, as an absolute path.
+    pub config: std::path::PathBuf,
+    /// The resolved config's hash (the journal's key).
+    pub config_hash: String,
+    pub cfg_options: Vec<String>,
+    pub gt_segments: Option<i64>,
+}
+
+/// Writes `bytes` to `path` whole: into a temporary file beside it, synced,
+/// then renamed over it.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let fail =
+        |e: std::io::Error| Error::Environment(format!("cannot write {}: {e}", path.display()));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
+    tmp.write_all(bytes).map_err(fail)?;
+    tmp.as_file().sync_data().map_err(fail)?;
+    tmp.persist(path).map_err(|e| fail(e.error))?;
+    Ok(())
+}
+
+/// Saves a finished search into its `--out` directory.
+pub fn save(dir: &Path, saved: &SavedSearch) -> Result<()> {
+    let text = serde_json::to_string_pretty(saved).expect("results serialise");
+    write_atomically(&dir.join(SEARCH_FILE), text.as_bytes())
+}
+
+/// Loads a search's `search.json` and its journal's rows of that config.
+pub fn load(dir: &Path) -> Result<(SavedSearch, Vec<JournalRow>)> {
+    let path = dir.join(SEARCH_FILE);
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text))
+        .map_err(|e| {
+            Error::Input(format!(
+                "{}: {e}; give the --out directory of a finished `segtune search`",
+                path.display()
+            ))
+        })?;
+    let saved: SavedSearch = serde_json::from_str(&text).map_err(|e| {
+        Error::Input(format!(
+            "{} is not a segtune search result ({e}); run `segtune search` into that directory again",
+            path.display()
+        ))
+    })?;
+    let rows = super::journal::rows(dir)?
+        .into_iter()
+        .filter(|r| r.config_hash == saved.config_hash)
+        .collect();
+    Ok((saved, rows))
+}
+
+/// The winner's predicted peak split into parts (a meta trace of its step),
+/// `None` without a winner.
+pub fn winner_breakdown(saved: &SavedSearch, worker: &Worker) -> Result<Option<PeakBreakdown>> {
+    match &saved.result.winner {
+        None => Ok(None),
+        Some(w) => breakdown_of(saved, &w.candidate, worker).map(Some),
+    }
+}
+
+/// A candidate's predicted peak split into parts (a meta trace of its step).
+pub fn breakdown_of(saved: &SavedSearch, c: &Candidate, worker: &Worker) -> Result<PeakBreakdown> {
+    let r = &saved.result;
+    let request = EstimateRequest {
+        config: saved.config.clone(),
+        cfg_options: super::space::options_with_knobs(&saved.cfg_options, c.knobs()),
+        gpu: Gpu::choose(
+            None,
+            Some(&r.budget.vram_bytes.to_string()),
+            &r.budget.compute_capability,
+        )?,
+        batch_size: Some(c.batch_size),
+        crop: Some(c.crop),
+        amp: Some(c.amp),
+        threads: None,
+        gt_segments: saved.gt_segments,
+        setup: TrainingSetup {
+            gpus: r.gpus,
+            ..TrainingSetup::default()
+        },
+        trace: TraceKind::Meta,
+    };
+    Ok(estimate_config(&request, worker)?.breakdown)
+}
+
+/// The smallest candidate above the winner (same crop, precision and
+/// knobs) that does not fit: what `--why` compares the winner with.
+pub fn next_that_does_not_fit(r: &SearchResult) -> Option<Candidate> {
+    let w = r.winner.as_ref()?.candidate;
+    r.infeasible
+        .iter()
+        .map(|o| o.candidate)
+        .filter(|c| {
+            c.crop == w.crop
+                && c.amp == w.amp
+                && c.knobs() == w.knobs()
+                && c.batch_size > w.batch_size
+        })
+        .min_by_key(|c| c.batch_size)
+}
