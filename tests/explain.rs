@@ -93,6 +93,9 @@ fn search_why_sets_the_winner_beside_the_next_batch_that_does_not_fit() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Not a terminal: no progress line on stderr.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("at most"), "{stderr}");
     let text = String::from_utf8(out.stdout).unwrap();
     let why = &text[text
         .find("why (predicted, against the usable")

@@ -59,6 +59,7 @@ fn batch_5_extrapolated_from_2_and_3_matches_a_direct_trace() {
         batch_copies: batch_tensors(5, (96, 96)),
         cublas_workspace: 8 << 20,
         capacity: None,
+        settings: Default::default(),
     };
     let extrapolated = replay(&predicted, &inputs);
     let direct = replay(&five, &inputs);

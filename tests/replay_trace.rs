@@ -46,6 +46,7 @@ fn replaying_the_trace_gives_the_caching_allocators_peaks() {
         batch_copies: segtune::predict::estimate::batch_tensors(1, (128, 128)),
         cublas_workspace: workspace,
         capacity: None,
+        settings: Default::default(),
     };
     let r = replay(&events, &inputs);
     // The data loading on the CPU is not on the GPU, the copies and workspace are.
@@ -72,6 +73,7 @@ fn replaying_the_trace_gives_the_caching_allocators_peaks() {
     // A capacity below the peak makes the replay run out of memory.
     let tight = ReplayInputs {
         capacity: Some(r.peak_allocated / 2),
+        settings: Default::default(),
         ..inputs
     };
     assert!(replay(&events, &tight).out_of_memory);

@@ -5,6 +5,7 @@
 use crate::config::dump;
 use crate::error::Result;
 use crate::named::Named;
+use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::{Objective, SearchRequest, SearchSpec};
 use crate::trial::{Amp, DeviceChoice, OpTrace, Stack, TrainingSetup, TrialRequest};
@@ -344,6 +345,11 @@ pub struct EstimateArgs {
     /// CPU allocation (cpu-allocator, the trace before op-level traces).
     #[arg(long, value_parser = named::<TraceKind>(), default_value = "meta")]
     pub trace: TraceKind,
+    /// The caching allocator's settings, as PYTORCH_CUDA_ALLOC_CONF:
+    /// expandable_segments:True and/or max_split_size_mb:N (the reserved
+    /// memory with the defaults is shown beside).
+    #[arg(long, value_name = "CONF", value_parser = clap::value_parser!(AllocatorSettings), default_value = "")]
+    pub alloc_conf: AllocatorSettings,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -367,6 +373,7 @@ impl EstimateArgs {
             gt_segments: self.gt_segments.0,
             setup: self.setup.setup(),
             trace: self.trace,
+            alloc_conf: self.alloc_conf,
         })
     }
 }

@@ -234,9 +234,17 @@ fn why(args: &SearchArgs, result: &SearchResult) -> Result<String> {
         gt_segments: args.gt_segments.0,
     };
     let worker = Worker::locate()?;
-    let won = saved::breakdown_of(&search, &winner.candidate, &worker)?;
+    let won = saved::breakdown_of(
+        &search,
+        &winner.candidate,
+        winner.record.allocator_settings(),
+        &worker,
+    )?;
     let next = match saved::next_that_does_not_fit(result) {
-        Some(c) => Some((c, saved::breakdown_of(&search, &c, &worker)?)),
+        Some(c) => Some((
+            c,
+            saved::breakdown_of(&search, &c, Default::default(), &worker)?,
+        )),
         None => None,
     };
     Ok(report::why(

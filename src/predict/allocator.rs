@@ -1,8 +1,10 @@
 //! A model of PyTorch 2.11's CUDA caching allocator
-//! (`c10/cuda/CUDACachingAllocator.cpp`, native backend, default settings:
-//! no `max_split_size_mb`, no expandable segments, one stream), replaying a
-//! sequence of allocations and frees to give what
+//! (`c10/cuda/CUDACachingAllocator.cpp`, native backend, one stream),
+//! replaying a sequence of allocations and frees to give what
 //! `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` report.
+//! This file models the default segments, with or without
+//! `max_split_size_mb`; `expandable.rs` models `expandable_segments:True`;
+//! [`Allocator`] is either, as [`AllocatorSettings`] say.
 //!
 //! The rules it reproduces:
 //! - requests are rounded up to a multiple of 512 bytes (512 at least);
@@ -16,9 +18,15 @@
 //!   whole block is handed out and counts as allocated;
 //! - a freed block merges with free neighbours of its segment;
 //! - when reserving would exceed the device's capacity, cached blocks that are
-//!   whole segments are released (first the smallest single one that is big
-//!   enough, then all of them) and the reservation retried; then it is an
-//!   out-of-memory error.
+//!   whole segments are released and the reservation retried (with
+//!   `max_split_size_mb`, first the smallest oversize one big enough, or the
+//!   largest oversize ones until enough: `release_available_cached_blocks`;
+//!   then all of them: `release_cached_blocks`); then it is an out-of-memory
+//!   error;
+//! - with `max_split_size_mb` (`get_free_block`, `should_split`): blocks of
+//!   at least that size are never split; a request below it never takes
+//!   one, and a request at or above it takes a cached block only when it is
+//!   less than 20 MiB larger.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -83,9 +91,121 @@ pub struct OutOfMemory {
     pub stats: Stats,
 }
 
+/// `PYTORCH_CUDA_ALLOC_CONF`'s settings the model follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct AllocatorSettings {
+    /// `max_split_size_mb`, in bytes (`None`: unlimited, the default).
+    pub max_split_size: Option<u64>,
+    /// `expandable_segments:True`.
+    pub expandable_segments: bool,
+}
+
+impl AllocatorSettings {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` value for these settings (empty for the
+    /// defaults).
+    pub fn env_value(&self) -> String {
+        let mut parts = Vec::new();
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".to_string());
+        }
+        if let Some(m) = self.max_split_size {
+            parts.push(format!("max_split_size_mb:{}", m >> 20));
+        }
+        parts.join(",")
+    }
+}
+
+impl std::str::FromStr for AllocatorSettings {
+    type Err = String;
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` value: `expandable_segments:True`,
+    /// `max_split_size_mb:N` (N > 20, as PyTorch requires), comma-separated.
+    fn from_str(text: &str) -> Result<AllocatorSettings, String> {
+        let mut settings = AllocatorSettings::default();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once(':').ok_or_else(|| {
+                format!("`{item}`: write KEY:VALUE (expandable_segments:True, max_split_size_mb:N)")
+            })?;
+            match key.trim() {
+                "expandable_segments" => {
+                    settings.expandable_segments = match value.trim() {
+                        "True" | "true" => true,
+                        "False" | "false" => false,
+                        v => return Err(format!("expandable_segments:{v}: write True or False")),
+                    }
+                }
+                "max_split_size_mb" => {
+                    let mb: u64 = value.trim().parse().map_err(|_| {
+                        format!("max_split_size_mb:{value}: write a whole number of MiB")
+                    })?;
+                    if mb <= 20 {
+                        return Err(format!(
+                            "max_split_size_mb:{mb}: PyTorch requires more than 20 (its large segment size)"
+                        ));
+                    }
+                    settings.max_split_size = Some(mb << 20);
+                }
+                other => {
+                    return Err(format!(
+                        "`{other}`: segtune models expandable_segments and max_split_size_mb only"
+                    ))
+                }
+            }
+        }
+        Ok(settings)
+    }
+}
+
+/// The caching allocator with its settings: default segments or expandable.
+pub enum Allocator {
+    Segments(CachingAllocator),
+    Expandable(super::expandable::ExpandableAllocator),
+}
+
+impl Allocator {
+    pub fn new(capacity: Option<u64>, settings: AllocatorSettings) -> Allocator {
+        if settings.expandable_segments {
+            Allocator::Expandable(super::expandable::ExpandableAllocator::new(capacity))
+        } else {
+            let mut a = CachingAllocator::new(capacity);
+            a.max_split_size = settings.max_split_size.unwrap_or(u64::MAX);
+            Allocator::Segments(a)
+        }
+    }
+
+    pub fn malloc(&mut self, id: u64, size: u64) -> Result<(), OutOfMemory> {
+        match self {
+            Allocator::Segments(a) => a.malloc(id, size),
+            Allocator::Expandable(a) => a.malloc(id, size),
+        }
+    }
+
+    pub fn free(&mut self, id: u64) {
+        match self {
+            Allocator::Segments(a) => a.free(id),
+            Allocator::Expandable(a) => a.free(id),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        match self {
+            Allocator::Segments(a) => a.stats(),
+            Allocator::Expandable(a) => a.stats(),
+        }
+    }
+
+    pub fn reset_peaks(&mut self) {
+        match self {
+            Allocator::Segments(a) => a.reset_peaks(),
+            Allocator::Expandable(a) => a.reset_peaks(),
+        }
+    }
+}
+
 /// The allocator state.
 pub struct CachingAllocator {
     capacity: Option<u64>,
+    /// `max_split_size_mb` in bytes (`u64::MAX`: unlimited).
+    max_split_size: u64,
     /// Every block by address.
     blocks: BTreeMap<u64, Block>,
     /// Free blocks per pool, ordered by (size, address).
@@ -106,6 +226,7 @@ impl CachingAllocator {
         free.insert(Pool::Large, BTreeSet::new());
         CachingAllocator {
             capacity,
+            max_split_size: u64::MAX,
             blocks: BTreeMap::new(),
             free,
             segments: BTreeMap::new(),
@@ -146,7 +267,7 @@ impl CachingAllocator {
         let remaining = block.size - rounded;
         let split = match pool {
             Pool::Small => remaining >= MIN_BLOCK_SIZE,
-            Pool::Large => remaining > SMALL_SIZE,
+            Pool::Large => rounded < self.max_split_size && remaining > SMALL_SIZE,
         };
         let granted = if split {
             let rest = Block {
@@ -220,6 +341,13 @@ impl CachingAllocator {
     fn take_free_block(&mut self, pool: Pool, size: u64) -> Option<u64> {
         let set = self.free.get_mut(&pool).expect("pool");
         let &(found_size, address) = set.range((size, 0)..).next()?;
+        // Oversize blocks serve only oversize requests, within 20 MiB.
+        let max_split = self.max_split_size;
+        if (size < max_split && found_size >= max_split)
+            || (size >= max_split && found_size >= size.saturating_add(LARGE_BUFFER))
+        {
+            return None;
+        }
         set.remove(&(found_size, address));
         Some(address)
     }
@@ -227,9 +355,11 @@ impl CachingAllocator {
     fn reserve(&mut self, pool: Pool, rounded: u64, requested: u64) -> Result<u64, OutOfMemory> {
         let segment = allocation_size(rounded);
         if !self.fits(segment) {
-            self.stats.num_alloc_retries += 1;
-            self.release_one_cached_segment(pool, segment);
+            if self.max_split_size != u64::MAX {
+                self.release_available_cached_segments(pool, rounded.max(self.max_split_size));
+            }
             if !self.fits(segment) {
+                self.stats.num_alloc_retries += 1;
                 self.release_all_cached_segments();
             }
             if !self.fits(segment) {
@@ -282,14 +412,15 @@ impl CachingAllocator {
         self.stats.segments -= 1;
     }
 
-    /// `release_available_cached_blocks`: the smallest whole cached segment
-    /// of the pool at least as large as needed, else the largest ones until
-    /// enough is freed.
-    fn release_one_cached_segment(&mut self, pool: Pool, needed: u64) {
+    /// `release_available_cached_blocks` (with `max_split_size_mb` only):
+    /// the smallest cached oversize segment of the pool at least as large as
+    /// needed, else the largest oversize ones until enough is freed.
+    fn release_available_cached_segments(&mut self, pool: Pool, needed: u64) {
+        let max_split = self.max_split_size;
         let mut candidates: Vec<(u64, u64, Pool)> = self
             .cached_segments()
             .into_iter()
-            .filter(|c| c.2 == pool)
+            .filter(|c| c.2 == pool && c.0 >= max_split)
             .collect();
         candidates.sort();
         if let Some(&(s, a, p)) = candidates.iter().find(|c| c.0 >= needed) {
@@ -425,5 +556,74 @@ mod tests {
                                        // The 18 MiB free remainder belongs to a split segment: it cannot be
                                        // released, so a 19 MiB request (another 20 MiB segment) is out of memory.
         assert!(a.malloc(1, 19 * MIB).is_err());
+    }
+
+    fn with_max_split(capacity: Option<u64>, mib: u64) -> CachingAllocator {
+        let mut a = CachingAllocator::new(capacity);
+        a.max_split_size = mib * MIB;
+        a
+    }
+
+    #[test]
+    fn oversize_blocks_serve_only_oversize_requests_within_20_mib() {
+        let mut a = with_max_split(None, 100);
+        a.malloc(0, 200 * MIB).unwrap();
+        a.free(0); // a cached 200 MiB oversize block
+        a.malloc(1, 50 * MIB).unwrap();
+        assert_eq!(
+            a.stats().reserved,
+            250 * MIB,
+            "a small request takes no oversize block"
+        );
+        a.malloc(2, 170 * MIB).unwrap();
+        assert_eq!(
+            a.stats().reserved,
+            420 * MIB,
+            "30 MiB too large a rest: a new segment"
+        );
+        a.malloc(3, 190 * MIB).unwrap();
+        assert_eq!(
+            a.stats().reserved,
+            420 * MIB,
+            "within 20 MiB: the cached block"
+        );
+        assert_eq!(
+            a.stats().allocated,
+            (50 + 170 + 200) * MIB,
+            "the oversize block is handed out whole, not split"
+        );
+    }
+
+    #[test]
+    fn settings_parse_as_pytorch_cuda_alloc_conf() {
+        let s: AllocatorSettings = "expandable_segments:True,max_split_size_mb:128"
+            .parse()
+            .unwrap();
+        assert!(s.expandable_segments);
+        assert_eq!(s.max_split_size, Some(128 * MIB));
+        assert_eq!(
+            s.env_value(),
+            "expandable_segments:True,max_split_size_mb:128"
+        );
+        assert_eq!(AllocatorSettings::default().env_value(), "");
+        assert!("max_split_size_mb:20".parse::<AllocatorSettings>().is_err());
+        assert!("garbage_collection_threshold:0.6"
+            .parse::<AllocatorSettings>()
+            .is_err());
+        assert!("expandable_segments".parse::<AllocatorSettings>().is_err());
+    }
+
+    #[test]
+    fn with_max_split_size_the_smallest_big_enough_oversize_segment_goes_first() {
+        let mut a = with_max_split(Some(400 * MIB), 100);
+        a.malloc(0, 150 * MIB).unwrap();
+        a.malloc(1, 200 * MIB).unwrap();
+        a.free(0);
+        a.free(1); // cached: 150 and 200 MiB oversize segments
+                   // 300 MiB: release_available_cached_blocks frees the largest (200)
+                   // then 150 until 300 are freed: both; no retry count (not the last try).
+        a.malloc(2, 300 * MIB).unwrap();
+        assert_eq!(a.stats().reserved, 300 * MIB);
+        assert_eq!(a.stats().num_alloc_retries, 0);
     }
 }

@@ -190,6 +190,7 @@ mod tests {
             batch_copies: vec![1 << 20],
             cublas_workspace: 0,
             capacity: None,
+            settings: Default::default(),
         };
         let replayed = replay(&events, &inputs);
         let b = breakdown(&events, &scopes, &inputs, &replayed, 500 << 20);

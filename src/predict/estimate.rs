@@ -2,6 +2,7 @@
 //! CPU trace of it, plus the terms a CPU cannot show. Every figure is a
 //! prediction and is labelled so.
 
+use super::allocator::AllocatorSettings;
 use super::breakdown::{breakdown, PeakBreakdown};
 use super::budget::Gpu;
 use super::replay::{replay, ReplayInputs, ReplayResult};
@@ -64,6 +65,10 @@ pub struct Estimate {
     pub fits: bool,
     /// The traced CPU step's peak (absent when the batch was extrapolated).
     pub cpu_trace_peak_bytes: Option<i64>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` the prediction assumes (empty: defaults).
+    pub alloc_conf: String,
+    /// With other allocator settings: the peak reserved with the defaults.
+    pub default_peak_reserved_bytes: Option<u64>,
     pub notes: Vec<String>,
     /// The predicted peak split into what it holds (`segtune explain`).
     pub breakdown: PeakBreakdown,
@@ -81,6 +86,7 @@ pub fn estimate(
     amp: Amp,
     cudnn_benchmark: bool,
     cpu_trace_peak_bytes: Option<i64>,
+    alloc_conf: AllocatorSettings,
 ) -> Estimate {
     let (h, w) = crop;
     let image = 3 * h * w * 4;
@@ -92,6 +98,7 @@ pub fn estimate(
         batch_copies: batch_copies.clone(),
         cublas_workspace: workspace,
         capacity: None,
+        settings: alloc_conf,
     };
     let unlimited = replay(trace, &unlimited_inputs);
     let breakdown = breakdown(trace, model_scopes, &unlimited_inputs, &unlimited, context);
@@ -102,6 +109,7 @@ pub fn estimate(
             batch_copies,
             cublas_workspace: workspace,
             capacity: Some(capacity),
+            settings: alloc_conf,
         },
     );
     let fixed_terms = vec![
@@ -159,6 +167,17 @@ pub fn estimate(
         fixed_terms,
         fits: !limited.out_of_memory,
         cpu_trace_peak_bytes,
+        alloc_conf: alloc_conf.env_value(),
+        default_peak_reserved_bytes: (alloc_conf != AllocatorSettings::default()).then(|| {
+            replay(
+                trace,
+                &ReplayInputs {
+                    settings: AllocatorSettings::default(),
+                    ..unlimited_inputs.clone()
+                },
+            )
+            .peak_reserved
+        }),
         notes,
         breakdown,
     }

@@ -2,6 +2,7 @@
 //! precision (or the given ones), one or two traced steps (batches above 3
 //! are extrapolated from 2 and 3), and the estimate for the GPU.
 
+use super::allocator::AllocatorSettings;
 use super::budget::Gpu;
 use super::estimate::{self, cudnn_benchmark, recipe_batch_size, recipe_crop, Estimate};
 use super::extrapolate::{extrapolate, TRACED_BATCHES};
@@ -30,6 +31,8 @@ pub struct EstimateRequest {
     pub gt_segments: Option<i64>,
     pub setup: TrainingSetup,
     pub trace: TraceKind,
+    /// The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`).
+    pub alloc_conf: AllocatorSettings,
 }
 
 /// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
@@ -99,6 +102,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         amp,
         cudnn_benchmark(&cfg),
         cpu_peak,
+        request.alloc_conf,
     );
     e.notes[0] = match request.trace {
         TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),

@@ -6,7 +6,8 @@
 //! - `budget.rs`: the GPU (preset or `--vram`) and its memory budget.
 //! - `step_trace.rs`: a step traced on the CPU by the worker.
 //! - `extrapolate.rs`: larger batches from traces at batch 2 and 3.
-//! - `allocator.rs`, `replay.rs`: the caching allocator model and the replay.
+//! - `allocator.rs`, `expandable.rs`, `replay.rs`: the caching allocator
+//!   model (default and expandable segments, `max_split_size_mb`) and the replay.
 //! - `breakdown.rs`: the predicted peak split into what it holds.
 //! - `estimate.rs`: the estimate with its fixed terms; `from_config.rs`:
 //!   `segtune estimate` as a library call.
@@ -15,6 +16,7 @@ pub mod allocator;
 pub mod breakdown;
 pub mod budget;
 pub mod estimate;
+pub mod expandable;
 pub mod extrapolate;
 pub mod from_config;
 pub mod replay;

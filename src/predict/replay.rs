@@ -3,7 +3,7 @@
 //! the batch that `cast_data` makes are added, and the cuBLAS workspace that
 //! PyTorch takes from the caching allocator on the first matmul is added.
 
-use super::allocator::{CachingAllocator, Stats};
+use super::allocator::{Allocator, AllocatorSettings, Stats};
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
 
 /// What to add to the CPU trace.
@@ -20,6 +20,8 @@ pub struct ReplayInputs {
     pub cublas_workspace: u64,
     /// Device bytes the allocator may reserve (`None`: unlimited).
     pub capacity: Option<u64>,
+    /// `PYTORCH_CUDA_ALLOC_CONF`'s settings.
+    pub settings: AllocatorSettings,
 }
 
 /// The replay's result for the last step of the trace.
@@ -51,7 +53,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
         .map(|e| phase_of(e.phase).0)
         .max()
         .unwrap_or(0);
-    let mut alloc = CachingAllocator::new(inputs.capacity);
+    let mut alloc = Allocator::new(inputs.capacity, inputs.settings);
     let mut current_step = 0usize;
     let mut injected_for_step: Vec<u64> = Vec::new();
     let mut next_injected = INJECTED;
@@ -61,7 +63,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
     let mut best = 0u64;
     let mut skipped: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut peak_after_events = 0usize;
-    let track = |alloc: &CachingAllocator,
+    let track = |alloc: &Allocator,
                  (phase, replayed): (Phase, usize),
                  measuring: bool,
                  best: &mut u64,
@@ -165,6 +167,7 @@ mod tests {
             batch_copies: vec![12 << 20],
             cublas_workspace: 8 << 20,
             capacity: None,
+            settings: Default::default(),
         };
         // (the batch tensor stands for the device copies and the preprocessor's outputs)
         let r = replay(&events, &inputs);

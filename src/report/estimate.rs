@@ -35,6 +35,16 @@ pub fn estimate(e: &Estimate) -> String {
             gib3(e.predicted_device_bytes),
         ],
         [
+            "allocator settings (PYTORCH_CUDA_ALLOC_CONF):".to_string(),
+            match (&e.alloc_conf, e.default_peak_reserved_bytes) {
+                (conf, Some(default)) => format!(
+                    "{conf} (peak reserved with the defaults: {})",
+                    gib3(default)
+                ),
+                _ => "defaults".to_string(),
+            },
+        ],
+        [
             "predicted peak phase:".to_string(),
             e.predicted_peak_phase.clone(),
         ],

@@ -154,7 +154,10 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                     o.record
                         .images_per_s
                         .map_or("-".into(), |v| format!("{v:.2}")),
-                    o.record.mode.name().to_string(),
+                    match &o.record.alloc_conf {
+                        Some(conf) => format!("{}, with {conf}", o.record.mode.name()),
+                        None => o.record.mode.name().to_string(),
+                    },
                 ]
             })
             .collect();
@@ -266,6 +269,11 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         }
         if let Some(o) = &r.cfg_options {
             out.push_str(&format!("tools/train.py equivalent: {o}\n"));
+        }
+        if let Some(conf) = &w.record.alloc_conf {
+            out.push_str(&format!(
+                "environment: the winner fits only with PyTorch's allocator set so (predicted); run training with\n  PYTORCH_CUDA_ALLOC_CONF={conf}\n"
+            ));
         }
     }
     out

@@ -81,6 +81,10 @@ pub struct TrialRecord {
     /// (predict-then-confirm on a GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted: Option<Prediction>,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` the candidate fits only with
+    /// (predicted: it does not fit with the allocator's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf: Option<String>,
 }
 
 /// What was predicted for a candidate that was then measured.
@@ -109,7 +113,16 @@ impl TrialRecord {
             mode,
             checkpoint_cost: None,
             predicted: None,
+            alloc_conf: None,
         }
+    }
+
+    /// The allocator settings the record's figures assume.
+    pub fn allocator_settings(&self) -> crate::predict::allocator::AllocatorSettings {
+        self.alloc_conf
+            .as_deref()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_default()
     }
 }
 

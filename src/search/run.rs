@@ -249,7 +249,7 @@ pub fn search_with(
             c.crop.1,
             c.amp,
             c.accumulation,
-            knobs_note(&c),
+            knobs_note(&c, w.record.alloc_conf.as_deref()),
             w.record.mode.name()
         );
         let written = emit::emit(&request.config, &cfg, &c, auto, &request.out, &header)?;
@@ -269,9 +269,14 @@ pub fn search_with(
     Ok(result)
 }
 
-/// How the winner's model differs from the config's, for the emitted header.
-fn knobs_note(c: &space::Candidate) -> String {
+/// How the winner's run differs from the config's, for the emitted header.
+fn knobs_note(c: &space::Candidate, alloc_conf: Option<&str>) -> String {
     let mut note = String::new();
+    if let Some(conf) = alloc_conf {
+        note.push_str(&format!(
+            ", only with the environment PYTORCH_CUDA_ALLOC_CONF={conf}"
+        ));
+    }
     if c.checkpoint {
         note.push_str(", gradient checkpointing (model.backbone.with_cp=True)");
     }

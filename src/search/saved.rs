@@ -8,6 +8,7 @@ use super::journal::{JournalRow, MAX_JOURNAL_BYTES};
 use super::record::SearchResult;
 use super::space::Candidate;
 use crate::error::{Error, Result};
+use crate::predict::allocator::AllocatorSettings;
 use crate::predict::breakdown::PeakBreakdown;
 use crate::predict::{estimate_config, EstimateRequest, Gpu, TraceKind};
 use crate::trial::worker::Worker;
@@ -79,12 +80,20 @@ pub fn load(dir: &Path) -> Result<(SavedSearch, Vec<JournalRow>)> {
 pub fn winner_breakdown(saved: &SavedSearch, worker: &Worker) -> Result<Option<PeakBreakdown>> {
     match &saved.result.winner {
         None => Ok(None),
-        Some(w) => breakdown_of(saved, &w.candidate, worker).map(Some),
+        Some(w) => {
+            breakdown_of(saved, &w.candidate, w.record.allocator_settings(), worker).map(Some)
+        }
     }
 }
 
-/// A candidate's predicted peak split into parts (a meta trace of its step).
-pub fn breakdown_of(saved: &SavedSearch, c: &Candidate, worker: &Worker) -> Result<PeakBreakdown> {
+/// A candidate's predicted peak split into parts (a meta trace of its step)
+/// under the allocator settings `alloc_conf`.
+pub fn breakdown_of(
+    saved: &SavedSearch,
+    c: &Candidate,
+    alloc_conf: AllocatorSettings,
+    worker: &Worker,
+) -> Result<PeakBreakdown> {
     let r = &saved.result;
     let request = EstimateRequest {
         config: saved.config.clone(),
@@ -104,6 +113,7 @@ pub fn breakdown_of(saved: &SavedSearch, c: &Candidate, worker: &Worker) -> Resu
             ..TrainingSetup::default()
         },
         trace: TraceKind::Meta,
+        alloc_conf,
     };
     Ok(estimate_config(&request, worker)?.breakdown)
 }

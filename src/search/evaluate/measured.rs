@@ -84,6 +84,7 @@ impl Evaluator for MeasuredEvaluator {
             mode: Mode::Measured,
             checkpoint_cost: None,
             predicted: None,
+            alloc_conf: None,
         };
         if device > self.budget.usable_bytes {
             record.status = CandidateStatus::Oom;

@@ -8,6 +8,7 @@
 use super::Evaluator;
 use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
+use crate::predict::allocator::AllocatorSettings;
 use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes};
 use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
 use crate::predict::replay::{replay, ReplayInputs};
@@ -227,7 +228,10 @@ impl Evaluator for PredictedEvaluator {
     }
 }
 
-/// Replays one step's events for `c` and compares with the budget.
+/// Replays one step's events for `c` and compares with the budget; a
+/// candidate that does not fit with the allocator's defaults is replayed
+/// with `expandable_segments:True` (less fragmentation), and fits with that
+/// setting if it fits then.
 fn replay_against_budget(
     budget: &Budget,
     c: &Candidate,
@@ -235,32 +239,122 @@ fn replay_against_budget(
     flops: (f64, f64),
     bytes: f64,
 ) -> TrialRecord {
-    {
-        let inputs = ReplayInputs {
-            batch_copies: batch_tensors(c.batch_size, c.crop),
-            cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
-            capacity: Some(budget.allocator_capacity()),
-        };
-        let r = replay(events, &inputs);
-        let device = r.peak_reserved + budget.cuda_context_bytes;
-        let mut record = TrialRecord {
-            status: CandidateStatus::Fits,
-            reason: None,
-            peak_allocated_bytes: Some(r.peak_allocated),
-            peak_reserved_bytes: Some(r.peak_reserved),
-            device_bytes: Some(device),
-            images_per_s: Some(PredictedEvaluator::images_per_s(budget, c, flops, bytes)),
-            mode: Mode::Predicted,
-            checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
-            predicted: None,
-        };
-        if r.out_of_memory || device > budget.usable_bytes {
-            record.status = CandidateStatus::Oom;
-            record.reason = Some(format!(
-                "predicted out of memory: needs more than the usable {:.2} GiB",
-                budget.usable_bytes as f64 / (1u64 << 30) as f64
-            ));
+    let record = replay_with(
+        budget,
+        c,
+        events,
+        flops,
+        bytes,
+        AllocatorSettings::default(),
+    );
+    if record.fits() {
+        return record;
+    }
+    let expandable = AllocatorSettings {
+        expandable_segments: true,
+        ..AllocatorSettings::default()
+    };
+    let with_setting = replay_with(budget, c, events, flops, bytes, expandable);
+    if with_setting.fits() {
+        TrialRecord {
+            alloc_conf: Some(expandable.env_value()),
+            ..with_setting
         }
+    } else {
         record
+    }
+}
+
+/// Replays one step's events for `c` under `settings` against the budget.
+fn replay_with(
+    budget: &Budget,
+    c: &Candidate,
+    events: &[TraceEvent],
+    flops: (f64, f64),
+    bytes: f64,
+    settings: AllocatorSettings,
+) -> TrialRecord {
+    let inputs = ReplayInputs {
+        batch_copies: batch_tensors(c.batch_size, c.crop),
+        cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
+        capacity: Some(budget.allocator_capacity()),
+        settings,
+    };
+    let r = replay(events, &inputs);
+    let device = r.peak_reserved + budget.cuda_context_bytes;
+    let mut record = TrialRecord {
+        status: CandidateStatus::Fits,
+        reason: None,
+        peak_allocated_bytes: Some(r.peak_allocated),
+        peak_reserved_bytes: Some(r.peak_reserved),
+        device_bytes: Some(device),
+        images_per_s: Some(PredictedEvaluator::images_per_s(budget, c, flops, bytes)),
+        mode: Mode::Predicted,
+        checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
+        predicted: None,
+        alloc_conf: None,
+    };
+    if r.out_of_memory || device > budget.usable_bytes {
+        record.status = CandidateStatus::Oom;
+        record.reason = Some(format!(
+            "predicted out of memory: needs more than the usable {:.2} GiB",
+            budget.usable_bytes as f64 / (1u64 << 30) as f64
+        ));
+    }
+    record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::predict::Gpu;
+    use crate::trial::trace::phase_code;
+
+    const MIB: i64 = 1 << 20;
+
+    #[test]
+    fn a_candidate_that_fits_only_with_expandable_segments_says_so() {
+        // Thirty 6 MiB tensors (after the first, which fills the cuBLAS
+        // workspace's segment, three to each 20 MiB segment), the middle one
+        // of each three kept: the holes left in fixed segments (6 and 8 MiB)
+        // are too small for 9 MiB tensors, which need new segments; in one
+        // expandable segment neighbouring holes merge into 12 MiB runs.
+        let event = |id: u64, bytes: i64| TraceEvent {
+            id,
+            bytes,
+            phase: phase_code(1, Phase::Forward),
+            scope: 0,
+        };
+        let mut events: Vec<TraceEvent> = (0..30).map(|i| event(i, 6 * MIB)).collect();
+        events.extend((0..30).filter(|i| i % 3 != 2).map(|i| event(i, -6 * MIB)));
+        events.extend((100..109).map(|i| event(i, 9 * MIB)));
+        // 600 MiB: 570 usable, 260 for the allocator besides the context.
+        let gpu = Gpu::choose(None, Some("600M"), "8.6").unwrap();
+        let budget = Budget::new(&gpu, 0.05).unwrap();
+        let c = Candidate {
+            batch_size: 1,
+            crop: (64, 64),
+            amp: Amp::Off,
+            accumulation: 1,
+            checkpoint: false,
+            num_points: None,
+        };
+        let flops = (1.0, 0.0);
+        let default = replay_with(
+            &budget,
+            &c,
+            &events,
+            flops,
+            1.0,
+            AllocatorSettings::default(),
+        );
+        assert!(!default.fits(), "{default:?}");
+        let record = replay_against_budget(&budget, &c, &events, flops, 1.0);
+        assert!(record.fits(), "{record:?}");
+        assert_eq!(
+            record.alloc_conf.as_deref(),
+            Some("expandable_segments:True")
+        );
+        assert!(record.device_bytes.unwrap() <= budget.usable_bytes);
     }
 }
