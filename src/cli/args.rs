@@ -8,7 +8,7 @@ use crate::named::Named;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::{Objective, SearchRequest, SearchSpec};
-use crate::trial::{Amp, DeviceChoice, OpTrace, Stack, TrainingSetup, TrialRequest};
+use crate::trial::{Amp, DeviceChoice, OpTrace, RunMode, Stack, TrainingSetup, TrialRequest};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
 
@@ -250,6 +250,11 @@ pub struct TrialArgs {
     /// (meta: no compute, no host memory for tensors).
     #[arg(long, value_parser = named::<OpTrace>(), default_value = "off")]
     pub op_trace: OpTrace,
+    /// train: training steps; infer: test steps (no gradients; the batch
+    /// is the test batch, --crop the image size, model.test_cfg decides
+    /// whole or slide inference).
+    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
+    pub mode: RunMode,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -277,6 +282,7 @@ impl TrialArgs {
             setup: self.setup.setup(),
             as_cuda: self.as_cuda,
             op_trace: self.op_trace,
+            mode: self.mode,
         }
     }
 }
@@ -350,6 +356,10 @@ pub struct EstimateArgs {
     /// memory with the defaults is shown beside).
     #[arg(long, value_name = "CONF", value_parser = clap::value_parser!(AllocatorSettings), default_value = "")]
     pub alloc_conf: AllocatorSettings,
+    /// train: a training step; infer: an inference (test) step, --batch-size
+    /// the test batch, --crop the image size, model.test_cfg whole or slide.
+    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
+    pub mode: RunMode,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -374,6 +384,7 @@ impl EstimateArgs {
             setup: self.setup.setup(),
             trace: self.trace,
             alloc_conf: self.alloc_conf,
+            mode: self.mode,
         })
     }
 }

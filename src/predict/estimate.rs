@@ -8,7 +8,7 @@ use super::budget::Gpu;
 use super::replay::{replay, ReplayInputs, ReplayResult};
 use crate::config::{Dict, Value};
 use crate::trial::trace::TraceEvent;
-use crate::trial::Amp;
+use crate::trial::{Amp, RunMode};
 
 /// One fixed term of the estimate and where its figure comes from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -87,11 +87,12 @@ pub fn estimate(
     cudnn_benchmark: bool,
     cpu_trace_peak_bytes: Option<i64>,
     alloc_conf: AllocatorSettings,
+    mode: RunMode,
 ) -> Estimate {
     let (h, w) = crop;
     let image = 3 * h * w * 4;
     let label = h * w * 8;
-    let batch_copies = batch_tensors(batch_size, crop);
+    let batch_copies = batch_tensors(batch_size, crop, mode);
     let workspace = cublas_workspace_bytes(&target.compute_capability);
     let context = cuda_context_bytes(&target.compute_capability);
     let unlimited_inputs = ReplayInputs {
@@ -184,8 +185,10 @@ pub fn estimate(
 }
 
 /// The batch tensors alive on the device during a step, in allocation
-/// order (see [`ReplayInputs::batch_copies`]).
-pub fn batch_tensors(batch_size: i64, crop: (i64, i64)) -> Vec<u64> {
+/// order (see [`ReplayInputs::batch_copies`]): the images and labels
+/// `cast_data` copies, the preprocessor's stacked images, and in training
+/// its padded labels.
+pub fn batch_tensors(batch_size: i64, crop: (i64, i64), mode: RunMode) -> Vec<u64> {
     let (h, w) = crop;
     let image = (3 * h * w * 4) as u64;
     let label = (h * w * 8) as u64;
@@ -193,7 +196,9 @@ pub fn batch_tensors(batch_size: i64, crop: (i64, i64)) -> Vec<u64> {
     let mut out = vec![image; n];
     out.extend(std::iter::repeat_n(label, n));
     out.push(image * n as u64);
-    out.extend(std::iter::repeat_n(label, n));
+    if mode == RunMode::Train {
+        out.extend(std::iter::repeat_n(label, n));
+    }
     out
 }
 

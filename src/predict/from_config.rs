@@ -10,7 +10,7 @@ use super::step_trace::{trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
 use crate::trial::worker::Worker;
-use crate::trial::{Amp, Stack, TrainingSetup};
+use crate::trial::{Amp, RunMode, Stack, TrainingSetup};
 use std::path::PathBuf;
 
 /// What to predict.
@@ -33,6 +33,8 @@ pub struct EstimateRequest {
     pub trace: TraceKind,
     /// The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`).
     pub alloc_conf: AllocatorSettings,
+    /// A training step, or an inference (test) step.
+    pub mode: RunMode,
 }
 
 /// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
@@ -76,6 +78,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
                 gt_segments: request.gt_segments,
                 setup: request.setup,
                 kind: request.trace,
+                mode: request.mode,
             },
         )
     };
@@ -103,6 +106,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         cudnn_benchmark(&cfg),
         cpu_peak,
         request.alloc_conf,
+        request.mode,
     );
     e.notes[0] = match request.trace {
         TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),

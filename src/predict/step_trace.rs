@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::trial::trace::{self, TraceEvent};
 use crate::trial::worker::Worker;
-use crate::trial::{Amp, OpTrace, TrainingSetup, TrialRequest, TrialStatus};
+use crate::trial::{Amp, OpTrace, RunMode, TrainingSetup, TrialRequest, TrialStatus};
 use std::path::Path;
 
 /// The trace of one step and what the worker measured with it.
@@ -68,6 +68,8 @@ pub struct StepToTrace<'a> {
     pub gt_segments: Option<i64>,
     pub setup: TrainingSetup,
     pub kind: TraceKind,
+    /// A training step, or an inference (test) step.
+    pub mode: RunMode,
 }
 
 /// Traces a warm-up and a measured training step on the CPU in the worker.
@@ -89,6 +91,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         setup: step.setup,
         as_cuda: true,
         op_trace: step.kind.op_trace(),
+        mode: step.mode,
         ..TrialRequest::new(step.config)
     };
     let report = worker.trial(&request, None)?;

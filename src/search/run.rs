@@ -323,6 +323,7 @@ pub fn predictor(
                         ..TrainingSetup::default()
                     },
                     kind: trace_kind,
+                    mode: crate::trial::RunMode::Train,
                 },
             )
         },

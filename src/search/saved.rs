@@ -114,6 +114,7 @@ pub fn breakdown_of(
         },
         trace: TraceKind::Meta,
         alloc_conf,
+        mode: crate::trial::RunMode::Train,
     };
     Ok(estimate_config(&request, worker)?.breakdown)
 }

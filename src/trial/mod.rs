@@ -16,7 +16,8 @@
 //! - `request.rs`, `report.rs`: the protocol's two types.
 //! - `worker.rs`: the parent side (spawn, timeout, crash, reply).
 //! - `execute.rs`: the worker side (resolve, check, run, inspect).
-//! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process.
+//! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process;
+//!   `infer.rs`: its step in inference mode.
 //! - `optim/`, `amp.rs`, `ddp.rs`: what the optimizer wrapper and DDP hold.
 //! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory.
 
@@ -24,6 +25,7 @@ pub mod amp;
 pub mod batch;
 pub mod ddp;
 pub mod execute;
+pub mod infer;
 pub mod memory;
 pub mod optim;
 pub mod report;
@@ -37,7 +39,7 @@ pub use amp::Amp;
 pub use execute::{execute, inspect, ModelSummary};
 pub use memory::OpTrace;
 pub use report::{StepRecord, TrialReport, TrialStatus};
-pub use request::{DeviceChoice, TrialRequest, DEFAULT_GT_SEGMENTS};
+pub use request::{DeviceChoice, RunMode, TrialRequest, DEFAULT_GT_SEGMENTS};
 pub use run::run;
 pub use setup::{Stack, TrainingSetup};
 

@@ -42,6 +42,23 @@ impl std::fmt::Display for DeviceChoice {
 }
 
 /// One trial: the config, the candidate, the measurement and the setup.
+/// What a trial runs: training steps, or inference (test) steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunMode {
+    /// `train_step`: forward, loss, backward, optimizer.
+    #[default]
+    Train,
+    /// `test_step` under `torch.no_grad()`: the test path of the data
+    /// preprocessor, `predict` with `model.test_cfg`, the postprocess.
+    Infer,
+}
+
+crate::named::named_enum!(RunMode, "a run mode", {
+    Train => "train",
+    Infer => "infer",
+});
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialRequest {
     /// The config (.py or .rhai) and its `--cfg-options`.
@@ -79,6 +96,9 @@ pub struct TrialRequest {
     /// Count op outputs instead of allocations, with CPU or meta kernels
     /// (see [`super::memory::OpTrace`]).
     pub op_trace: super::memory::OpTrace,
+    /// Training or inference steps (inference: `batch_size` is the test
+    /// batch, `crop` the image size, `accumulative_counts` unused).
+    pub mode: RunMode,
 }
 
 fn flag_after(name: &str, value: String, argv: &mut Vec<OsString>) {
@@ -117,6 +137,7 @@ impl TrialRequest {
             setup: TrainingSetup::default(),
             as_cuda: false,
             op_trace: super::memory::OpTrace::Off,
+            mode: RunMode::Train,
         }
     }
 
@@ -160,6 +181,9 @@ impl TrialRequest {
         }
         if self.op_trace != super::memory::OpTrace::Off {
             flag_after("op-trace", self.op_trace.to_string(), &mut argv);
+        }
+        if self.mode != RunMode::Train {
+            flag_after("mode", self.mode.to_string(), &mut argv);
         }
         argv.push("--json".into());
         if !self.cfg_options.is_empty() {

@@ -7,7 +7,7 @@ use super::memory::{self, CpuCounter, Phase, TraceEvent};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
-use super::{ddp, Stack, TrialRequest};
+use super::{ddp, RunMode, Stack, TrialRequest};
 use crate::config::Dict;
 use crate::models::EncoderDecoder;
 use std::time::Instant;
@@ -267,8 +267,8 @@ fn run_capped(
         let _ = crate::models::layers::take_forward_flops();
         let _ = crate::models::layers::checkpoint::take_recompute_flops();
         let started = Instant::now();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            train_step(
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match request.mode {
+            RunMode::Train => train_step(
                 &model,
                 &mut optimizer,
                 batch,
@@ -276,7 +276,10 @@ fn run_capped(
                 &counter,
                 base,
                 step + 1,
-            )
+            ),
+            RunMode::Infer => {
+                super::infer::infer_step(&model, batch, request, &counter, base, step + 1)
+            }
         }));
         if let Some(i) = cuda_index {
             let _ = memory::device_synchronize(i);
@@ -314,7 +317,7 @@ fn run_capped(
         if let Some(i) = cuda_index {
             record.cuda = memory::device_stats(i).ok();
         }
-        if loss.is_none_or(|l| !l.is_finite()) {
+        if request.mode == RunMode::Train && loss.is_none_or(|l| !l.is_finite()) {
             report.push_step(record);
             return report.failed(
                 TrialStatus::NonFiniteLoss,
@@ -358,7 +361,7 @@ fn bf16_supported(device: Device) -> bool {
     .is_ok()
 }
 
-type Phases = [(Phase, i64); 3];
+pub(super) type Phases = [(Phase, i64); 3];
 
 /// mmengine's `BaseModel.train_step`: data preprocessing + forward + loss
 /// under the optimizer wrapper's context (autocast for AMP), then

@@ -287,4 +287,8 @@ impl<H: BaseHead> DecodeHead for H {
     fn ignore_index(&self) -> i64 {
         self.base().cfg.ignore_index
     }
+
+    fn align_corners(&self) -> bool {
+        self.base().cfg.align_corners
+    }
 }

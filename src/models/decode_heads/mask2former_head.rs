@@ -510,4 +510,12 @@ impl DecodeHead for Mask2FormerHead {
     fn ignore_index(&self) -> i64 {
         self.cfg.ignore_index
     }
+
+    fn align_corners(&self) -> bool {
+        false
+    }
+
+    fn predicts_logits(&self) -> bool {
+        false
+    }
 }

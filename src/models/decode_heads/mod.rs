@@ -53,6 +53,16 @@ pub trait DecodeHead {
     fn num_classes(&self) -> i64;
 
     fn ignore_index(&self) -> i64;
+
+    /// `align_corners` of the head's resizes (and of `predict_by_feat`).
+    fn align_corners(&self) -> bool;
+
+    /// Whether inference (`predict`: logits resized to the image) is built
+    /// for this head; heads whose prediction is not per-pixel logits
+    /// (Mask2Former's mask classification) say no.
+    fn predicts_logits(&self) -> bool {
+        true
+    }
 }
 
 /// Builds a head from its resolved config dict, registering its parameters

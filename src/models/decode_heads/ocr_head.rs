@@ -261,6 +261,10 @@ impl DecodeHead for OcrHead {
     fn ignore_index(&self) -> i64 {
         self.base.cfg.ignore_index
     }
+
+    fn align_corners(&self) -> bool {
+        self.base.cfg.align_corners
+    }
 }
 
 #[cfg(test)]

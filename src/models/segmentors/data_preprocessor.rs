@@ -19,6 +19,8 @@ pub struct PreprocessorCfg {
     pub size: Option<(i64, i64)>,
     pub pad_val: f64,
     pub seg_pad_val: f64,
+    /// Whether `test_cfg` asks the test path to pad (`size`, `size_divisor`).
+    pub test_pads: bool,
 }
 
 impl PreprocessorCfg {
@@ -56,6 +58,10 @@ impl PreprocessorCfg {
         // Training pads to `size` (segtune always sets it: the crop).
         c.unimplemented("size_divisor", &Value::None)?;
         // `test_cfg` is read at inference only.
+        let test_pads = c
+            .value("test_cfg")
+            .and_then(Value::as_dict)
+            .is_some_and(|t| !t.is_empty());
         c.inert(&["test_cfg"]);
         let cfg = PreprocessorCfg {
             mean,
@@ -64,6 +70,7 @@ impl PreprocessorCfg {
             size,
             pad_val: c.float("pad_val", 0.0)?,
             seg_pad_val: c.float("seg_pad_val", 255.0)?,
+            test_pads,
         };
         c.finish()?;
         Ok(cfg)
@@ -95,18 +102,9 @@ impl SegDataPreProcessor {
         SegDataPreProcessor { cfg, mean, std }
     }
 
-    /// `forward(data, training=True)`: BGR->RGB, normalise, pad to `size`,
-    /// stack. The labels are padded copies; the originals stay with the
-    /// caller (mmengine's `cast_data` gives the preprocessor new data samples,
-    /// so the loader's batch keeps its label tensors for the whole step).
-    /// Images `[3, h, w]` -> batch `[B, 3, H, W]`; labels `[1, h, w]` ->
-    /// `[1, H, W]` each.
-    pub fn forward(
-        &self,
-        images: &[Tensor],
-        labels: &[Tensor],
-        device: Device,
-    ) -> (Tensor, Vec<Tensor>) {
+    /// The images on `device`, BGR->RGB, as float, normalised (each step
+    /// rebinds the list, so each step's images die as the next are made).
+    fn normalised(&self, images: &[Tensor], device: Device) -> Vec<Tensor> {
         let mut inputs: Vec<Tensor> = images.iter().map(|x| x.to_device(device)).collect();
         if self.cfg.bgr_to_rgb && inputs[0].size()[0] == 3 {
             let order = crate::models::layers::host::from_host(&[2i64, 1, 0]).to_device(device);
@@ -122,6 +120,22 @@ impl SegDataPreProcessor {
                 })
                 .collect();
         }
+        inputs
+    }
+
+    /// `forward(data, training=True)`: BGR->RGB, normalise, pad to `size`,
+    /// stack. The labels are padded copies; the originals stay with the
+    /// caller (mmengine's `cast_data` gives the preprocessor new data samples,
+    /// so the loader's batch keeps its label tensors for the whole step).
+    /// Images `[3, h, w]` -> batch `[B, 3, H, W]`; labels `[1, h, w]` ->
+    /// `[1, H, W]` each.
+    pub fn forward(
+        &self,
+        images: &[Tensor],
+        labels: &[Tensor],
+        device: Device,
+    ) -> (Tensor, Vec<Tensor>) {
+        let inputs = self.normalised(images, device);
         let mut padded_inputs = Vec::with_capacity(inputs.len());
         let mut padded_labels = Vec::with_capacity(labels.len());
         for (x, label) in inputs.iter().zip(labels) {
@@ -137,5 +151,17 @@ impl SegDataPreProcessor {
         }
         drop(inputs);
         (Tensor::stack(&padded_inputs, 0), padded_labels)
+    }
+
+    /// `forward(data, training=False)` without a `test_cfg`: BGR->RGB,
+    /// normalise, stack (every image the same size, as MMSeg asserts).
+    pub fn forward_test(&self, images: &[Tensor], device: Device) -> Result<Tensor, ModelError> {
+        if self.cfg.test_pads {
+            return Err(ModelError::Unsupported(
+                "data_preprocessor.test_cfg (padding at inference) is not built yet".into(),
+            ));
+        }
+        let inputs = self.normalised(images, device);
+        Ok(Tensor::stack(&inputs, 0))
     }
 }

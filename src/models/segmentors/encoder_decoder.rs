@@ -184,6 +184,8 @@ pub struct EncoderDecoder {
     device: Device,
     pub num_classes: i64,
     pub ignore_index: i64,
+    /// `model.test_cfg.mode` (see `inference.rs`).
+    pub test_mode: super::inference::TestMode,
 }
 
 impl EncoderDecoder {
@@ -252,6 +254,7 @@ impl EncoderDecoder {
         // CascadeEncoderDecoder takes num_classes from the last stage.
         let last = &decode_heads.last().expect("at least one decode head").1;
         let (num_classes, ignore_index) = (last.num_classes(), last.ignore_index());
+        let test_mode = super::inference::TestMode::from_model(model)?;
         Ok(EncoderDecoder {
             params,
             preprocessor,
@@ -262,7 +265,25 @@ impl EncoderDecoder {
             device,
             num_classes,
             ignore_index,
+            test_mode,
         })
+    }
+
+    /// `(loss prefix, head)` per decode head (one, or a cascade's stages).
+    pub(super) fn decode_heads(&self) -> &[(String, Box<dyn DecodeHead>)] {
+        &self.decode_heads
+    }
+
+    /// Whether every decode head predicts per-pixel logits (inference is
+    /// built for them).
+    pub fn predicts_logits(&self) -> bool {
+        self.decode_heads.iter().all(|(_, h)| h.predicts_logits())
+    }
+
+    /// The data preprocessor's test path (`training=False`): the batch
+    /// tensor, and per image the padding it got (`padding_size`).
+    pub fn preprocess_test(&self, images: &[Tensor]) -> Result<Tensor, ModelError> {
+        self.preprocessor.forward_test(images, self.device)
     }
 
     /// The device the model lives on.
@@ -286,7 +307,7 @@ impl EncoderDecoder {
     }
 
     /// `extract_feat`: the backbone's features, through the neck if any.
-    fn extract_feat(&self, inputs: &Tensor, training: bool) -> Vec<Tensor> {
+    pub(super) fn extract_feat(&self, inputs: &Tensor, training: bool) -> Vec<Tensor> {
         let features = {
             let _part = scope::enter("backbone");
             self.backbone.forward(inputs, training) // [B, C_i, H_i, W_i] per level

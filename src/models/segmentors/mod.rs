@@ -7,6 +7,7 @@ pub mod base;
 pub mod cascade_encoder_decoder;
 pub mod data_preprocessor;
 pub mod encoder_decoder;
+pub mod inference;
 
 use super::ModelError;
 use crate::config::Dict;

@@ -15,6 +15,7 @@ use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
+use crate::trial::RunMode;
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -275,7 +276,7 @@ fn replay_with(
     settings: AllocatorSettings,
 ) -> TrialRecord {
     let inputs = ReplayInputs {
-        batch_copies: batch_tensors(c.batch_size, c.crop),
+        batch_copies: batch_tensors(c.batch_size, c.crop, RunMode::Train),
         cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
         capacity: Some(budget.allocator_capacity()),
         settings,

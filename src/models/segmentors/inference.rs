@@ -1,0 +1,159 @@
+//! Inference as MMSeg 1.2.2's `EncoderDecoder.predict` runs it
+//! (`mmseg/models/segmentors/encoder_decoder.py` and
+//! `cascade_encoder_decoder.py`): the data preprocessor's test path, then
+//! `test_cfg.mode` `whole` (one forward over the image) or `slide` (crops of
+//! `crop_size` every `stride`, their logits summed into a full-size map and
+//! divided by the overlap count), each head's logits resized to the image
+//! (`predict_by_feat`), and `postprocess_result`: per image, the logits
+//! resized to the original shape and their argmax, both kept in the data
+//! sample until the test step returns.
+
+use super::encoder_decoder::EncoderDecoder;
+use crate::config::{Dict, Value};
+use crate::models::layers::shape::resize_bilinear;
+use crate::models::{scope, ModelError};
+use tch::Tensor;
+
+/// `model.test_cfg.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestMode {
+    Whole,
+    /// Crops of `crop` (h, w) every `stride` (h, w).
+    Slide {
+        crop: (i64, i64),
+        stride: (i64, i64),
+    },
+}
+
+impl TestMode {
+    /// `model.test_cfg` of a resolved `model` dict (absent: whole).
+    pub fn from_model(model: &Dict) -> Result<TestMode, ModelError> {
+        let Some(test_cfg) = model.get("test_cfg").and_then(Value::as_dict) else {
+            return Ok(TestMode::Whole);
+        };
+        let pair = |key: &str| -> Result<(i64, i64), ModelError> {
+            match test_cfg.get(key).and_then(Value::as_seq) {
+                Some([h, w]) => h.as_i64().zip(w.as_i64()).filter(|(h, w)| *h > 0 && *w > 0),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                ModelError::Config(format!(
+                    "model.test_cfg.{key} must be (h, w) of positive integers for mode='slide'"
+                ))
+            })
+        };
+        match test_cfg.get("mode").and_then(Value::as_str).unwrap_or("whole") {
+            "whole" => Ok(TestMode::Whole),
+            "slide" => Ok(TestMode::Slide {
+                crop: pair("crop_size")?,
+                stride: pair("stride")?,
+            }),
+            other => Err(ModelError::Config(format!(
+                "model.test_cfg.mode='{other}': MMSeg has 'whole' and 'slide'"
+            ))),
+        }
+    }
+
+    /// The encode-decode passes over a `h x w` image: 1, or the slide grid.
+    pub fn passes(&self, (h, w): (i64, i64)) -> i64 {
+        match self {
+            TestMode::Whole => 1,
+            TestMode::Slide { crop, stride } => {
+                let grids = |img: i64, c: i64, s: i64| (img - c + s - 1).max(0) / s + 1;
+                grids(h, crop.0, stride.0) * grids(w, crop.1, stride.1)
+            }
+        }
+    }
+}
+
+/// One image's prediction, as the data sample keeps it.
+pub struct Prediction {
+    /// `seg_logits`: `[K, H, W]` at the original shape.
+    pub logits: Tensor,
+    /// `pred_sem_seg`: `[1, H, W]` class indices.
+    pub classes: Tensor,
+}
+
+impl EncoderDecoder {
+    /// `encode_decode(inputs, batch_img_metas)`: the last decode head's
+    /// logits (after the earlier cascade stages) resized to the input's size.
+    fn encode_decode(&self, inputs: &Tensor) -> Tensor {
+        let features = self.extract_feat(inputs, false);
+        let heads = self.decode_heads();
+        let _part = scope::enter("decode_head");
+        let mut prev: Option<Tensor> = None;
+        for (_, head) in &heads[..heads.len() - 1] {
+            prev = Some(head.forward(&features, prev.as_ref(), false));
+        }
+        let last = &heads[heads.len() - 1].1;
+        let logits = last.forward(&features, prev.as_ref(), false);
+        drop(prev);
+        let size = (inputs.size()[2], inputs.size()[3]);
+        resize_bilinear(&logits, size, last.align_corners()) // [B, K, H, W]
+    }
+
+    /// `slide_inference`: crops every `stride`, their logits summed into a
+    /// full-size map, divided by how many crops covered each pixel.
+    fn slide_inference(&self, inputs: &Tensor, crop: (i64, i64), stride: (i64, i64)) -> Tensor {
+        let (b, h_img, w_img) = (inputs.size()[0], inputs.size()[2], inputs.size()[3]);
+        let grids = |img: i64, c: i64, s: i64| (img - c + s - 1).max(0) / s + 1;
+        let (h_grids, w_grids) = (grids(h_img, crop.0, stride.0), grids(w_img, crop.1, stride.1));
+        let options = (inputs.kind(), inputs.device());
+        let mut preds = Tensor::zeros([b, self.num_classes, h_img, w_img], options);
+        let count = Tensor::zeros([b, 1, h_img, w_img], options);
+        for h_idx in 0..h_grids {
+            for w_idx in 0..w_grids {
+                let (y2, x2) = (
+                    (h_idx * stride.0 + crop.0).min(h_img),
+                    (w_idx * stride.1 + crop.1).min(w_img),
+                );
+                let (y1, x1) = ((y2 - crop.0).max(0), (x2 - crop.1).max(0));
+                let crop_img = inputs.narrow(2, y1, y2 - y1).narrow(3, x1, x2 - x1);
+                let crop_logits = self.encode_decode(&crop_img);
+                drop(crop_img);
+                let padded = crop_logits.pad([x1, w_img - x2, y1, h_img - y2], "constant", None);
+                drop(crop_logits);
+                preds += padded;
+                let mut window = count.narrow(2, y1, y2 - y1).narrow(3, x1, x2 - x1);
+                window += 1;
+            }
+        }
+        // `assert (count_mat == 0).sum() == 0`: its temporaries, not its value.
+        let uncovered = count.eq(0.0).sum(None);
+        drop(uncovered);
+        let logits = &preds / &count;
+        drop(preds);
+        drop(count);
+        logits
+    }
+
+    /// `inference`: the logits `[B, K, H, W]` at the input's size.
+    pub fn inference(&self, inputs: &Tensor) -> Tensor {
+        match self.test_mode {
+            TestMode::Whole => self.encode_decode(inputs),
+            TestMode::Slide { crop, stride } => self.slide_inference(inputs, crop, stride),
+        }
+    }
+
+    /// `predict(inputs, data_samples)` (under `torch.no_grad()`, as
+    /// MMEngine's test loop runs it): inference, then `postprocess_result`
+    /// for images whose original shape is `ori_shape`.
+    pub fn predict(&self, inputs: &Tensor, ori_shape: (i64, i64)) -> Vec<Prediction> {
+        let seg_logits = self.inference(inputs);
+        let (b, k) = (seg_logits.size()[0], seg_logits.size()[1]);
+        let align_corners = self.decode_heads().last().expect("a head").1.align_corners();
+        let _part = scope::enter("postprocess");
+        (0..b)
+            .map(|i| {
+                let one = seg_logits.narrow(0, i, 1);
+                let logits = resize_bilinear(&one, ori_shape, align_corners).squeeze_dim(0);
+                let classes = if k > 1 {
+                    logits.argmax(0, true)
+                } else {
+                    logits.sigmoid().gt(0.5).to_kind(tch::Kind::Int64)
+                };
+                Prediction { logits, classes }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,54 @@
+//! One inference step, as MMEngine's `TestLoop.run_iter` runs it: under
+//! `torch.no_grad()` and `autocast(enabled=fp16)`, `model.test_step(data)`
+//! (the data preprocessor's test path, then `predict` with
+//! `model.test_cfg`), the predictions kept until the step ends (the
+//! evaluator reads them), then the batch and the predictions freed.
+
+use super::batch::Batch;
+use super::memory::{self, CpuCounter, Phase};
+use super::run::Phases;
+use super::trace::phase_code;
+use super::TrialRequest;
+use crate::models::EncoderDecoder;
+use tch::{Kind, Tensor};
+
+/// Runs one test step; its peak is the forward phase's (the other two are 0).
+pub fn infer_step(
+    model: &EncoderDecoder,
+    batch: Batch,
+    request: &TrialRequest,
+    counter: &CpuCounter,
+    base: i64,
+    step: usize,
+) -> Result<(Phases, Vec<(String, Tensor)>), String> {
+    let Batch { images, labels } = batch;
+    let device = model.device();
+    let (h, w) = request.crop;
+    let predictions = tch::no_grad(|| -> Result<_, String> {
+        let _autocast = match request.amp.kind() {
+            Some(_) if request.as_cuda => Some(memory::AutocastGuard::new(device, Kind::BFloat16)?),
+            Some(kind) => Some(memory::AutocastGuard::new(device, kind)?),
+            None => None,
+        };
+        counter.set_phase_code(phase_code(step, Phase::Preprocess));
+        // `cast_data` copies the labels to the device with the images.
+        let labels_on_device: Vec<Tensor> = labels.iter().map(|l| l.to_device(device)).collect();
+        let inputs = model.preprocess_test(&images).map_err(|e| e.to_string())?;
+        counter.set_phase_code(phase_code(step, Phase::Forward));
+        let predictions = model.predict(&inputs, (h, w));
+        drop(inputs);
+        Ok((predictions, labels_on_device))
+    })?;
+    let forward_peak = counter.peak() - base;
+    drop(predictions);
+    drop(images);
+    drop(labels);
+    Ok((
+        [
+            (Phase::Forward, forward_peak),
+            (Phase::Backward, 0),
+            (Phase::Optimizer, 0),
+        ],
+        Vec::new(),
+    ))
+}
