@@ -26,10 +26,26 @@ fn segtune_peak(shared: &Path, record: &serde_json::Value) -> i64 {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_segtune-torch"));
     cmd.arg("trial")
         .arg(&config)
-        .args(["--mode", "infer", "--threads", "1", "--warmup", "1", "--steps", "2"])
+        .args([
+            "--mode",
+            "infer",
+            "--threads",
+            "1",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+        ])
         .args(["--batch-size", &record["batch"].to_string()])
         .args(["--crop", &format!("{}x{}", image[0], image[1])])
-        .args(["--amp", if record["precision"] == "bf16" { "bf16" } else { "off" }])
+        .args([
+            "--amp",
+            if record["precision"] == "bf16" {
+                "bf16"
+            } else {
+                "off"
+            },
+        ])
         .arg("--json");
     if record["mode"] == "whole" {
         cmd.args(["--cfg-options", "model.test_cfg.mode=whole"]);

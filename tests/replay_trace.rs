@@ -43,7 +43,11 @@ fn replaying_the_trace_gives_the_caching_allocators_peaks() {
     let label = 128 * 128 * 8;
     let workspace = 4096 * 1024 * 2 + 16 * 1024 * 8;
     let inputs = ReplayInputs {
-        batch_copies: segtune::predict::estimate::batch_tensors(1, (128, 128)),
+        batch_copies: segtune::predict::estimate::batch_tensors(
+            1,
+            (128, 128),
+            segtune::trial::RunMode::Train,
+        ),
         cublas_workspace: workspace,
         capacity: None,
         settings: Default::default(),

@@ -87,6 +87,7 @@ fn request(out: &Path) -> SearchRequest {
         threads: None,
         trace: segtune::predict::TraceKind::Meta,
         gt_segments: Some(20),
+        mode: segtune::trial::RunMode::Train,
     }
 }
 

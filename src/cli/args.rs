@@ -429,6 +429,12 @@ pub struct SearchArgs {
     /// parts beside the next larger batch's, which does not fit.
     #[arg(long)]
     pub why: bool,
+    /// train: training settings (batch, crop, AMP, accumulation); infer:
+    /// inference settings (test batch, whole vs slide, fp16) for the test
+    /// image size, ranked by images/s, emitted as test_cfg and
+    /// test_dataloader.batch_size.
+    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
+    pub mode: RunMode,
     /// CPU threads for each traced step (predicted mode; two run side by
     /// side; default: half the cores each).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
@@ -477,6 +483,7 @@ impl SearchArgs {
             threads: self.threads,
             trace: self.trace,
             gt_segments: self.gt_segments.0,
+            mode: self.mode,
         }
     }
 }

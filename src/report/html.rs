@@ -29,6 +29,9 @@ fn series_label(row: &JournalRow) -> String {
     if let Some(k) = c.num_points {
         label.push_str(&format!(" K={k}"));
     }
+    if let Some(mode) = c.test_mode {
+        label.push_str(&format!(" {}", mode.label()));
+    }
     if row.record.mode == Mode::Measured {
         label.push_str(" measured");
     }

@@ -6,6 +6,7 @@
 mod estimate;
 mod explain;
 mod html;
+mod infer;
 mod inspect;
 mod presets;
 mod search;

@@ -98,6 +98,9 @@ pub fn progress_line(step: &Step) -> String {
 
 /// The result as text: the ranked table, infeasible ones with `all`.
 pub fn search(r: &SearchResult, all: bool) -> String {
+    if r.run_mode == crate::trial::RunMode::Infer {
+        return super::infer::inference(r, all);
+    }
     let gpus = if r.gpus > 1 {
         format!("{} x ", r.gpus)
     } else {
@@ -294,6 +297,7 @@ mod tests {
             accumulation: 4,
             checkpoint: true,
             num_points: Some(3136),
+            test_mode: None,
         };
         let record = TrialRecord::failed(CandidateStatus::Oom, "big".into(), Mode::Measured);
         let line = progress_line(&Step {

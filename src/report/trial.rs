@@ -1,13 +1,17 @@
 //! `segtune trial`'s text: the status, the model, the candidate and setup,
 //! and the measured peaks and step time.
 
-use crate::trial::{Stack, TrialReport};
+use crate::trial::{RunMode, Stack, TrialReport};
 
 /// A short human-readable summary of a trial.
 pub fn trial(r: &TrialReport) -> String {
     let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
+    let steps = match r.mode {
+        RunMode::Train => format!("accumulation {}", r.accumulative_counts),
+        RunMode::Infer => "inference (test steps)".to_string(),
+    };
     let mut out = format!(
-        "status: {}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {}, accumulation {}, device {}\n",
+        "status: {}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {}, {steps}, device {}\n",
         r.status.name(),
         r.params_total,
         r.params_trainable,
@@ -15,7 +19,6 @@ pub fn trial(r: &TrialReport) -> String {
         r.crop[0],
         r.crop[1],
         r.amp,
-        r.accumulative_counts,
         r.device
     );
     if r.stack != Stack::Current || r.gpus > 1 || r.as_cuda {

@@ -281,6 +281,7 @@ mod tests {
             accumulation: &|b| (16 / b, 16 % b == 0),
             checkpoint: false,
             num_points: &[],
+            knobs: crate::search::space::ModelKnobs::default(),
         };
         let explored = run_search(
             &space,

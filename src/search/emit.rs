@@ -8,7 +8,7 @@
 //! read Rhai). Files are written to a temporary name, checked by resolving
 //! them, then renamed: nothing is left half-written, the input never touched.
 
-use super::space::{Amp, Candidate};
+use super::space::{Amp, Candidate, TestMode};
 use crate::config::{self, dump, Dict, Value};
 use crate::error::{Error, Result};
 use std::path::{Component, Path, PathBuf};
@@ -194,8 +194,13 @@ pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -
         items.push("auto_scale_lr.enable=True".into());
         items.push(format!("auto_scale_lr.base_batch_size={base}"));
     }
-    // Each item quoted for the shell where it needs it (tuples, lists,
-    // spaces, quotes): MMEngine's DictAction then parses it back as meant.
+    quoted_line(&items)
+}
+
+/// `--cfg-options` and the items, each quoted for the shell where it needs
+/// it (tuples, lists, spaces, quotes): MMEngine's DictAction then parses it
+/// back as meant.
+fn quoted_line(items: &[String]) -> String {
     let quoted: Vec<String> = items
         .iter()
         .map(|item| {
@@ -246,7 +251,12 @@ fn check(path: &Path, c: &Candidate) -> Result<()> {
     Ok(())
 }
 
-fn write_checked(path: &Path, text: &str, c: &Candidate, input: &Path) -> Result<()> {
+fn write_checked(
+    path: &Path,
+    text: &str,
+    check: &dyn Fn(&Path) -> Result<()>,
+    input: &Path,
+) -> Result<()> {
     if config::absolute(path) == config::absolute(input) {
         return Err(Error::Input(format!(
             "refusing to overwrite the input config {}",
@@ -273,7 +283,7 @@ fn write_checked(path: &Path, text: &str, c: &Candidate, input: &Path) -> Result
     ));
     std::fs::write(&tmp, text)
         .map_err(|e| Error::Environment(format!("cannot write {}: {e}", tmp.display())))?;
-    if let Err(e) = check(&tmp, c) {
+    if let Err(e) = check(&tmp) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
@@ -290,6 +300,90 @@ pub fn emit(
     out_dir: &Path,
     header: &str,
 ) -> Result<Vec<PathBuf>> {
+    let o = overrides(cfg, c, auto_scale_lr);
+    write_child(input, &o, out_dir, header, "segtune", &|path| {
+        check(path, c)
+    })
+}
+
+/// The overrides that set an inference winner: the test batch,
+/// `model.test_cfg` (whole, or slide with its crop and stride) and, for
+/// fp16, MMEngine's `TestLoop(fp16=True)`.
+pub fn inference_overrides(c: &Candidate) -> Dict {
+    let mut o = Dict::new();
+    o.insert(
+        "test_dataloader".into(),
+        dict(vec![("batch_size", Value::Int(c.batch_size))]),
+    );
+    let test_cfg = match c.test_mode {
+        Some(TestMode::Slide { crop, stride }) => dict(vec![
+            ("mode", Value::Str("slide".into())),
+            ("crop_size", tuple(crop)),
+            ("stride", tuple(stride)),
+        ]),
+        _ => dict(vec![("mode", Value::Str("whole".into()))]),
+    };
+    o.insert("model".into(), dict(vec![("test_cfg", test_cfg)]));
+    if c.amp != Amp::Off {
+        o.insert(
+            "test_cfg".into(),
+            dict(vec![
+                ("type", Value::Str("TestLoop".into())),
+                ("fp16", Value::Bool(true)),
+            ]),
+        );
+    }
+    o
+}
+
+/// The `--cfg-options` line of [`inference_overrides`] for `tools/test.py`.
+pub fn inference_cfg_options_line(c: &Candidate) -> String {
+    let mut items = vec![format!("test_dataloader.batch_size={}", c.batch_size)];
+    items.extend(c.test_mode.unwrap_or(TestMode::Whole).cfg_options());
+    if c.amp != Amp::Off {
+        items.push("test_cfg.type=TestLoop".into());
+        items.push("test_cfg.fp16=True".into());
+    }
+    quoted_line(&items)
+}
+
+/// Writes an inference winner next to `out_dir`; returns the written paths.
+pub fn emit_inference(
+    input: &Path,
+    c: &Candidate,
+    out_dir: &Path,
+    header: &str,
+) -> Result<Vec<PathBuf>> {
+    let o = inference_overrides(c);
+    let check = |path: &Path| {
+        let cfg = config::resolve(path, &[])
+            .map_err(|e| Error::Trial(format!("the emitted config does not resolve:\n{e}")))?;
+        let batch = Value::Dict(cfg)
+            .get_path("test_dataloader.batch_size")
+            .cloned();
+        if batch != Some(Value::Int(c.batch_size)) {
+            return Err(Error::Trial(format!(
+                "the emitted config {} does not read back the winner",
+                path.display()
+            )));
+        }
+        Ok(())
+    };
+    write_child(input, &o, out_dir, header, "segtune_infer", &check)
+}
+
+/// Writes `o` as a child of `input` (relative `_base_`) into `out_dir`,
+/// named `<stem>_<suffix>`: for a `.rhai` input a `.rhai` child and a
+/// standalone resolved `.py` (MMSeg cannot read Rhai), else a `.py` child.
+/// Each file is checked by `check` before it takes its name.
+fn write_child(
+    input: &Path,
+    o: &Dict,
+    out_dir: &Path,
+    header: &str,
+    suffix: &str,
+    check: &dyn Fn(&Path) -> Result<()>,
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir)
         .map_err(|e| Error::Environment(format!("cannot create {}: {e}", out_dir.display())))?;
     let stem = input
@@ -297,41 +391,40 @@ pub fn emit(
         .and_then(|s| s.to_str())
         .unwrap_or("config");
     let base = relative_path(input, out_dir);
-    let o = overrides(cfg, c, auto_scale_lr);
     let is_rhai = input.extension().is_some_and(|e| e == "rhai");
     let mut written = Vec::new();
     if is_rhai {
-        let path = out_dir.join(format!("{stem}_segtune.rhai"));
+        let path = out_dir.join(format!("{stem}_{suffix}.rhai"));
         let mut text = format!(
             "// {header}\nlet _base_ = {};\n",
             crate::config::translate::rhai_string(&base.to_string_lossy())
         );
-        for (k, v) in &o {
+        for (k, v) in o {
             text.push_str(&format!(
                 "let {} = {};\n",
                 crate::config::eval::mangle(k),
                 dump::rhai_value(v, 0)
             ));
         }
-        write_checked(&path, &text, c, input)?;
+        write_checked(&path, &text, check, input)?;
         written.push(path.clone());
         // MMSeg cannot read Rhai: a standalone, fully resolved Python config too.
         let resolved = config::resolve(&path, &[])?;
-        let py = out_dir.join(format!("{stem}_segtune_resolved.py"));
+        let py = out_dir.join(format!("{stem}_{suffix}_resolved.py"));
         let text = format!(
-            "# {header}\n# Fully resolved (no _base_): MMSeg's tools/train.py reads it as is.\n{}",
+            "# {header}\n# Fully resolved (no _base_): MMSeg's tools/train.py and tools/test.py read it as is.\n{}",
             dump::to_python(&resolved)?
         );
-        write_checked(&py, &text, c, input)?;
+        write_checked(&py, &text, check, input)?;
         written.push(py);
     } else {
-        let path = out_dir.join(format!("{stem}_segtune.py"));
+        let path = out_dir.join(format!("{stem}_{suffix}.py"));
         let text = format!(
             "# {header}\n_base_ = {}\n{}",
             crate::config::value::python_str_repr(&base.to_string_lossy()),
-            dump::to_python(&o)?
+            dump::to_python(o)?
         );
-        write_checked(&path, &text, c, input)?;
+        write_checked(&path, &text, check, input)?;
         written.push(path);
     }
     Ok(written)
@@ -366,6 +459,7 @@ mod tests {
             accumulation: 2,
             checkpoint: false,
             num_points: None,
+            test_mode: None,
         };
         let o = overrides(&cfg, &c, None);
         let crop = o
@@ -393,6 +487,7 @@ mod tests {
             accumulation: 8,
             checkpoint: true,
             num_points: None,
+            test_mode: None,
         };
         let o = overrides(&cfg, &c, None);
         assert_eq!(
@@ -423,6 +518,7 @@ mod tests {
             accumulation: 8,
             checkpoint: false,
             num_points: Some(6272),
+            test_mode: None,
         };
         let o = overrides(&cfg, &c, None);
         assert_eq!(

@@ -228,6 +228,7 @@ mod tests {
             accumulation: 1,
             checkpoint: false,
             num_points: None,
+            test_mode: None,
         }
     }
 

@@ -13,6 +13,8 @@
 //! - `evaluate/`: measured and predicted evaluators behind one trait.
 //! - `strategy.rs`: the binary search and the ranking.
 //! - `confirm.rs`: on a GPU, real trials confirming the predicted ranking.
+//! - `infer.rs`: `--mode infer`, the inference settings (test batch, whole
+//!   or slide, fp16) for the test images.
 //! - `journal.rs`: the append-only record of trials.
 //! - `emit.rs`: the winner as an MMSeg config and a `--cfg-options` line.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
@@ -21,6 +23,7 @@
 pub mod confirm;
 pub mod emit;
 pub mod evaluate;
+pub mod infer;
 pub mod journal;
 pub mod record;
 pub mod run;

@@ -139,6 +139,9 @@ pub struct Outcome {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct SearchResult {
     pub config: String,
+    /// Training settings, or inference settings (`search --mode infer`).
+    #[serde(default)]
+    pub run_mode: crate::trial::RunMode,
     pub budget: Budget,
     /// GPUs training data-parallel; `budget` is per GPU.
     pub gpus: i64,

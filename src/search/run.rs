@@ -15,7 +15,7 @@ use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
 use crate::trial::worker::Worker;
-use crate::trial::TrainingSetup;
+use crate::trial::{RunMode, TrainingSetup};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -38,6 +38,8 @@ pub struct SearchRequest {
     pub trace: TraceKind,
     /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
     pub gt_segments: Option<i64>,
+    /// Search training settings, or inference settings (`super::infer`).
+    pub mode: RunMode,
 }
 
 /// Runs the search; `progress` hears of every candidate as it is decided.
@@ -48,6 +50,9 @@ pub fn search(
     worker: &Worker,
     progress: Progress,
 ) -> Result<SearchResult> {
+    if request.mode == RunMode::Infer {
+        return super::infer::search_inference(request, worker, progress);
+    }
     let gpus = CudaTrials { request, worker };
     search_with(request, worker, progress, &gpus)
 }
@@ -106,12 +111,7 @@ pub fn search_with(
         .and_then(|n| n.to_str())
         .unwrap_or("");
     let recipe = Recipe::of(&cfg, file_name).map_err(|e| Error::Input(e.to_string()))?;
-    let gpu = Gpu::choose(
-        spec.preset.as_deref(),
-        spec.vram.as_deref(),
-        spec.compute_capability.as_deref().unwrap_or("8.6"),
-    )?;
-    let budget = Budget::new(&gpu, spec.margin.unwrap_or(0.05))?;
+    let budget = budget_of(&spec)?;
     let objective = spec.objective.unwrap_or_default();
     let gpus = spec.gpus.unwrap_or(1);
     if gpus < 1 {
@@ -161,6 +161,7 @@ pub fn search_with(
         accumulation: &accumulation,
         checkpoint: space::checkpoint_available(&cfg),
         num_points: &space::num_points_options(&cfg, recipe.crop),
+        knobs: space::ModelKnobs::default(),
     };
     let mut measurer = cuda.map(|i| real.evaluator(i, &budget, gpus));
     if let Some(i) = cuda {
@@ -214,6 +215,7 @@ pub fn search_with(
     feasible.extend(rank(predicted, objective));
     let mut result = SearchResult {
         config: request.config.display().to_string(),
+        run_mode: RunMode::Train,
         budget,
         gpus,
         recipe: recipe.clone(),
@@ -289,14 +291,26 @@ fn knobs_note(c: &space::Candidate, alloc_conf: Option<&str>) -> String {
     note
 }
 
+/// The GPU budget the settings name (a preset or a VRAM size).
+pub(super) fn budget_of(spec: &SearchSpec) -> Result<Budget> {
+    let gpu = Gpu::choose(
+        spec.preset.as_deref(),
+        spec.vram.as_deref(),
+        spec.compute_capability.as_deref().unwrap_or("8.6"),
+    )?;
+    Budget::new(&gpu, spec.margin.unwrap_or(0.05))
+}
+
 /// The evaluator of predictions: CPU traces (op-level on meta by default)
-/// replayed through the caching allocator model.
+/// replayed through the caching allocator model, of training steps or, for
+/// an inference search, of test steps.
 pub fn predictor(
     request: &SearchRequest,
     worker: &Worker,
     budget: &Budget,
     gpus: i64,
 ) -> Box<dyn Evaluator> {
+    let mode = request.mode;
     let config_path = request.config.clone();
     let options = request.cfg_options.clone();
     let threads = request
@@ -323,16 +337,20 @@ pub fn predictor(
                         ..TrainingSetup::default()
                     },
                     kind: trace_kind,
-                    mode: crate::trial::RunMode::Train,
+                    mode,
                 },
             )
         },
     );
-    Box::new(PredictedEvaluator::new(
+    let evaluator = PredictedEvaluator::new(
         budget.clone(),
         tracer,
         request.trace != TraceKind::CpuAllocator,
-    ))
+    );
+    Box::new(match mode {
+        RunMode::Train => evaluator,
+        RunMode::Infer => evaluator.for_inference(),
+    })
 }
 
 /// Confirms the predicted search's feasible candidates with real trials

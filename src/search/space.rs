@@ -4,6 +4,7 @@
 use crate::config::{Dict, Value};
 use regex::Regex;
 
+pub use crate::models::segmentors::inference::TestMode;
 pub use crate::trial::Amp;
 
 /// One configuration to try.
@@ -34,6 +35,11 @@ pub struct Candidate {
     /// (`None`: the config's), tried after gradient checkpointing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_points: Option<i64>,
+    /// Inference searches: `model.test_cfg`'s mode (whole, or slide with
+    /// its crop and stride); `batch_size` is then the test batch and
+    /// `crop` the image size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_mode: Option<TestMode>,
 }
 
 /// The model-side knobs of a candidate, which change what a trial builds.
@@ -41,6 +47,7 @@ pub struct Candidate {
 pub struct ModelKnobs {
     pub checkpoint: bool,
     pub num_points: Option<i64>,
+    pub test_mode: Option<TestMode>,
 }
 
 impl Candidate {
@@ -56,12 +63,17 @@ impl Candidate {
             self.num_points
                 .map(|k| format!("-k{k}"))
                 .unwrap_or_default()
-        )
+        ) + self
+            .test_mode
+            .map(|m| format!("-infer-{}", m.label().replace(' ', "-")))
+            .unwrap_or_default()
+            .as_str()
     }
     pub fn knobs(&self) -> ModelKnobs {
         ModelKnobs {
             checkpoint: self.checkpoint,
             num_points: self.num_points,
+            test_mode: self.test_mode,
         }
     }
     pub fn effective_batch(&self, gpus: i64) -> i64 {
@@ -182,6 +194,9 @@ pub fn options_with_knobs(options: &[String], knobs: ModelKnobs) -> Vec<String> 
     }
     if let Some(k) = knobs.num_points {
         out.push(format!("{NUM_POINTS_KEY}={k}"));
+    }
+    if let Some(mode) = knobs.test_mode {
+        out.extend(mode.cfg_options());
     }
     out
 }

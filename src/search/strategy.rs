@@ -29,6 +29,8 @@ pub struct SearchSpace<'a> {
     /// the recipe's crop (without, then with checkpointing) while nothing
     /// keeps the recipe's crop and effective batch.
     pub num_points: &'a [i64],
+    /// The knobs of every candidate (an inference search's test mode).
+    pub knobs: ModelKnobs,
 }
 
 /// What the search loop did: every outcome in evaluation order, and how
@@ -115,7 +117,7 @@ pub fn run_search(
         };
     for crop in space.crops.iter() {
         for amp in space.precisions.iter() {
-            batches_of(*crop, *amp, ModelKnobs::default(), &mut explored)?;
+            batches_of(*crop, *amp, space.knobs, &mut explored)?;
         }
         // keep-crop: the largest crop where anything fits wins; smaller crops need no trial.
         let any_fit_here = explored
@@ -143,7 +145,7 @@ pub fn run_search(
     let kept = |explored: &Explored| !exhaustive && explored.outcomes.iter().any(keeps_recipe);
     let cp = ModelKnobs {
         checkpoint: true,
-        num_points: None,
+        ..space.knobs
     };
     let mut passes: Vec<ModelKnobs> = Vec::new();
     if space.checkpoint {
@@ -151,8 +153,8 @@ pub fn run_search(
     }
     for k in space.num_points {
         passes.push(ModelKnobs {
-            checkpoint: false,
             num_points: Some(*k),
+            ..space.knobs
         });
         if space.checkpoint {
             passes.push(ModelKnobs {
@@ -209,6 +211,7 @@ fn search_batches(
             accumulation: acc,
             checkpoint: knobs.checkpoint,
             num_points: knobs.num_points,
+            test_mode: knobs.test_mode,
         };
         let (record, now) = match journal.get(&c) {
             Some(r) => {
@@ -347,6 +350,7 @@ mod tests {
             accumulation: &|b| (16 / b, 16 % b == 0),
             checkpoint,
             num_points,
+            knobs: ModelKnobs::default(),
         };
         let explored = run_search(
             &space,
@@ -510,6 +514,7 @@ mod tests {
             accumulation: &|b| (16 / b, 16 % b == 0),
             checkpoint: true,
             num_points: &[],
+            knobs: ModelKnobs::default(),
         };
         let steps = std::cell::RefCell::new(Vec::new());
         let explored = run_search(

@@ -79,6 +79,9 @@ pub struct TrialReport {
     pub crop: [i64; 2],
     pub amp: Amp,
     pub accumulative_counts: i64,
+    /// Training or inference steps.
+    #[serde(default)]
+    pub mode: super::RunMode,
     /// Whose memory behaviour the trial reproduced (`current`, `zoo-2021`).
     pub stack: super::Stack,
     /// GPUs of the data-parallel run it stands for (DDP's buckets held).
@@ -140,6 +143,7 @@ impl TrialReport {
             crop: [request.crop.0, request.crop.1],
             amp: request.amp,
             accumulative_counts: request.accumulative_counts.unwrap_or(1),
+            mode: request.mode,
             stack: request.setup.stack,
             gpus: request.setup.gpus,
             as_cuda: request.as_cuda,

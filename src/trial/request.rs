@@ -43,7 +43,17 @@ impl std::fmt::Display for DeviceChoice {
 
 /// One trial: the config, the candidate, the measurement and the setup.
 /// What a trial runs: training steps, or inference (test) steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum RunMode {
     /// `train_step`: forward, loss, backward, optimizer.

@@ -267,20 +267,21 @@ fn run_capped(
         let _ = crate::models::layers::take_forward_flops();
         let _ = crate::models::layers::checkpoint::take_recompute_flops();
         let started = Instant::now();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match request.mode {
-            RunMode::Train => train_step(
-                &model,
-                &mut optimizer,
-                batch,
-                request,
-                &counter,
-                base,
-                step + 1,
-            ),
-            RunMode::Infer => {
-                super::infer::infer_step(&model, batch, request, &counter, base, step + 1)
-            }
-        }));
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match request.mode {
+                RunMode::Train => train_step(
+                    &model,
+                    &mut optimizer,
+                    batch,
+                    request,
+                    &counter,
+                    base,
+                    step + 1,
+                ),
+                RunMode::Infer => {
+                    super::infer::infer_step(&model, batch, request, &counter, base, step + 1)
+                }
+            }));
         if let Some(i) = cuda_index {
             let _ = memory::device_synchronize(i);
         }

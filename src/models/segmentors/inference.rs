@@ -15,7 +15,20 @@ use crate::models::{scope, ModelError};
 use tch::Tensor;
 
 /// `model.test_cfg.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum TestMode {
     Whole,
     /// Crops of `crop` (h, w) every `stride` (h, w).
@@ -42,7 +55,11 @@ impl TestMode {
                 ))
             })
         };
-        match test_cfg.get("mode").and_then(Value::as_str).unwrap_or("whole") {
+        match test_cfg
+            .get("mode")
+            .and_then(Value::as_str)
+            .unwrap_or("whole")
+        {
             "whole" => Ok(TestMode::Whole),
             "slide" => Ok(TestMode::Slide {
                 crop: pair("crop_size")?,
@@ -51,6 +68,28 @@ impl TestMode {
             other => Err(ModelError::Config(format!(
                 "model.test_cfg.mode='{other}': MMSeg has 'whole' and 'slide'"
             ))),
+        }
+    }
+
+    /// The `--cfg-options` that set this mode.
+    pub fn cfg_options(&self) -> Vec<String> {
+        match self {
+            TestMode::Whole => vec!["model.test_cfg.mode=whole".into()],
+            TestMode::Slide { crop, stride } => vec![
+                "model.test_cfg.mode=slide".into(),
+                format!("model.test_cfg.crop_size=({},{})", crop.0, crop.1),
+                format!("model.test_cfg.stride=({},{})", stride.0, stride.1),
+            ],
+        }
+    }
+
+    /// A short name: `whole`, or `slide 1024x1024/768x768` (crop/stride).
+    pub fn label(&self) -> String {
+        match self {
+            TestMode::Whole => "whole".into(),
+            TestMode::Slide { crop, stride } => {
+                format!("slide {}x{}/{}x{}", crop.0, crop.1, stride.0, stride.1)
+            }
         }
     }
 
@@ -97,10 +136,16 @@ impl EncoderDecoder {
     fn slide_inference(&self, inputs: &Tensor, crop: (i64, i64), stride: (i64, i64)) -> Tensor {
         let (b, h_img, w_img) = (inputs.size()[0], inputs.size()[2], inputs.size()[3]);
         let grids = |img: i64, c: i64, s: i64| (img - c + s - 1).max(0) / s + 1;
-        let (h_grids, w_grids) = (grids(h_img, crop.0, stride.0), grids(w_img, crop.1, stride.1));
+        let (h_grids, w_grids) = (
+            grids(h_img, crop.0, stride.0),
+            grids(w_img, crop.1, stride.1),
+        );
         let options = (inputs.kind(), inputs.device());
         let mut preds = Tensor::zeros([b, self.num_classes, h_img, w_img], options);
         let count = Tensor::zeros([b, 1, h_img, w_img], options);
+        // Python's `crop_seg_logit` lives until the next crop's replaces it
+        // (and the last one until the function returns).
+        let mut crop_logits: Option<Tensor> = None;
         for h_idx in 0..h_grids {
             for w_idx in 0..w_grids {
                 let (y2, x2) = (
@@ -109,10 +154,8 @@ impl EncoderDecoder {
                 );
                 let (y1, x1) = ((y2 - crop.0).max(0), (x2 - crop.1).max(0));
                 let crop_img = inputs.narrow(2, y1, y2 - y1).narrow(3, x1, x2 - x1);
-                let crop_logits = self.encode_decode(&crop_img);
-                drop(crop_img);
-                let padded = crop_logits.pad([x1, w_img - x2, y1, h_img - y2], "constant", None);
-                drop(crop_logits);
+                let logits = crop_logits.insert(self.encode_decode(&crop_img));
+                let padded = logits.pad([x1, w_img - x2, y1, h_img - y2], "constant", None);
                 preds += padded;
                 let mut window = count.narrow(2, y1, y2 - y1).narrow(3, x1, x2 - x1);
                 window += 1;
@@ -122,8 +165,7 @@ impl EncoderDecoder {
         let uncovered = count.eq(0.0).sum(None);
         drop(uncovered);
         let logits = &preds / &count;
-        drop(preds);
-        drop(count);
+        drop((preds, count, crop_logits));
         logits
     }
 
@@ -141,7 +183,12 @@ impl EncoderDecoder {
     pub fn predict(&self, inputs: &Tensor, ori_shape: (i64, i64)) -> Vec<Prediction> {
         let seg_logits = self.inference(inputs);
         let (b, k) = (seg_logits.size()[0], seg_logits.size()[1]);
-        let align_corners = self.decode_heads().last().expect("a head").1.align_corners();
+        let align_corners = self
+            .decode_heads()
+            .last()
+            .expect("a head")
+            .1
+            .align_corners();
         let _part = scope::enter("postprocess");
         (0..b)
             .map(|i| {

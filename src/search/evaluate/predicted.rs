@@ -15,8 +15,8 @@ use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
-use crate::trial::RunMode;
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
+use crate::trial::RunMode;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
@@ -71,6 +71,8 @@ pub struct PredictedEvaluator {
     /// Every candidate traced as it is (op-level traces take a second), not
     /// extrapolated from a pair.
     direct: bool,
+    /// Training or inference steps.
+    mode: RunMode,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
@@ -93,7 +95,16 @@ impl PredictedEvaluator {
             small: HashMap::new(),
             traces_run: 0,
             direct,
+            mode: RunMode::Train,
         }
+    }
+
+    /// Predicts inference (test) steps instead of training steps (the
+    /// tracer must trace them).
+    pub fn for_inference(mut self) -> PredictedEvaluator {
+        self.mode = RunMode::Infer;
+        self.direct = true;
+        self
     }
 
     fn pair(
@@ -159,14 +170,22 @@ impl PredictedEvaluator {
     /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth):
     /// the forward, a backward of twice its FLOPs, and the forward that
     /// gradient checkpointing runs again in the backward.
-    fn images_per_s(budget: &Budget, c: &Candidate, flops: (f64, f64), bytes: f64) -> f64 {
+    fn images_per_s(
+        budget: &Budget,
+        c: &Candidate,
+        flops: (f64, f64),
+        bytes: f64,
+        mode: RunMode,
+    ) -> f64 {
         let (flops, recompute) = flops;
+        // An inference step is the forward alone.
+        let passes = if mode == RunMode::Infer { 1.0 } else { 3.0 };
         let tflops = match c.amp {
             Amp::Off => budget.fp32_tflops,
             Amp::Fp16 => budget.fp16_tflops,
             Amp::Bf16 => budget.bf16_tflops,
         };
-        let compute = (3.0 * flops + recompute) / (tflops.max(0.1) * 1e12 * 0.4);
+        let compute = (passes * flops + recompute) / (tflops.max(0.1) * 1e12 * 0.4);
         let memory = 2.0 * bytes / (budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
         c.batch_size as f64 / (compute + memory)
     }
@@ -183,6 +202,7 @@ impl Evaluator for PredictedEvaluator {
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         let budget = self.budget.clone();
+        let mode = self.mode;
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
@@ -197,7 +217,7 @@ impl Evaluator for PredictedEvaluator {
                 Err(e) => return failed(e.clone()),
                 Ok(s) => (s.events.clone(), (s.flops, s.recompute_flops), s.step_bytes),
             };
-            return replay_against_budget(&budget, c, &events, flops, bytes);
+            return replay_against_budget(&budget, c, &events, flops, bytes, mode);
         }
         let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs()) {
             Err(e) => return failed(e.clone()),
@@ -225,7 +245,7 @@ impl Evaluator for PredictedEvaluator {
             Ok(e) => e,
             Err(e) => return failed(e),
         };
-        replay_against_budget(&budget, c, &events, flops, bytes)
+        replay_against_budget(&budget, c, &events, flops, bytes, mode)
     }
 }
 
@@ -239,15 +259,10 @@ fn replay_against_budget(
     events: &[TraceEvent],
     flops: (f64, f64),
     bytes: f64,
+    mode: RunMode,
 ) -> TrialRecord {
-    let record = replay_with(
-        budget,
-        c,
-        events,
-        flops,
-        bytes,
-        AllocatorSettings::default(),
-    );
+    let replay_with = |settings| replay_with(budget, c, events, (flops, bytes), settings, mode);
+    let record = replay_with(AllocatorSettings::default());
     if record.fits() {
         return record;
     }
@@ -255,7 +270,7 @@ fn replay_against_budget(
         expandable_segments: true,
         ..AllocatorSettings::default()
     };
-    let with_setting = replay_with(budget, c, events, flops, bytes, expandable);
+    let with_setting = replay_with(expandable);
     if with_setting.fits() {
         TrialRecord {
             alloc_conf: Some(expandable.env_value()),
@@ -271,12 +286,12 @@ fn replay_with(
     budget: &Budget,
     c: &Candidate,
     events: &[TraceEvent],
-    flops: (f64, f64),
-    bytes: f64,
+    (flops, bytes): ((f64, f64), f64),
     settings: AllocatorSettings,
+    mode: RunMode,
 ) -> TrialRecord {
     let inputs = ReplayInputs {
-        batch_copies: batch_tensors(c.batch_size, c.crop, RunMode::Train),
+        batch_copies: batch_tensors(c.batch_size, c.crop, mode),
         cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
         capacity: Some(budget.allocator_capacity()),
         settings,
@@ -289,7 +304,9 @@ fn replay_with(
         peak_allocated_bytes: Some(r.peak_allocated),
         peak_reserved_bytes: Some(r.peak_reserved),
         device_bytes: Some(device),
-        images_per_s: Some(PredictedEvaluator::images_per_s(budget, c, flops, bytes)),
+        images_per_s: Some(PredictedEvaluator::images_per_s(
+            budget, c, flops, bytes, mode,
+        )),
         mode: Mode::Predicted,
         checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
         predicted: None,
@@ -339,18 +356,19 @@ mod tests {
             accumulation: 1,
             checkpoint: false,
             num_points: None,
+            test_mode: None,
         };
         let flops = (1.0, 0.0);
         let default = replay_with(
             &budget,
             &c,
             &events,
-            flops,
-            1.0,
+            (flops, 1.0),
             AllocatorSettings::default(),
+            RunMode::Train,
         );
         assert!(!default.fits(), "{default:?}");
-        let record = replay_against_budget(&budget, &c, &events, flops, 1.0);
+        let record = replay_against_budget(&budget, &c, &events, flops, 1.0, RunMode::Train);
         assert!(record.fits(), "{record:?}");
         assert_eq!(
             record.alloc_conf.as_deref(),

@@ -1,0 +1,192 @@
+//! `segtune search --mode infer`: the fastest inference settings that fit
+//! the GPU for the config's test images: test batch x `model.test_cfg`
+//! mode (the config's, and the other: whole, or slide with the training
+//! crop and a stride of two thirds of it) x precision (fp32, or fp16 as
+//! MMEngine's `TestLoop(fp16=True)` runs it), each predicted from a traced
+//! test step (`trial --mode infer`), ranked by images/s. The winner is
+//! emitted as `test_dataloader.batch_size`, `model.test_cfg` and `test_cfg`
+//! overrides, with the `--cfg-options` line for `tools/test.py`.
+
+use super::journal::{hash_text, Journal};
+use super::record::{Mode, Outcome, SearchResult};
+use super::run::{budget_of, predictor, SearchRequest};
+use super::space::{Amp, ModelKnobs, Recipe, TestMode};
+use super::spec::{Objective, SearchSpec};
+use super::strategy::{rank, run_search, Progress, SearchSpace};
+use super::{emit, saved};
+use crate::config::{self, dump, Dict, Value};
+use crate::error::{Error, Result};
+use crate::trial::worker::Worker;
+use crate::trial::RunMode;
+
+/// Test batch sizes tried (per GPU).
+const TEST_BATCHES: [i64; 6] = [1, 2, 4, 8, 16, 32];
+
+/// The image size at test time: the test pipeline's `Resize` scale (MMCV
+/// writes it `(w, h)`), else the training crop.
+pub fn test_image_size(cfg: &Dict, crop: (i64, i64)) -> (i64, i64) {
+    let pipeline = cfg.get("test_pipeline").or_else(|| {
+        cfg.get("test_dataloader")
+            .and_then(|d| d.get_path("dataset.pipeline"))
+    });
+    pipeline
+        .and_then(Value::as_seq)
+        .into_iter()
+        .flatten()
+        .filter(|s| s.get_path("type").and_then(Value::as_str) == Some("Resize"))
+        .find_map(|s| match s.get_path("scale").and_then(Value::as_seq) {
+            Some([w, h]) => h.as_i64().zip(w.as_i64()),
+            _ => None,
+        })
+        .unwrap_or(crop)
+}
+
+/// The test modes to compare: the config's, and the other one.
+fn test_modes(model: &Dict, crop: (i64, i64)) -> Result<Vec<TestMode>> {
+    let own = TestMode::from_model(model).map_err(|e| Error::Input(e.to_string()))?;
+    let other = match own {
+        TestMode::Slide { .. } => TestMode::Whole,
+        TestMode::Whole => TestMode::Slide {
+            crop,
+            stride: (crop.0 * 2 / 3, crop.1 * 2 / 3),
+        },
+    };
+    Ok(vec![own, other])
+}
+
+/// Searches inference settings (always predicted: the traces of test steps).
+pub fn search_inference(
+    request: &SearchRequest,
+    worker: &Worker,
+    progress: Progress,
+) -> Result<SearchResult> {
+    let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
+    crate::models::check_supported(&cfg).map_err(|source| Error::Model {
+        source,
+        config: request.config.clone(),
+    })?;
+    let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
+    let heads = model.get("decode_head").map(|h| match h {
+        Value::List(l) => l.last().cloned().unwrap_or(Value::None),
+        other => other.clone(),
+    });
+    if heads.and_then(|h| {
+        h.get_path("type")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    }) == Some("Mask2FormerHead".into())
+    {
+        return Err(Error::Input(
+            "inference of Mask2FormerHead (mask classification) is not built yet; \
+             search --mode train works"
+                .into(),
+        ));
+    }
+    let crop = crate::predict::estimate::recipe_crop(&cfg).ok_or_else(|| {
+        Error::Input(
+            "the config has no crop size (crop_size, RandomCrop or data_preprocessor.size)".into(),
+        )
+    })?;
+    let image = test_image_size(&cfg, crop);
+    let test_batch = cfg
+        .get("test_dataloader")
+        .and_then(|d| d.get_path("batch_size"))
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let budget = budget_of(&spec)?;
+    let gpus = spec.gpus.unwrap_or(1);
+    let mut predictor = predictor(request, worker, &budget, gpus);
+    let config_hash = hash_text(&dump::to_json(&Value::Dict(cfg.clone())));
+    let device = format!(
+        "predicted-infer:{}:{}:{:.3}:{}",
+        budget.gpu, budget.vram_bytes, budget.margin, request.trace
+    );
+    let mut journal = Journal::open(&request.out, &config_hash, &device)?;
+    let (mut outcomes, mut ran, mut resumed) = (Vec::new(), 0, 0);
+    for mode in test_modes(model, crop)? {
+        let space = SearchSpace {
+            crops: &[image],
+            precisions: &[Amp::Off, Amp::Fp16],
+            batches: &TEST_BATCHES,
+            accumulation: &|_| (1, true),
+            checkpoint: false,
+            num_points: &[],
+            knobs: ModelKnobs {
+                test_mode: Some(mode),
+                ..ModelKnobs::default()
+            },
+        };
+        let explored = run_search(
+            &space,
+            Objective::Throughput,
+            request.exhaustive,
+            predictor.as_mut(),
+            &mut journal,
+            progress,
+        )?;
+        ran += explored.ran;
+        resumed += explored.resumed;
+        outcomes.extend(explored.outcomes);
+    }
+    let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) =
+        outcomes.into_iter().partition(|o| o.record.fits());
+    let feasible = rank(feasible, Objective::Throughput);
+    let winner = feasible.first().cloned();
+    let mut result = SearchResult {
+        config: request.config.display().to_string(),
+        run_mode: RunMode::Infer,
+        budget,
+        gpus,
+        recipe: Recipe {
+            batch_size: test_batch,
+            crop: image,
+            effective_batch: test_batch,
+            effective_batch_source:
+                "test_dataloader.batch_size; the image size from the test pipeline's Resize".into(),
+        },
+        objective: Objective::Throughput,
+        mode: Mode::Predicted,
+        feasible,
+        infeasible,
+        grid_size: TEST_BATCHES.len() * 2 * 2,
+        trials_run: ran,
+        trials_resumed: resumed,
+        traces_run: predictor.traces_run(),
+        predictions_confirmed_from: 0,
+        winner: winner.clone(),
+        emitted: Vec::new(),
+        cfg_options: None,
+        auto_scale_lr: false,
+        journal: journal.path().display().to_string(),
+        journal_skipped_lines: journal.skipped_lines(),
+    };
+    if let Some(w) = &winner {
+        let c = w.candidate;
+        let header = format!(
+            "Generated by segtune search --mode infer for {} ({:.2} GiB, margin {:.0}%): test batch {}, {}x{} images, {} inference, amp {} (predicted).",
+            result.budget.gpu,
+            result.budget.vram_bytes as f64 / (1u64 << 30) as f64,
+            result.budget.margin * 100.0,
+            c.batch_size,
+            c.crop.0,
+            c.crop.1,
+            c.test_mode.unwrap_or(TestMode::Whole).label(),
+            c.amp,
+        );
+        let written = emit::emit_inference(&request.config, &c, &request.out, &header)?;
+        result.emitted = written.iter().map(|p| p.display().to_string()).collect();
+        result.cfg_options = Some(emit::inference_cfg_options_line(&c));
+    }
+    saved::save(
+        &request.out,
+        &saved::SavedSearch {
+            result: result.clone(),
+            config: config::absolute(&request.config),
+            config_hash,
+            cfg_options: request.cfg_options.clone(),
+            gt_segments: request.gt_segments,
+        },
+    )?;
+    Ok(result)
+}
