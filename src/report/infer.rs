@@ -23,8 +23,14 @@ pub fn inference(r: &SearchResult, all: bool) -> String {
         gib(b.cuda_context_bytes)
     );
     out.push_str(&format!(
-        "test images {}x{}, config's test batch {}; objective images/s; every figure predicted (traced test steps)\n",
-        r.recipe.crop.0, r.recipe.crop.1, r.recipe.batch_size
+        "test images {}x{}, config's test batch {}; objective images/s; every figure {}\n",
+        r.recipe.crop.0,
+        r.recipe.crop.1,
+        r.recipe.batch_size,
+        match r.mode {
+            crate::search::Mode::Predicted => "predicted (traced test steps)",
+            crate::search::Mode::Measured => "measured (real inference trials)",
+        }
     ));
     let row = |rank: String, o: &crate::search::Outcome| {
         let c = o.candidate;
@@ -75,10 +81,11 @@ pub fn inference(r: &SearchResult, all: bool) -> String {
     if let Some(w) = &r.winner {
         let c = w.candidate;
         out.push_str(&format!(
-            "winner: test batch {}, {} inference, amp {} (predicted)\n",
+            "winner: test batch {}, {} inference, amp {} ({})\n",
             c.batch_size,
             c.test_mode.unwrap_or(TestMode::Whole).label(),
-            c.amp
+            c.amp,
+            w.record.mode.name()
         ));
         for p in &r.emitted {
             out.push_str(&format!("wrote {p}\n"));

@@ -67,9 +67,9 @@ pub trait RealTrials {
 }
 
 /// Real CUDA trials, each in its own worker process.
-struct CudaTrials<'a> {
-    request: &'a SearchRequest,
-    worker: &'a Worker,
+pub(super) struct CudaTrials<'a> {
+    pub(super) request: &'a SearchRequest,
+    pub(super) worker: &'a Worker,
 }
 
 impl RealTrials for CudaTrials<'_> {
@@ -87,6 +87,7 @@ impl RealTrials for CudaTrials<'_> {
             timeout: self.request.trial_timeout,
             gpus,
             gt_segments: self.request.gt_segments,
+            mode: self.request.mode,
         })
     }
 }
@@ -128,16 +129,7 @@ pub fn search_with(
         Some(a) => (a, true),
         None => (1, false),
     };
-    let cuda = match spec.device_setting()? {
-        DeviceSetting::Cpu => None,
-        DeviceSetting::Auto => (real.devices() > 0).then_some(0),
-        DeviceSetting::Cuda(i) if real.devices() > i => Some(i),
-        DeviceSetting::Cuda(i) => {
-            return Err(Error::Input(format!(
-                "--device cuda:{i}, but no such CUDA device is visible"
-            )))
-        }
-    };
+    let cuda = cuda_device(&spec, real.devices())?;
     let mut predictor = predictor(request, worker, &budget, gpus);
     // Trials for another number of GPUs or segments are not reusable.
     let mut suffix = if gpus > 1 {
@@ -289,6 +281,21 @@ fn knobs_note(c: &space::Candidate, alloc_conf: Option<&str>) -> String {
         ));
     }
     note
+}
+
+/// The CUDA device the settings choose among `visible` ones (`None`:
+/// predict on the CPU).
+pub(super) fn cuda_device(spec: &SearchSpec, visible: usize) -> Result<Option<usize>> {
+    Ok(match spec.device_setting()? {
+        DeviceSetting::Cpu => None,
+        DeviceSetting::Auto => (visible > 0).then_some(0),
+        DeviceSetting::Cuda(i) if visible > i => Some(i),
+        DeviceSetting::Cuda(i) => {
+            return Err(Error::Input(format!(
+                "--device cuda:{i}, but no such CUDA device is visible"
+            )))
+        }
+    })
 }
 
 /// The GPU budget the settings name (a preset or a VRAM size).

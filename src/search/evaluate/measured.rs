@@ -21,6 +21,8 @@ pub struct MeasuredEvaluator {
     pub gpus: i64,
     /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
     pub gt_segments: Option<i64>,
+    /// Training or inference trials.
+    pub mode: crate::trial::RunMode,
 }
 
 /// The candidate status of a trial that did not end `ok`.
@@ -57,6 +59,7 @@ impl Evaluator for MeasuredEvaluator {
                 ..TrainingSetup::default()
             },
             gt_segments: self.gt_segments,
+            mode: self.mode,
             ..TrialRequest::new(&self.config)
         };
         let report = match self.worker.trial(&request, Some(self.timeout)) {
