@@ -4,12 +4,14 @@
 
 use assert_cmd::Command;
 
-const SUBCOMMANDS: [&str; 8] = [
+const SUBCOMMANDS: [&str; 10] = [
     "resolve",
     "trial",
     "inspect",
     "estimate",
+    "explain",
     "search",
+    "report",
     "schema",
     "presets",
     "completions",

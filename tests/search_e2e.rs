@@ -130,40 +130,9 @@ print(json.dumps(dict(batch=cfg.train_dataloader.batch_size, pipeline_crops=[lis
                       with_cp=bool(cfg.model.backbone.get('with_cp', False)),
                       num_points=(cfg.model.decode_head.get('train_cfg') or {}).get('num_points'))))
 "#;
-    let run = std::process::Command::new(&python)
-        .args(["-c", check])
-        .arg(&emitted)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let read: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
-    println!("mmengine reads the emitted config as {read}");
     // The printed line pasted into bash after the original config.
     let line = result["cfg_options"].as_str().unwrap();
-    let script = dir.path().join("check.py");
-    std::fs::write(&script, check).unwrap();
-    let pasted = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(format!("\"$0\" \"$1\" \"$2\" {line}"))
-        .arg(&python)
-        .arg(&script)
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        pasted.status.success(),
-        "the printed line does not paste into bash: {line}\n{}",
-        String::from_utf8_lossy(&pasted.stderr)
-    );
-    let parsed: serde_json::Value = serde_json::from_slice(&pasted.stdout).unwrap();
-    assert_eq!(
-        parsed, read,
-        "the --cfg-options line, as MMEngine parses it: {line}"
-    );
+    let read = common::mmengine_reads_emitted_and_pasted(&python, check, &emitted, &config, line);
     let crop = serde_json::json!([winner["crop"][0], winner["crop"][1]]);
     assert_eq!(read["batch"], batch);
     assert_eq!(read["pipeline_crops"], serde_json::json!([crop.clone()]));

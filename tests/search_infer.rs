@@ -70,17 +70,9 @@ fn inference_search_compares_whole_and_slide_and_emits_test_settings_mmengine_re
         eprintln!("SKIPPED the mmengine part: SEGTUNE_MMENGINE_PYTHON not set");
         return;
     };
-    let read = std::process::Command::new(&python)
-        .args(["-c", CHECK])
-        .arg(&emitted)
-        .output()
-        .unwrap();
-    assert!(
-        read.status.success(),
-        "{}",
-        String::from_utf8_lossy(&read.stderr)
-    );
-    let read: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    let python = std::path::PathBuf::from(python);
+    let line = result["cfg_options"].as_str().unwrap();
+    let read = common::mmengine_reads_emitted_and_pasted(&python, CHECK, &emitted, &config, line);
     assert_eq!(read["batch"], winner["batch_size"]);
     assert_eq!(read["fp16"], winner["amp"] == "fp16");
     match winner["test_mode"].as_object().and_then(|m| m.get("slide")) {
@@ -91,25 +83,4 @@ fn inference_search_compares_whole_and_slide_and_emits_test_settings_mmengine_re
         }
         None => assert_eq!(read["mode"], "whole"),
     }
-    let script = dir.path().join("check.py");
-    std::fs::write(&script, CHECK).unwrap();
-    let line = result["cfg_options"].as_str().unwrap();
-    let pasted = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(format!("\"$0\" \"$1\" \"$2\" {line}"))
-        .arg(&python)
-        .arg(&script)
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        pasted.status.success(),
-        "{line}: {}",
-        String::from_utf8_lossy(&pasted.stderr)
-    );
-    let parsed: serde_json::Value = serde_json::from_slice(&pasted.stdout).unwrap();
-    assert_eq!(
-        parsed, read,
-        "the --cfg-options line, as MMEngine parses it: {line}"
-    );
 }

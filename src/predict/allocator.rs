@@ -84,6 +84,24 @@ pub struct Stats {
     pub num_alloc_retries: u64,
 }
 
+impl Stats {
+    /// The peaks set to the current values (`reset_peak_memory_stats`).
+    pub fn reset_peaks(&mut self) {
+        self.allocated_peak = self.allocated;
+        self.reserved_peak = self.reserved;
+        self.requested_peak = self.requested;
+    }
+
+    /// Counts a block of `granted` bytes handed out for a request of
+    /// `requested` bytes.
+    pub fn add_allocation(&mut self, granted: u64, requested: u64) {
+        self.allocated += granted;
+        self.requested += requested;
+        self.allocated_peak = self.allocated_peak.max(self.allocated);
+        self.requested_peak = self.requested_peak.max(self.requested);
+    }
+}
+
 /// Failure to serve a request within the capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutOfMemory {
@@ -242,9 +260,7 @@ impl CachingAllocator {
 
     /// Resets the peaks to the current values (`reset_peak_memory_stats`).
     pub fn reset_peaks(&mut self) {
-        self.stats.allocated_peak = self.stats.allocated;
-        self.stats.reserved_peak = self.stats.reserved;
-        self.stats.requested_peak = self.stats.requested;
+        self.stats.reset_peaks();
     }
 
     /// Allocates `size` bytes for allocation `id`.
@@ -289,10 +305,7 @@ impl CachingAllocator {
         b.size = granted;
         b.allocated = true;
         self.live.insert(id, (address, size));
-        self.stats.allocated += granted;
-        self.stats.requested += size;
-        self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
-        self.stats.requested_peak = self.stats.requested_peak.max(self.stats.requested);
+        self.stats.add_allocation(granted, size);
         Ok(())
     }
 

@@ -104,9 +104,7 @@ impl ExpandableAllocator {
     }
 
     pub fn reset_peaks(&mut self) {
-        self.stats.allocated_peak = self.stats.allocated;
-        self.stats.reserved_peak = self.stats.reserved;
-        self.stats.requested_peak = self.stats.requested;
+        self.stats.reset_peaks();
     }
 
     /// The segment holding `address`: (base, end).
@@ -380,10 +378,7 @@ impl ExpandableAllocator {
         block.allocated = true;
         let granted = block.size;
         self.live.insert(id, (address, size));
-        self.stats.allocated += granted;
-        self.stats.requested += size;
-        self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
-        self.stats.requested_peak = self.stats.requested_peak.max(self.stats.requested);
+        self.stats.add_allocation(granted, size);
         Ok(())
     }
 

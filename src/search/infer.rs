@@ -188,15 +188,6 @@ pub fn search_inference(
         result.emitted = written.iter().map(|p| p.display().to_string()).collect();
         result.cfg_options = Some(emit::inference_cfg_options_line(&c));
     }
-    saved::save(
-        &request.out,
-        &saved::SavedSearch {
-            result: result.clone(),
-            config: config::absolute(&request.config),
-            config_hash,
-            cfg_options: request.cfg_options.clone(),
-            gt_segments: request.gt_segments,
-        },
-    )?;
+    saved::save_result(request, &result, config_hash)?;
     Ok(result)
 }

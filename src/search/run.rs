@@ -250,16 +250,7 @@ pub fn search_with(
         result.emitted = written.iter().map(|p| p.display().to_string()).collect();
         result.cfg_options = Some(emit::cfg_options_line(&cfg, &c, auto));
     }
-    saved::save(
-        &request.out,
-        &saved::SavedSearch {
-            result: result.clone(),
-            config: config::absolute(&request.config),
-            config_hash,
-            cfg_options: request.cfg_options.clone(),
-            gt_segments: request.gt_segments,
-        },
-    )?;
+    saved::save_result(request, &result, config_hash)?;
     Ok(result)
 }
 

@@ -44,6 +44,24 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Saves a finished search of `request` into its `--out` directory.
+pub fn save_result(
+    request: &super::SearchRequest,
+    result: &SearchResult,
+    config_hash: String,
+) -> Result<()> {
+    save(
+        &request.out,
+        &SavedSearch {
+            result: result.clone(),
+            config: crate::config::absolute(&request.config),
+            config_hash,
+            cfg_options: request.cfg_options.clone(),
+            gt_segments: request.gt_segments,
+        },
+    )
+}
+
 /// Saves a finished search into its `--out` directory.
 pub fn save(dir: &Path, saved: &SavedSearch) -> Result<()> {
     let text = serde_json::to_string_pretty(saved).expect("results serialise");

@@ -5,12 +5,12 @@
 //! evaluator reads them), then the batch and the predictions freed.
 
 use super::batch::Batch;
-use super::memory::{self, CpuCounter, Phase};
+use super::memory::{CpuCounter, Phase};
 use super::run::Phases;
 use super::trace::phase_code;
 use super::TrialRequest;
 use crate::models::EncoderDecoder;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 /// Runs one test step; its peak is the forward phase's (the other two are 0).
 pub fn infer_step(
@@ -25,11 +25,7 @@ pub fn infer_step(
     let device = model.device();
     let (h, w) = request.crop;
     let predictions = tch::no_grad(|| -> Result<_, String> {
-        let _autocast = match request.amp.kind() {
-            Some(_) if request.as_cuda => Some(memory::AutocastGuard::new(device, Kind::BFloat16)?),
-            Some(kind) => Some(memory::AutocastGuard::new(device, kind)?),
-            None => None,
-        };
+        let _autocast = super::run::autocast(request, device)?;
         counter.set_phase_code(phase_code(step, Phase::Preprocess));
         // `cast_data` copies the labels to the device with the images.
         let labels_on_device: Vec<Tensor> = labels.iter().map(|l| l.to_device(device)).collect();

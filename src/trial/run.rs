@@ -364,6 +364,19 @@ fn bf16_supported(device: Device) -> bool {
 
 pub(super) type Phases = [(Phase, i64); 3];
 
+/// The step's autocast, if it runs in half precision (on the CPU standing
+/// in for CUDA, half precision is held as bf16: the same two bytes).
+pub(super) fn autocast(
+    request: &TrialRequest,
+    device: Device,
+) -> Result<Option<memory::AutocastGuard>, String> {
+    Ok(match request.amp.kind() {
+        Some(_) if request.as_cuda => Some(memory::AutocastGuard::new(device, Kind::BFloat16)?),
+        Some(kind) => Some(memory::AutocastGuard::new(device, kind)?),
+        None => None,
+    })
+}
+
 /// mmengine's `BaseModel.train_step`: data preprocessing + forward + loss
 /// under the optimizer wrapper's context (autocast for AMP), then
 /// `update_params` (backward, step, zero_grad). Returns each phase's peak.
@@ -380,12 +393,7 @@ fn train_step(
     let device = model.device();
     counter.set_phase_code(phase_code(step, Phase::Forward));
     let (inputs, padded_labels, losses) = {
-        let _autocast = match request.amp.kind() {
-            // Half precision stands in as bf16 (same size) under CUDA's rules on the CPU.
-            Some(_) if request.as_cuda => Some(memory::AutocastGuard::new(device, Kind::BFloat16)?),
-            Some(kind) => Some(memory::AutocastGuard::new(device, kind)?),
-            None => None,
-        };
+        let _autocast = autocast(request, device)?;
         counter.set_phase_code(phase_code(step, Phase::Preprocess));
         let (inputs, padded_labels) = model.preprocess(&images, &labels);
         counter.set_phase_code(phase_code(step, Phase::Forward));

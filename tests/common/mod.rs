@@ -130,3 +130,50 @@ pub fn why_unsupported(config: &std::path::Path, cfg_options: &[String]) -> Opti
         Err(e) => Some(e.to_string()),
     }
 }
+
+/// What the Python `check` script (which loads `sys.argv[1]` with MMEngine,
+/// merges `--cfg-options` through MMEngine's `DictAction`, and prints JSON)
+/// prints for the emitted config, and then for the original config with
+/// the printed `--cfg-options` `line` pasted into bash; both must agree.
+pub fn mmengine_reads_emitted_and_pasted(
+    python: &std::path::Path,
+    check: &str,
+    emitted: &std::path::Path,
+    original: &std::path::Path,
+    line: &str,
+) -> serde_json::Value {
+    let run = std::process::Command::new(python)
+        .args(["-c", check])
+        .arg(emitted)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let read: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    println!("mmengine reads the emitted config as {read}");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("check.py");
+    std::fs::write(&script, check).unwrap();
+    let pasted = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("\"$0\" \"$1\" \"$2\" {line}"))
+        .arg(python)
+        .arg(&script)
+        .arg(original)
+        .output()
+        .unwrap();
+    assert!(
+        pasted.status.success(),
+        "the printed line does not paste into bash: {line}\n{}",
+        String::from_utf8_lossy(&pasted.stderr)
+    );
+    let parsed: serde_json::Value = serde_json::from_slice(&pasted.stdout).unwrap();
+    assert_eq!(
+        parsed, read,
+        "the --cfg-options line, as MMEngine parses it: {line}"
+    );
+    read
+}
