@@ -132,7 +132,7 @@ pub fn breakdown_of(
         },
         trace: TraceKind::Meta,
         alloc_conf,
-        mode: crate::trial::RunMode::Train,
+        mode: r.run_mode,
     };
     Ok(estimate_config(&request, worker)?.breakdown)
 }
