@@ -68,22 +68,12 @@ pub fn search_inference(
         config: request.config.clone(),
     })?;
     let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
-    let heads = model.get("decode_head").map(|h| match h {
-        Value::List(l) => l.last().cloned().unwrap_or(Value::None),
-        other => other.clone(),
-    });
-    if heads.and_then(|h| {
-        h.get_path("type")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    }) == Some("Mask2FormerHead".into())
-    {
-        return Err(Error::Input(
-            "inference of Mask2FormerHead (mask classification) is not built yet; \
-             search --mode train works"
-                .into(),
-        ));
-    }
+    crate::models::segmentors::inference::check_inference(model).map_err(|source| {
+        Error::Model {
+            source,
+            config: request.config.clone(),
+        }
+    })?;
     let crop = crate::predict::estimate::recipe_crop(&cfg).ok_or_else(|| {
         Error::Input(
             "the config has no crop size (crop_size, RandomCrop or data_preprocessor.size)".into(),

@@ -174,6 +174,15 @@ fn run_capped(
         counter.set_cap(base + budget as i64);
     }
     tch::manual_seed(request.seed);
+    if request.mode == RunMode::Infer {
+        let model = cfg.get("model").and_then(crate::config::Value::as_dict);
+        if let Err(e) = model.map_or(
+            Ok(()),
+            crate::models::segmentors::inference::check_inference,
+        ) {
+            return report.failed(TrialStatus::Error, e.to_string());
+        }
+    }
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         EncoderDecoder::build(cfg, device)
     }));

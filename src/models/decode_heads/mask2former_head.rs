@@ -514,8 +514,4 @@ impl DecodeHead for Mask2FormerHead {
     fn align_corners(&self) -> bool {
         false
     }
-
-    fn predicts_logits(&self) -> bool {
-        false
-    }
 }

@@ -56,13 +56,6 @@ pub trait DecodeHead {
 
     /// `align_corners` of the head's resizes (and of `predict_by_feat`).
     fn align_corners(&self) -> bool;
-
-    /// Whether inference (`predict`: logits resized to the image) is built
-    /// for this head; heads whose prediction is not per-pixel logits
-    /// (Mask2Former's mask classification) say no.
-    fn predicts_logits(&self) -> bool {
-        true
-    }
 }
 
 /// Builds a head from its resolved config dict, registering its parameters

@@ -274,12 +274,6 @@ impl EncoderDecoder {
         &self.decode_heads
     }
 
-    /// Whether every decode head predicts per-pixel logits (inference is
-    /// built for them).
-    pub fn predicts_logits(&self) -> bool {
-        self.decode_heads.iter().all(|(_, h)| h.predicts_logits())
-    }
-
     /// The data preprocessor's test path (`training=False`): the batch
     /// tensor, and per image the padding it got (`padding_size`).
     pub fn preprocess_test(&self, images: &[Tensor]) -> Result<Tensor, ModelError> {

@@ -105,6 +105,30 @@ impl TestMode {
     }
 }
 
+/// Decode heads whose prediction is not per-pixel logits (Mask2Former's
+/// mask classification): their `predict` is not built.
+const HEADS_WITHOUT_LOGIT_PREDICTION: [&str; 1] = ["Mask2FormerHead"];
+
+/// Whether inference is built for a resolved `model` dict: every decode
+/// head (one, or a cascade's stages) predicts per-pixel logits.
+pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
+    let heads: Vec<&Value> = match model.get("decode_head") {
+        Some(Value::List(stages)) => stages.iter().collect(),
+        Some(head) => vec![head],
+        None => Vec::new(),
+    };
+    for head in heads {
+        if let Some(ty) = head.get_path("type").and_then(Value::as_str) {
+            if HEADS_WITHOUT_LOGIT_PREDICTION.contains(&ty) {
+                return Err(ModelError::Unsupported(format!(
+                    "inference of {ty} (mask classification) is not built yet; training is"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One image's prediction, as the data sample keeps it.
 pub struct Prediction {
     /// `seg_logits`: `[K, H, W]` at the original shape.
