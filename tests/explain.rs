@@ -5,16 +5,15 @@
 //! beside the defaults (the settings' own rules are unit tests in
 //! `predict::allocator` and `predict::expandable`).
 
+mod common;
+
 use assert_cmd::Command;
 
 fn explain(args: &[&str]) -> std::process::Output {
     Command::cargo_bin("segtune")
         .unwrap()
         .arg("explain")
-        .arg(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"),
-        )
+        .arg(common::readme_example())
         .args(["--preset", "rtx3050ti", "--crop", "512x512"])
         .args(args)
         .output()
@@ -83,10 +82,7 @@ fn search_why_sets_the_winner_beside_the_next_batch_that_does_not_fit() {
     let out = Command::cargo_bin("segtune")
         .unwrap()
         .arg("search")
-        .arg(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"),
-        )
+        .arg(common::readme_example())
         .arg("--out")
         .arg(dir.path())
         .arg("--why")
@@ -132,10 +128,7 @@ fn estimate_with(alloc_conf: &str) -> serde_json::Value {
     let out = Command::cargo_bin("segtune")
         .unwrap()
         .arg("estimate")
-        .arg(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"),
-        )
+        .arg(common::readme_example())
         .args([
             "--preset",
             "rtx3050ti",

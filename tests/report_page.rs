@@ -2,13 +2,10 @@
 //! Chromium (Debian's `chromium`): it renders, its memory chart has one
 //! point per journal row, and a screenshot is left under `target/`.
 
+mod common;
+
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};
-
-fn readme_example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai")
-}
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
@@ -59,7 +56,7 @@ fn the_report_page_renders_one_point_per_journal_row_in_chromium() {
     run(Command::cargo_bin("segtune")
         .unwrap()
         .arg("search")
-        .arg(readme_example())
+        .arg(common::readme_example())
         .arg("--out")
         .arg(&out));
     let said = run(Command::cargo_bin("segtune")

@@ -3,6 +3,8 @@
 //! its memory off by a known factor (and its speed off by another). With
 //! predictions within 5%, at most 3 real trials run.
 
+mod common;
+
 use segtune::predict::Budget;
 use segtune::search::evaluate::Evaluator;
 use segtune::search::run::predictor;
@@ -11,7 +13,7 @@ use segtune::search::{
     search_with, CandidateStatus, Mode, RealTrials, SearchRequest, SearchSpec, TrialRecord,
 };
 use segtune::trial::worker::Worker;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A GPU whose trials measure `memory` times the predicted device memory
 /// and `speed` times the predicted images/s.
@@ -71,14 +73,9 @@ fn worker() -> Worker {
     Worker::at(env!("CARGO_BIN_EXE_segtune-torch"))
 }
 
-fn readme_example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai")
-}
-
 fn request(out: &Path) -> SearchRequest {
     SearchRequest {
-        config: readme_example(),
+        config: common::readme_example(),
         cfg_options: Vec::new(),
         settings: SearchSpec::default(),
         out: out.to_path_buf(),

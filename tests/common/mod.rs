@@ -28,6 +28,12 @@ pub fn require_shared(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// The README's example config (a Rhai recipe importing the 3050 Ti preset).
+pub fn readme_example() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai")
+}
+
 /// Every `.py` config under `dir`, sorted.
 pub fn configs_under(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
