@@ -239,3 +239,18 @@ fn a_closure_in_a_rhai_config_is_an_error_at_its_line() {
     assert!(err.contains("fn scale("), "{err}");
     assert!(err.contains("closure.rhai:3:"), "{err}");
 }
+
+#[test]
+fn a_config_value_of_two_million_items_is_a_limit_error() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        &d,
+        "chars.rhai",
+        "let s = \"ab\"; for i in 0..20 { s += s; } let c = s.to_chars();\n",
+    );
+    let (err, seconds) = resolve_fails(&f);
+    assert!(err.contains("limit exceeded"), "{err}");
+    assert!(err.contains("variable `c`"), "{err}");
+    assert!(err.contains("more than 1048576 values"), "{err}");
+    println!("a 2 097 152-item value refused in {seconds:.2} s");
+}

@@ -49,8 +49,29 @@ fn raise(err: PyError) -> Box<EvalAltResult> {
 
 type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
 
+/// The most values (leaves and containers) one config value may hold. The
+/// largest MMSeg config holds about 3000; the cap keeps a hostile config
+/// (`s.to_chars()` of a 2M-character string) from spending seconds and
+/// hundreds of megabytes converting values that no model reads.
+pub const MAX_CONFIG_VALUES: usize = 1 << 20;
+
 /// Converts a Rhai value into a config value.
 pub fn to_value(d: &Dynamic) -> Result<Value, PyError> {
+    let mut remaining = MAX_CONFIG_VALUES;
+    convert_counted(d, &mut remaining)
+}
+
+fn convert_counted(d: &Dynamic, remaining: &mut usize) -> Result<Value, PyError> {
+    if *remaining == 0 {
+        return Err(PyError::limit(format!(
+            "a config value holds more than {MAX_CONFIG_VALUES} values (segtune's limit on what one \
+             config value may hold; a real config holds a few thousand)"
+        )));
+    }
+    *remaining -= 1;
+    let mut items = |values: &mut dyn Iterator<Item = &Dynamic>| -> Result<Vec<Value>, PyError> {
+        values.map(|v| convert_counted(v, remaining)).collect()
+    };
     if d.is_unit() {
         return Ok(Value::None);
     }
@@ -71,23 +92,19 @@ pub fn to_value(d: &Dynamic) -> Result<Value, PyError> {
     }
     if d.is_array() {
         let arr = d.read_lock::<Array>().expect("checked is_array");
-        return Ok(Value::List(
-            arr.iter().map(to_value).collect::<Result<_, _>>()?,
-        ));
+        return Ok(Value::List(items(&mut arr.iter())?));
     }
     if d.is_map() {
         let map = d.read_lock::<Map>().expect("checked is_map");
         let mut out = Dict::new();
         for (k, v) in map.iter() {
-            out.insert(k.to_string(), to_value(v)?);
+            out.insert(k.to_string(), convert_counted(v, remaining)?);
         }
         return Ok(Value::Dict(out));
     }
     if d.is::<PyTuple>() {
         let t = d.read_lock::<PyTuple>().expect("checked is PyTuple");
-        return Ok(Value::Tuple(
-            t.0.iter().map(to_value).collect::<Result<_, _>>()?,
-        ));
+        return Ok(Value::Tuple(items(&mut t.0.iter())?));
     }
     Err(PyError::new(
         "TypeError",
