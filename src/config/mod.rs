@@ -23,6 +23,7 @@ pub mod dump;
 pub mod error;
 pub mod eval;
 mod guarded;
+pub mod hf;
 mod loader;
 pub mod merge;
 mod prepare;
@@ -44,8 +45,11 @@ use std::path::Path;
 /// `Config.fromfile(path)` + `merge_from_dict`.
 pub fn resolve(path: &Path, cfg_options: &[String]) -> Result<Dict, ConfigError> {
     on_evaluation_stack(|| {
-        let mut loader = Loader::new(Limits::default());
-        let cfg = loader.load(path)?;
+        let cfg = if hf::is_hf_dir(path) {
+            hf::load_dir(path)?
+        } else {
+            Loader::new(Limits::default()).load(path)?
+        };
         if cfg_options.is_empty() {
             Ok(cfg)
         } else {

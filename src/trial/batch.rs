@@ -5,15 +5,40 @@ use tch::{Device, Kind, Tensor};
 
 /// One synthetic batch: `images` are `3 x H x W` float32 holding integers
 /// 0..255 (BGR, as MMSeg's loader hands them over), `labels` are
-/// `1 x H x W` int64 class maps, on the CPU.
+/// `1 x H x W` int64 class maps, on the CPU. For a model that takes
+/// `pixel_values` (Hugging Face), one `B x 3 x H x W` float32 tensor of
+/// normalised values and one `B x H x W` label tensor, as transformers'
+/// data collator stacks them.
 pub struct Batch {
     pub images: Vec<Tensor>,
     pub labels: Vec<Tensor>,
 }
 
 impl Batch {
-    pub fn synthetic(request: &TrialRequest, num_classes: i64, ignore_index: i64) -> Batch {
+    pub fn synthetic(
+        request: &TrialRequest,
+        num_classes: i64,
+        ignore_index: i64,
+        pixel_values: bool,
+    ) -> Batch {
         let (h, w) = request.crop;
+        if pixel_values {
+            let b = request.batch_size;
+            let images = Tensor::randn([b, 3, h, w], (Kind::Float, Device::Cpu));
+            let classes = request
+                .gt_segments
+                .map_or(num_classes, |g| g.min(num_classes));
+            let mut labels = Tensor::randint(classes, [b, h, w], (Kind::Int64, Device::Cpu));
+            if request.ignore_fraction > 0.0 {
+                let mask =
+                    Tensor::rand([b, h, w], (Kind::Float, Device::Cpu)).lt(request.ignore_fraction);
+                let _ = labels.masked_fill_(&mask, ignore_index);
+            }
+            return Batch {
+                images: vec![images],
+                labels: vec![labels],
+            };
+        }
         let mut images = Vec::new();
         let mut labels = Vec::new();
         for _ in 0..request.batch_size {

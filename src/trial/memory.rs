@@ -323,6 +323,71 @@ pub fn clip_grad_norm_(
     }
 }
 
+extern "C" {
+    fn segtune_fused_adam_(
+        params: *const *mut torch_sys::C_tensor,
+        grads: *const *mut torch_sys::C_tensor,
+        exp_avgs: *const *mut torch_sys::C_tensor,
+        exp_avg_sqs: *const *mut torch_sys::C_tensor,
+        steps: *const *mut torch_sys::C_tensor,
+        n: usize,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        decoupled: bool,
+    ) -> c_int;
+}
+
+/// The tensors of one fused Adam(W) update, parameter by parameter.
+pub struct FusedAdamLists<'a> {
+    pub params: &'a mut [tch::Tensor],
+    pub grads: &'a mut [tch::Tensor],
+    pub exp_avgs: &'a mut [tch::Tensor],
+    pub exp_avg_sqs: &'a mut [tch::Tensor],
+    pub steps: &'a mut [tch::Tensor],
+}
+
+/// torch.optim's `_fused_adam` (`fused=True`) over one group:
+/// `(lr, beta1, beta2, weight_decay, eps)`, decoupled weight decay for AdamW.
+pub fn fused_adam_(
+    lists: FusedAdamLists<'_>,
+    hyper: (f64, f64, f64, f64, f64),
+    decoupled: bool,
+) -> Result<(), String> {
+    let ptrs = |ts: &mut [tch::Tensor]| -> Vec<*mut torch_sys::C_tensor> {
+        ts.iter_mut().map(|t| t.as_mut_ptr()).collect()
+    };
+    let n = lists.params.len();
+    let (p, g, m, v, s) = (
+        ptrs(lists.params),
+        ptrs(lists.grads),
+        ptrs(lists.exp_avgs),
+        ptrs(lists.exp_avg_sqs),
+        ptrs(lists.steps),
+    );
+    let (lr, beta1, beta2, weight_decay, eps) = hyper;
+    // SAFETY: every pointer is a live tensor for the duration of the call,
+    // and the five lists have `n` entries each.
+    check(unsafe {
+        segtune_fused_adam_(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            s.as_ptr(),
+            n,
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            eps,
+            decoupled,
+        )
+    })
+}
+
 /// `torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)`.
 pub fn amp_unscale_(
     grads: &mut [tch::Tensor],

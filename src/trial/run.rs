@@ -261,7 +261,12 @@ fn run_capped(
     for step in 0..total_steps {
         let measured = step >= request.warmup_steps;
         counter.set_phase_code(phase_code(step + 1, Phase::Data));
-        let batch = Batch::synthetic(request, model.num_classes, model.ignore_index);
+        let batch = Batch::synthetic(
+            request,
+            model.num_classes,
+            model.ignore_index,
+            model.takes_pixel_values(),
+        );
         counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         if step == 0 {
             report.batch_bytes = batch.bytes();

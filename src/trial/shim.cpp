@@ -277,6 +277,32 @@ extern "C" double segtune_clip_grad_norm_(at::Tensor** grads, size_t n, double m
   return total;
 }
 
+// torch.optim's `_fused_adam` for one device and dtype (Adam/AdamW with
+// `fused=True`, transformers' `adamw_torch_fused`): `_foreach_add_(steps, 1)`
+// then one `_fused_adam(w)_` over the lists, which updates in place.
+extern "C" int segtune_fused_adam_(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs,
+                                   at::Tensor** exp_avg_sqs, at::Tensor** steps, size_t n, double lr,
+                                   double beta1, double beta2, double weight_decay, double eps,
+                                   bool decoupled) {
+  return guarded([&] {
+    std::vector<at::Tensor> p, g, m, v, s, none;
+    for (size_t i = 0; i < n; ++i) {
+      p.push_back(*params[i]);
+      g.push_back(*grads[i]);
+      m.push_back(*exp_avgs[i]);
+      v.push_back(*exp_avg_sqs[i]);
+      s.push_back(*steps[i]);
+    }
+    if (p.empty()) return;
+    at::_foreach_add_(s, 1);
+    if (decoupled) {
+      at::_fused_adamw_(p, g, m, v, none, s, lr, beta1, beta2, weight_decay, eps, false, false);
+    } else {
+      at::_fused_adam_(p, g, m, v, none, s, lr, beta1, beta2, weight_decay, eps, false, false);
+    }
+  });
+}
+
 // GradScaler.unscale_: torch._amp_foreach_non_finite_check_and_unscale_.
 extern "C" int segtune_amp_unscale_(at::Tensor** grads, size_t n, at::Tensor* found_inf, const at::Tensor* inv_scale) {
   return guarded([&] {

@@ -4,6 +4,7 @@
 //! Adding a backbone: its own file here (see `mit.rs` for the pattern),
 //! plus its `mod` line and its table row below.
 
+pub mod hf_segformer;
 pub mod hrnet;
 pub mod mit;
 pub mod resnet;
@@ -44,6 +45,7 @@ crate::models::registry::registry_table!(
         ("ResNet", resnet::build_resnet),
         ("ResNetV1c", resnet::build_resnet_v1c),
         ("ResNetV1d", resnet::build_resnet_v1d),
+        ("SegformerModel", hf_segformer::build),
         ("SwinTransformer", swin::build),
         ("UNet", unet::build),
     ]

@@ -8,6 +8,7 @@
 pub mod aspp_head;
 pub mod decode_head;
 pub mod fcn_head;
+pub mod hf_segformer_head;
 pub mod mask2former_head;
 pub mod mask2former_loss;
 pub mod ocr_head;
@@ -71,6 +72,7 @@ crate::models::registry::registry_table!(
         ("Mask2FormerHead", mask2former_head::build),
         ("OCRHead", ocr_head::build),
         ("PSPHead", psp_head::build),
+        ("SegformerDecodeHead", hf_segformer_head::build),
         ("SegformerHead", segformer_head::build),
         ("UPerHead", uper_head::build),
     ]

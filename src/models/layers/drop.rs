@@ -33,3 +33,25 @@ pub fn linspace_drop_path_rates(rate: f64, n: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// `F.dropout(x, p, training)` (`nn.Dropout`), element-wise. On the CPU
+/// `at::dropout` draws a float noise tensor and keeps it for backward (4
+/// bytes an element); on CUDA it takes the fused `native_dropout`, which
+/// keeps a bool mask (1 byte). A CPU trial standing in for CUDA
+/// (`--as-cuda`, see [`super::emulate_mmcv_cuda_ops`]) keeps a bool mask
+/// too: `x * mask` saves only the mask (the other operand needs no grad),
+/// and the scale is applied in place.
+pub fn dropout(x: &Tensor, p: f64, training: bool) -> Tensor {
+    if p == 0.0 || !training || x.numel() == 0 {
+        return x.shallow_clone();
+    }
+    if !super::mmcv_cuda_ops() || p >= 1.0 {
+        return x.dropout(p, training);
+    }
+    let mut keep = Tensor::empty(x.size(), (tch::Kind::Bool, x.device()));
+    let _ = keep.bernoulli_float_(1.0 - p);
+    let mut out = x * &keep;
+    drop(keep);
+    let _ = out.g_mul_scalar_(1.0 / (1.0 - p));
+    out
+}

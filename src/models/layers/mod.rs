@@ -28,7 +28,7 @@ pub mod shape;
 pub use attention::MultiheadAttention;
 pub use checkpoint::{checkpoint, checkpoint_if, checkpoint_inputs};
 pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
-pub use drop::{linspace_drop_path_rates, DropPath};
+pub use drop::{dropout, linspace_drop_path_rates, DropPath};
 pub use ffn::{Ffn, FfnActivation};
 pub use linear::Linear;
 pub use norm::{BatchNorm2d, ConvNorm, GroupNorm, LayerNorm};
@@ -89,7 +89,7 @@ thread_local! {
 /// Adds to the forward FLOP count of the current thread (multiply-adds
 /// count two). Blocks outside `layers` that multiply matrices themselves
 /// (window attention) count theirs here too.
-pub(crate) fn count_flops(flops: f64) {
+pub fn count_flops(flops: f64) {
     FORWARD_FLOPS.with(|f| f.set(f.get() + flops));
 }
 

@@ -21,6 +21,11 @@ pub struct PreprocessorCfg {
     pub seg_pad_val: f64,
     /// Whether `test_cfg` asks the test path to pad (`size`, `size_divisor`).
     pub test_pads: bool,
+    /// `type='PixelValues'`: the batch arrives as transformers' Trainer
+    /// hands it to the model, one normalised float `pixel_values` tensor
+    /// `[B, 3, H, W]` and one `labels` tensor `[B, H, W]`, moved to the
+    /// device as they are (`Trainer._prepare_inputs`); nothing else is done.
+    pub pixel_values: bool,
 }
 
 impl PreprocessorCfg {
@@ -28,8 +33,21 @@ impl PreprocessorCfg {
     pub fn from_cfg(d: Option<&Dict>) -> Result<PreprocessorCfg, ModelError> {
         let empty = Dict::new();
         let d = d.unwrap_or(&empty);
-        if let Some(ty) = d.get("type").and_then(Value::as_str) {
-            if ty != "SegDataPreProcessor" {
+        match d.get("type").and_then(Value::as_str) {
+            None | Some("SegDataPreProcessor") => {}
+            Some("PixelValues") if d.len() == 1 => {
+                return Ok(PreprocessorCfg {
+                    mean: None,
+                    std: None,
+                    bgr_to_rgb: false,
+                    size: None,
+                    pad_val: 0.0,
+                    seg_pad_val: 255.0,
+                    test_pads: false,
+                    pixel_values: true,
+                })
+            }
+            Some(ty) => {
                 return Err(ModelError::Unsupported(format!(
                     "data_preprocessor type `{ty}` (supported: SegDataPreProcessor)"
                 )));
@@ -71,6 +89,7 @@ impl PreprocessorCfg {
             pad_val: c.float("pad_val", 0.0)?,
             seg_pad_val: c.float("seg_pad_val", 255.0)?,
             test_pads,
+            pixel_values: false,
         };
         c.finish()?;
         Ok(cfg)
@@ -135,6 +154,9 @@ impl SegDataPreProcessor {
         labels: &[Tensor],
         device: Device,
     ) -> (Tensor, Vec<Tensor>) {
+        if self.cfg.pixel_values {
+            return (images[0].to_device(device), vec![labels[0].to_device(device)]);
+        }
         let inputs = self.normalised(images, device);
         let mut padded_inputs = Vec::with_capacity(inputs.len());
         let mut padded_labels = Vec::with_capacity(labels.len());
@@ -156,6 +178,11 @@ impl SegDataPreProcessor {
     /// `forward(data, training=False)` without a `test_cfg`: BGR->RGB,
     /// normalise, stack (every image the same size, as MMSeg asserts).
     pub fn forward_test(&self, images: &[Tensor], device: Device) -> Result<Tensor, ModelError> {
+        if self.cfg.pixel_values {
+            return Err(ModelError::Unsupported(
+                "inference of a Hugging Face model is not built yet".into(),
+            ));
+        }
         if self.cfg.test_pads {
             return Err(ModelError::Unsupported(
                 "data_preprocessor.test_cfg (padding at inference) is not built yet".into(),

@@ -204,7 +204,12 @@ impl EncoderDecoder {
         let preprocessor =
             SegDataPreProcessor::new(&mut params.scope("data_preprocessor"), pre_cfg);
         let build_backbone = lookup(BACKBONES, "backbone", type_of(parts.backbone, "backbone")?)?;
-        let backbone = build_backbone(&mut params.scope("backbone"), parts.backbone)?;
+        // transformers' SegformerForSemanticSegmentation names its encoder `segformer`.
+        let backbone_prefix = match type_of(model, "model")? {
+            super::hf_segformer::TYPE => "segformer",
+            _ => "backbone",
+        };
+        let backbone = build_backbone(&mut params.scope(backbone_prefix), parts.backbone)?;
         let neck = match parts.neck {
             Some(neck_cfg) => {
                 let build_neck = lookup(NECKS, "neck", type_of(neck_cfg, "neck")?)?;
@@ -288,6 +293,12 @@ impl EncoderDecoder {
     /// The crop the data preprocessor pads to, if set.
     pub fn preprocessor_size(&self) -> Option<(i64, i64)> {
         self.preprocessor.cfg.size
+    }
+
+    /// Whether the batch arrives as one `pixel_values` tensor and one
+    /// `labels` tensor (a Hugging Face model), not as per-image tensors.
+    pub fn takes_pixel_values(&self) -> bool {
+        self.preprocessor.cfg.pixel_values
     }
 
     /// Overrides the data preprocessor's `size` (what a crop change does).

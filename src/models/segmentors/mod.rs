@@ -7,6 +7,7 @@ pub mod base;
 pub mod cascade_encoder_decoder;
 pub mod data_preprocessor;
 pub mod encoder_decoder;
+pub mod hf_segformer;
 pub mod inference;
 
 use super::ModelError;
@@ -23,4 +24,5 @@ pub const SEGMENTORS: &[(&str, SegmentorCheck)] = &[
         cascade_encoder_decoder::check_components,
     ),
     ("EncoderDecoder", encoder_decoder::check_components),
+    (hf_segformer::TYPE, encoder_decoder::check_components),
 ];

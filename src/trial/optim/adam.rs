@@ -98,4 +98,33 @@ impl AdamStep {
             memory::addcdiv_(&mut p.param, &exp_avg, root, -step_size);
         }
     }
+
+    /// `_fused_adam` for one group (`fused=True`): the step counts, then one
+    /// in-place kernel over the group's lists, with no temporaries.
+    pub(super) fn fused(&self, params: &mut [ParamState], group: &[usize]) -> Result<(), String> {
+        let Some(&first) = group.first() else {
+            return Ok(());
+        };
+        let (lr, weight_decay) = (params[first].lr, params[first].weight_decay);
+        let take = |f: &dyn Fn(&ParamState) -> Tensor| -> Vec<Tensor> {
+            group.iter().map(|&i| f(&params[i])).collect()
+        };
+        let state = |t: &Option<Tensor>| t.as_ref().expect("state initialised").shallow_clone();
+        let mut p = take(&|s| s.param.shallow_clone());
+        let mut g = take(&|s| s.param.grad());
+        let mut m = take(&|s| state(&s.exp_avg));
+        let mut v = take(&|s| state(&s.exp_avg_sq));
+        let mut steps = take(&|s| state(&s.step));
+        memory::fused_adam_(
+            memory::FusedAdamLists {
+                params: &mut p,
+                grads: &mut g,
+                exp_avgs: &mut m,
+                exp_avg_sqs: &mut v,
+                steps: &mut steps,
+            },
+            (lr, self.betas.0, self.betas.1, weight_decay, self.eps),
+            self.decoupled,
+        )
+    }
 }

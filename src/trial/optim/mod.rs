@@ -24,6 +24,8 @@ enum Algorithm {
         eps: f64,
         decoupled: bool,
         amsgrad: bool,
+        /// `fused=True`: torch.optim's `_fused_adam` kernel.
+        fused: bool,
     },
     Sgd {
         momentum: f64,
@@ -95,6 +97,7 @@ impl OptimCfg {
                     eps: num(opt, "eps", 1e-8)?,
                     decoupled: type_name == "AdamW",
                     amsgrad: opt.get("amsgrad").is_some_and(Value::truthy),
+                    fused: opt.get("fused").is_some_and(Value::truthy),
                 }
             }
             "SGD" => Algorithm::Sgd {
@@ -108,6 +111,14 @@ impl OptimCfg {
                 ))
             }
         };
+        if let Algorithm::Adam {
+            amsgrad: true,
+            fused: true,
+            ..
+        } = algorithm
+        {
+            return Err("optimizer: fused=True with amsgrad=True is not built".into());
+        }
         let default_wd = if type_name == "AdamW" { 0.01 } else { 0.0 };
         let pw = ow.get("paramwise_cfg").and_then(Value::as_dict);
         let mut custom_keys: Vec<(String, f64, f64)> = Vec::new();

@@ -142,7 +142,7 @@ impl OptimWrapper {
                 }
                 stepped = found_inf.sum(Kind::Float).double_value(&[]) == 0.0;
                 if stepped {
-                    self.apply();
+                    self.apply()?;
                 }
                 let _ = s.scale.internal_amp_update_scale_(
                     &s.growth_tracker,
@@ -157,7 +157,7 @@ impl OptimWrapper {
                     let mut grads = self.grads();
                     memory::clip_grad_norm_(&mut grads, max_norm, norm_type)?;
                 }
-                self.apply();
+                self.apply()?;
             }
             Ok(())
         })?;
@@ -181,7 +181,7 @@ impl OptimWrapper {
     /// see [`OptimCfg::per_param_groups`]), each as `torch.optim` steps it:
     /// lazy state for the whole group first, then the single-tensor or the
     /// foreach update.
-    fn apply(&mut self) {
+    fn apply(&mut self) -> Result<(), String> {
         let with_grad: Vec<usize> = (0..self.params.len())
             .filter(|&i| self.params[i].param.grad().defined())
             .collect();
@@ -197,6 +197,7 @@ impl OptimWrapper {
                 eps,
                 decoupled,
                 amsgrad,
+                fused,
             } => {
                 let adam = AdamStep {
                     betas,
@@ -207,7 +208,12 @@ impl OptimWrapper {
                     for &i in group {
                         let p = &mut self.params[i];
                         if p.step.is_none() {
-                            p.step = Some(crate::models::layers::host::scalar_from_host(0.0f32));
+                            // A fused optimizer keeps `step` on the parameter's device.
+                            p.step = Some(if fused {
+                                Tensor::zeros([], (Kind::Float, p.param.device()))
+                            } else {
+                                crate::models::layers::host::scalar_from_host(0.0f32)
+                            });
                             p.exp_avg = Some(p.param.zeros_like());
                             p.exp_avg_sq = Some(p.param.zeros_like());
                             if amsgrad {
@@ -215,7 +221,9 @@ impl OptimWrapper {
                             }
                         }
                     }
-                    if self.foreach {
+                    if fused {
+                        adam.fused(&mut self.params, group)?;
+                    } else if self.foreach {
                         adam.foreach(&mut self.params, group);
                     } else {
                         for &i in group {
@@ -245,6 +253,7 @@ impl OptimWrapper {
                 }
             }
         }
+        Ok(())
     }
 
     /// Bytes of optimizer state (AdamW: 2 x params + steps; SGD: momentum).
