@@ -3,6 +3,8 @@
 #   LIBTORCH_USE_PYTORCH=1 + the torch venv's python first on PATH: tch links
 #   the libtorch inside torch==2.11.0.
 #   SEGTUNE_MMENGINE_PYTHON: the python with mmengine-lite for the tests.
+#   SEGTUNE_TRANSFORMERS_PYTHON: the python with transformers for the tests
+#   (the torch venv; unset when SEGTUNE_TORCH_VENV names another install).
 _segtune_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$_segtune_root/scripts/setup"
 _segtune_cache="${SEGTUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/segtune}"
@@ -10,4 +12,7 @@ _segtune_torch="${SEGTUNE_TORCH_VENV:-$_segtune_cache/torch-2.11.0}"
 export LIBTORCH_USE_PYTORCH=1
 export PATH="$_segtune_torch/bin:$PATH"
 export SEGTUNE_MMENGINE_PYTHON="$_segtune_cache/mmengine-0.10.7/bin/python"
+if [ -z "${SEGTUNE_TORCH_VENV:-}" ]; then
+  export SEGTUNE_TRANSFORMERS_PYTHON="$_segtune_torch/bin/python"
+fi
 unset _segtune_cache _segtune_torch

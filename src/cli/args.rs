@@ -392,8 +392,17 @@ impl EstimateArgs {
 /// `segtune search` arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SearchArgs {
-    /// The config (.py or .rhai); a `segtune` dict in it may carry these settings.
-    pub config: PathBuf,
+    /// The config (.py or .rhai); a `segtune` dict in it may carry these
+    /// settings. A Hugging Face model directory works too (see --hf).
+    #[arg(required_unless_present = "hf")]
+    pub config: Option<PathBuf>,
+    /// A Hugging Face SegFormer directory as `save_pretrained` writes it
+    /// (config.json, optionally preprocessor_config.json and the run's
+    /// training_args.json): searches batch, image size, accumulation,
+    /// fp16/bf16 and gradient checkpointing, and writes training_args.json
+    /// and preprocessor_config.json for the winner.
+    #[arg(long, value_name = "DIR", conflicts_with = "config")]
+    pub hf: Option<PathBuf>,
     /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
     /// are binary (1G = 1 GiB = 1024 MiB, as nvidia-smi's MiB).
     #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
@@ -466,7 +475,7 @@ pub struct SearchArgs {
 impl SearchArgs {
     pub fn request(&self) -> SearchRequest {
         SearchRequest {
-            config: self.config.clone(),
+            config: self.config_path().to_path_buf(),
             cfg_options: self.cfg_options.clone(),
             settings: SearchSpec {
                 vram: self.vram.clone(),
@@ -549,5 +558,15 @@ mod tests {
             ..TrialRequest::new("cfg.rhai")
         };
         assert_eq!(parse(full.to_argv()), full);
+    }
+}
+
+impl SearchArgs {
+    /// The config file or model directory to search.
+    pub fn config_path(&self) -> &std::path::Path {
+        self.config
+            .as_deref()
+            .or(self.hf.as_deref())
+            .expect("clap requires a config or --hf")
     }
 }

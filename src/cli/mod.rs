@@ -228,7 +228,7 @@ fn why(args: &SearchArgs, result: &SearchResult) -> Result<String> {
     };
     let search = saved::SavedSearch {
         result: result.clone(),
-        config: config::absolute(&args.config),
+        config: config::absolute(args.config_path()),
         config_hash: String::new(),
         cfg_options: args.cfg_options.clone(),
         gt_segments: args.gt_segments.0,

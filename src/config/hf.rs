@@ -18,6 +18,16 @@
 //!   `gradient_accumulation_steps` as `accumulative_counts`, and fp16/bf16
 //!   as `AmpOptimWrapper` (accelerate's autocast and GradScaler);
 //! - `gradient_checkpointing` as `model.backbone.with_cp`.
+//!
+//! Two defaults moved with transformers 5 and change memory; segtune takes
+//! them from `config.json`'s `transformers_version` (the version that
+//! saved the model; absent: 5): SegFormer's attention is
+//! `scaled_dot_product_attention` (`sdpa`) from 5.0 and the explicit
+//! `eager` attention before (4.x's `SegformerEfficientSelfAttention` keeps
+//! the `[B, heads, N, N/sr^2]` probabilities for backward), and `Trainer`'s
+//! optimizer is `adamw_torch_fused` in 5.x (measured with 5.24) and taken
+//! as `adamw_torch` before. `_attn_implementation` in `config.json` and
+//! `optim` in `training_args.json` override them.
 
 use super::error::{ConfigError, ErrorKind};
 use super::value::{Dict, Value};
@@ -77,7 +87,10 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>, ConfigError> {
     if text.len() > 16 << 20 {
         return Err(ConfigError::new(
             ErrorKind::Limit,
-            format!("{} is larger than 16 MiB; not a model config", path.display()),
+            format!(
+                "{} is larger than 16 MiB; not a model config",
+                path.display()
+            ),
         ));
     }
     serde_json::from_str(&text).map(Some).map_err(|e| {
@@ -193,6 +206,7 @@ struct TrainingArgs {
 fn training_args(
     t: Option<serde_json::Map<String, serde_json::Value>>,
     path: &Path,
+    transformers_major: u32,
 ) -> Result<TrainingArgs, ConfigError> {
     let t = t.unwrap_or_default();
     let int = |k: &str, d: i64| -> Result<i64, ConfigError> {
@@ -213,9 +227,14 @@ fn training_args(
                 .ok_or_else(|| wrong(path, k, "must be a number")),
         }
     };
-    let flag = |k: &str| t.get(k).and_then(serde_json::Value::as_bool).unwrap_or(false);
+    let flag = |k: &str| {
+        t.get(k)
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    };
     let fused = match t.get("optim").and_then(serde_json::Value::as_str) {
-        None | Some("adamw_torch_fused") => true,
+        None => transformers_major >= 5,
+        Some("adamw_torch_fused") => true,
         Some("adamw_torch") => false,
         Some(other) => {
             return Err(wrong(
@@ -267,7 +286,10 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
         )
     })?;
     let config_json = object(config_json, &config_path)?;
-    match config_json.get("model_type").and_then(serde_json::Value::as_str) {
+    match config_json
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+    {
         Some("segformer") => {}
         other => {
             return Err(ConfigError::new(
@@ -281,6 +303,19 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
         }
     }
     let labels = num_labels(&config_json);
+    let saved_by = config_json
+        .get("transformers_version")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string);
+    let major = saved_by
+        .as_deref()
+        .and_then(|v| v.split('.').next()?.parse::<u32>().ok())
+        .unwrap_or(5);
+    let mut config_json = config_json;
+    if !config_json.contains_key("_attn_implementation") {
+        let attention = if major >= 5 { "sdpa" } else { "eager" };
+        config_json.insert("_attn_implementation".into(), attention.into());
+    }
     let config = match to_value(&serde_json::Value::Object(config_json)) {
         Value::Dict(d) => d,
         _ => unreachable!("an object converts to a dict"),
@@ -296,6 +331,7 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
             .map(|j| object(j, &args_path))
             .transpose()?,
         &args_path,
+        major,
     )?;
 
     let mut backbone = pick(&config, ENCODER_KEYS, "SegformerModel");
@@ -304,7 +340,10 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
     decode_head.insert("num_labels".into(), Value::Int(labels));
     let model = dict(vec![
         ("type", Value::Str(HF_SEGFORMER.into())),
-        ("data_preprocessor", dict(vec![("type", Value::Str("PixelValues".into()))])),
+        (
+            "data_preprocessor",
+            dict(vec![("type", Value::Str("PixelValues".into()))]),
+        ),
         ("backbone", Value::Dict(backbone)),
         ("decode_head", Value::Dict(decode_head)),
     ]);
@@ -312,14 +351,24 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
     let mut optim_wrapper = vec![
         (
             "type",
-            Value::Str(if amp { "AmpOptimWrapper" } else { "OptimWrapper" }.into()),
+            Value::Str(
+                if amp {
+                    "AmpOptimWrapper"
+                } else {
+                    "OptimWrapper"
+                }
+                .into(),
+            ),
         ),
         (
             "optimizer",
             dict(vec![
                 ("type", Value::Str("AdamW".into())),
                 ("lr", Value::Float(args.learning_rate)),
-                ("betas", Value::Tuple(vec![Value::Float(0.9), Value::Float(0.999)])),
+                (
+                    "betas",
+                    Value::Tuple(vec![Value::Float(0.9), Value::Float(0.999)]),
+                ),
                 ("eps", Value::Float(1e-8)),
                 ("weight_decay", Value::Float(args.weight_decay)),
                 ("fused", Value::Bool(args.fused)),
@@ -355,6 +404,10 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
         "hf".into(),
         dict(vec![
             ("dir", Value::Str(dir.display().to_string())),
+            (
+                "transformers_version",
+                saved_by.map_or(Value::None, Value::Str),
+            ),
             ("config", Value::Dict(config)),
         ]),
     );

@@ -87,12 +87,10 @@ pub fn estimate(
     cudnn_benchmark: bool,
     cpu_trace_peak_bytes: Option<i64>,
     alloc_conf: AllocatorSettings,
-    mode: RunMode,
+    batch: &DeviceBatch,
 ) -> Estimate {
     let (h, w) = crop;
-    let image = 3 * h * w * 4;
-    let label = h * w * 8;
-    let batch_copies = batch_tensors(batch_size, crop, mode);
+    let batch_copies = batch.tensors.clone();
     let workspace = cublas_workspace_bytes(&target.compute_capability);
     let context = cuda_context_bytes(&target.compute_capability);
     let unlimited_inputs = ReplayInputs {
@@ -138,9 +136,9 @@ pub fn estimate(
         },
         FixedTerm {
             name: "batch_on_device",
-            bytes: 2 * (batch_size * (image + label)) as u64,
+            bytes: batch.tensors.iter().sum(),
             in_allocated: true,
-            source: "cast_data's device copies of the images (float32) and label maps (int64), and the preprocessor's stacked images and padded labels",
+            source: batch.source,
         },
     ];
     let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
@@ -182,6 +180,47 @@ pub fn estimate(
         notes,
         breakdown,
     }
+}
+
+/// The batch tensors on the device during a step and what they are.
+#[derive(Debug, Clone)]
+pub struct DeviceBatch {
+    /// In allocation order (see [`ReplayInputs::batch_copies`]).
+    pub tensors: Vec<u64>,
+    pub source: &'static str,
+}
+
+impl DeviceBatch {
+    /// The batch of a config's step: MMSeg's ([`batch_tensors`]), or for a
+    /// model that takes `pixel_values` ([`pixel_values_batch`]) transformers'.
+    pub fn of(cfg: &Dict, batch_size: i64, crop: (i64, i64), mode: RunMode) -> DeviceBatch {
+        let pixel_values = cfg
+            .get("model")
+            .and_then(|m| m.get_path("data_preprocessor.type"))
+            .and_then(Value::as_str)
+            == Some("PixelValues");
+        if pixel_values {
+            DeviceBatch {
+                tensors: pixel_values_batch(batch_size, crop),
+                source: "Trainer._prepare_inputs' device copies of pixel_values (float32) and labels (int64)",
+            }
+        } else {
+            DeviceBatch {
+                tensors: batch_tensors(batch_size, crop, mode),
+                source: "cast_data's device copies of the images (float32) and label maps (int64), and the preprocessor's stacked images and padded labels",
+            }
+        }
+    }
+}
+
+/// The batch of a Hugging Face step on the device: `pixel_values`
+/// `[B, 3, H, W]` float32 and `labels` `[B, H, W]` int64.
+pub fn pixel_values_batch(batch_size: i64, crop: (i64, i64)) -> Vec<u64> {
+    let (h, w) = crop;
+    vec![
+        (batch_size * 3 * h * w * 4) as u64,
+        (batch_size * h * w * 8) as u64,
+    ]
 }
 
 /// The batch tensors alive on the device during a step, in allocation

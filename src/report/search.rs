@@ -273,6 +273,15 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         if let Some(o) = &r.cfg_options {
             out.push_str(&format!("tools/train.py equivalent: {o}\n"));
         }
+        if let Some(args) = r.emitted.iter().find(|p| p.ends_with("training_args.json")) {
+            let dir = std::path::Path::new(args)
+                .parent()
+                .map_or(String::new(), |d| d.display().to_string());
+            out.push_str(&format!(
+                "transformers: TrainingArguments(**json.load(open(\"{args}\"))) and \
+                 SegformerImageProcessor.from_pretrained(\"{dir}\")\n"
+            ));
+        }
         if let Some(conf) = &w.record.alloc_conf {
             out.push_str(&format!(
                 "environment: the winner fits only with PyTorch's allocator set so (predicted); run training with\n  PYTORCH_CUDA_ALLOC_CONF={conf}\n"

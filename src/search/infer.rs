@@ -63,10 +63,7 @@ pub fn search_inference(
 ) -> Result<SearchResult> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
-    crate::models::check_supported(&cfg).map_err(|source| Error::Model {
-        source,
-        config: request.config.clone(),
-    })?;
+    super::run::check_buildable(&cfg, request, worker)?;
     let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
     crate::models::segmentors::inference::check_inference(model).map_err(|source| {
         Error::Model {

@@ -16,12 +16,15 @@
 //! - `infer.rs`: `--mode infer`, the inference settings (test batch, whole
 //!   or slide, fp16) for the test images.
 //! - `journal.rs`: the append-only record of trials.
-//! - `emit.rs`: the winner as an MMSeg config and a `--cfg-options` line.
+//! - `emit.rs`: the winner as an MMSeg config and a `--cfg-options` line;
+//!   `emit_hf.rs`: for a Hugging Face model, as `training_args.json` and
+//!   `preprocessor_config.json`.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
 //! - `saved.rs`: `search.json`, the finished search for `segtune report`.
 
 pub mod confirm;
 pub mod emit;
+pub mod emit_hf;
 pub mod evaluate;
 pub mod infer;
 pub mod journal;

@@ -102,10 +102,7 @@ pub fn search_with(
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     // Before any trial: a model segtune cannot build would fail every one.
-    crate::models::check_supported(&cfg).map_err(|source| Error::Model {
-        source,
-        config: request.config.clone(),
-    })?;
+    check_buildable(&cfg, request, worker)?;
     let file_name = request
         .config
         .file_name()
@@ -246,12 +243,50 @@ pub fn search_with(
             knobs_note(&c, w.record.alloc_conf.as_deref()),
             w.record.mode.name()
         );
-        let written = emit::emit(&request.config, &cfg, &c, auto, &request.out, &header)?;
-        result.emitted = written.iter().map(|p| p.display().to_string()).collect();
-        result.cfg_options = Some(emit::cfg_options_line(&cfg, &c, auto));
+        if crate::config::hf::is_hf_dir(&request.config) {
+            let written = super::emit_hf::emit_hf(&request.config, &c, &request.out)?;
+            result.emitted = written.iter().map(|p| p.display().to_string()).collect();
+        } else {
+            let written = emit::emit(&request.config, &cfg, &c, auto, &request.out, &header)?;
+            result.emitted = written.iter().map(|p| p.display().to_string()).collect();
+            result.cfg_options = Some(emit::cfg_options_line(&cfg, &c, auto));
+        }
     }
     saved::save_result(request, &result, config_hash)?;
     Ok(result)
+}
+
+/// Before any trial: a model segtune cannot build would fail every one. The
+/// registry check reads the component types; the worker then builds the
+/// model once on the CPU, which also checks every component's settings.
+pub(super) fn check_buildable(
+    cfg: &crate::config::Dict,
+    request: &SearchRequest,
+    worker: &Worker,
+) -> Result<()> {
+    let unbuildable = |source| Error::Model {
+        source,
+        config: request.config.clone(),
+    };
+    crate::models::check_supported(cfg).map_err(unbuildable)?;
+    let summary = worker.inspect(&request.config, &request.cfg_options)?;
+    if summary.supported {
+        return Ok(());
+    }
+    let reason = summary
+        .reason
+        .unwrap_or_else(|| "the model cannot be built".into());
+    // The reason is a ModelError's text; keep its kind.
+    let error = match reason.strip_prefix("not supported yet: ") {
+        Some(what) => crate::models::ModelError::Unsupported(what.to_string()),
+        None => crate::models::ModelError::Config(
+            reason
+                .strip_prefix("bad model config: ")
+                .unwrap_or(&reason)
+                .to_string(),
+        ),
+    };
+    Err(unbuildable(error))
 }
 
 /// How the winner's run differs from the config's, for the emitted header.
@@ -345,6 +380,7 @@ pub fn predictor(
         tracer,
         request.trace != TraceKind::CpuAllocator,
     );
+    let evaluator = evaluator.with_pixel_values(crate::config::hf::is_hf_dir(&request.config));
     Box::new(match mode {
         RunMode::Train => evaluator,
         RunMode::Infer => evaluator.for_inference(),

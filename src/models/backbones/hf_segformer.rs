@@ -19,8 +19,7 @@ use super::Backbone;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{
-    checkpoint_if, dropout, Conv2d, ConvSpec, DropPath, LayerNorm,
-    Linear,
+    checkpoint_if, dropout, Conv2d, ConvSpec, DropPath, LayerNorm, Linear,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -170,6 +169,11 @@ impl Attention {
         let dims = c.hidden_sizes[stage];
         let heads = c.num_attention_heads[stage];
         let sr = c.sr_ratios[stage];
+        // Registered in __init__'s order: the projections, then the reduction.
+        let q_proj = Linear::new(&mut p.sub("q_proj"), dims, dims, true);
+        let k_proj = Linear::new(&mut p.sub("k_proj"), dims, dims, true);
+        let v_proj = Linear::new(&mut p.sub("v_proj"), dims, dims, true);
+        let o_proj = Linear::new(&mut p.sub("o_proj"), dims, dims, true);
         let sequence_reduction = (sr > 1).then(|| {
             let mut sp = p.sub("sequence_reduction");
             SequenceReduction {
@@ -181,10 +185,10 @@ impl Attention {
             }
         });
         Attention {
-            q_proj: Linear::new(&mut p.sub("q_proj"), dims, dims, true),
-            k_proj: Linear::new(&mut p.sub("k_proj"), dims, dims, true),
-            v_proj: Linear::new(&mut p.sub("v_proj"), dims, dims, true),
-            o_proj: Linear::new(&mut p.sub("o_proj"), dims, dims, true),
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
             sequence_reduction,
             heads,
             head_dim: dims / heads,

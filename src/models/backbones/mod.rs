@@ -30,6 +30,7 @@ pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, 
 /// Backbones whose `with_cp` segtune honours (gradient checkpointing, see
 /// `layers::checkpoint`).
 pub const WITH_CP_BACKBONES: &[&str] = &[
+    "SegformerModel",
     "MixVisionTransformer",
     "ResNet",
     "ResNetV1c",

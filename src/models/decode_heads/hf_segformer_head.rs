@@ -86,7 +86,10 @@ impl SegformerDecodeHead {
             ConvSpec::new(d * stages, d, 1).bias(false),
         );
         let batch_norm = BatchNorm2d::new(&mut p.sub("batch_norm"), d, 1e-5, 0.1, true);
-        let classifier = Conv2d::new(&mut p.sub("classifier"), ConvSpec::new(d, cfg.num_labels, 1));
+        let classifier = Conv2d::new(
+            &mut p.sub("classifier"),
+            ConvSpec::new(d, cfg.num_labels, 1),
+        );
         SegformerDecodeHead {
             linear_projections,
             linear_fuse,

@@ -155,7 +155,10 @@ impl SegDataPreProcessor {
         device: Device,
     ) -> (Tensor, Vec<Tensor>) {
         if self.cfg.pixel_values {
-            return (images[0].to_device(device), vec![labels[0].to_device(device)]);
+            return (
+                images[0].to_device(device),
+                vec![labels[0].to_device(device)],
+            );
         }
         let inputs = self.normalised(images, device);
         let mut padded_inputs = Vec::with_capacity(inputs.len());

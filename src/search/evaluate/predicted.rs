@@ -9,7 +9,7 @@ use super::Evaluator;
 use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::allocator::AllocatorSettings;
-use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes};
+use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes, pixel_values_batch};
 use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
 use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::{Budget, TracedStep};
@@ -73,6 +73,8 @@ pub struct PredictedEvaluator {
     direct: bool,
     /// Training or inference steps.
     mode: RunMode,
+    /// The batch arrives as `pixel_values` + `labels` (a Hugging Face model).
+    pixel_values: bool,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
@@ -96,7 +98,14 @@ impl PredictedEvaluator {
             traces_run: 0,
             direct,
             mode: RunMode::Train,
+            pixel_values: false,
         }
+    }
+
+    /// Predicts steps whose batch is transformers' `pixel_values` + `labels`.
+    pub fn with_pixel_values(mut self, on: bool) -> PredictedEvaluator {
+        self.pixel_values = on;
+        self
     }
 
     /// Predicts inference (test) steps instead of training steps (the
@@ -202,7 +211,7 @@ impl Evaluator for PredictedEvaluator {
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         let budget = self.budget.clone();
-        let mode = self.mode;
+        let mode = (self.mode, self.pixel_values);
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
@@ -259,7 +268,7 @@ fn replay_against_budget(
     events: &[TraceEvent],
     flops: (f64, f64),
     bytes: f64,
-    mode: RunMode,
+    mode: (RunMode, bool),
 ) -> TrialRecord {
     let replay_with = |settings| replay_with(budget, c, events, (flops, bytes), settings, mode);
     let record = replay_with(AllocatorSettings::default());
@@ -288,10 +297,14 @@ fn replay_with(
     events: &[TraceEvent],
     (flops, bytes): ((f64, f64), f64),
     settings: AllocatorSettings,
-    mode: RunMode,
+    (mode, pixel_values): (RunMode, bool),
 ) -> TrialRecord {
     let inputs = ReplayInputs {
-        batch_copies: batch_tensors(c.batch_size, c.crop, mode),
+        batch_copies: if pixel_values {
+            pixel_values_batch(c.batch_size, c.crop)
+        } else {
+            batch_tensors(c.batch_size, c.crop, mode)
+        },
         cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
         capacity: Some(budget.allocator_capacity()),
         settings,
