@@ -50,13 +50,13 @@ def load_oracle(path):
     return module
 
 
-def run_case(alloc, variant, batch, size, steps, seed):
+def run_case(alloc, variant, batch, size, steps, seed, checkpointing=False):
     import torch
     from transformers import (SegformerConfig, SegformerForSemanticSegmentation, Trainer,
                               TrainingArguments)
 
     rec = dict(variant=f'mit-{variant}', batch=batch, size=[size, size], precision='fp32',
-               steps=steps, status='ok')
+               gradient_checkpointing=checkpointing, steps=steps, status='ok')
     gc.collect()
     base = alloc.current_bytes()
     rel = lambda: alloc.current_bytes() - base  # noqa: E731
@@ -68,11 +68,16 @@ def run_case(alloc, variant, batch, size, steps, seed):
     rec['bytes_after_model_build'] = rel()
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch,
+                                 gradient_checkpointing=checkpointing,
                                  use_cpu=True, report_to=[], save_strategy='no',
                                  logging_strategy='no', disable_tqdm=True)
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             trainer = Trainer(model=model, args=args)
+        if checkpointing:
+            # what Trainer.train does before the loop under gradient_checkpointing
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
         trainer.create_optimizer_and_scheduler(num_training_steps=steps)
         rec['optimizer'] = type(trainer.optimizer).__name__
         rec['optim'] = str(args.optim)
@@ -128,6 +133,7 @@ def main():
     ap.add_argument('--variant', default='b0', choices=sorted(ARCH))
     ap.add_argument('--cases', default='2x512,2x1024', help='BATCHxSIZE,...')
     ap.add_argument('--steps', type=int, default=3)
+    ap.add_argument('--gradient-checkpointing', action='store_true')
     ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--threads', type=int, default=1)
     ap.add_argument('--oracle', default=os.path.join(HERE, '..', '..', 'shared', 'oracle',
@@ -142,7 +148,8 @@ def main():
     records = []
     for case in args.cases.split(','):
         batch, size = (int(x) for x in case.split('x'))
-        rec = run_case(alloc, args.variant, batch, size, args.steps, args.seed)
+        rec = run_case(alloc, args.variant, batch, size, args.steps, args.seed,
+                       args.gradient_checkpointing)
         print(f'mit-{args.variant} {batch}x{size}: peak23={rec["peak_steps2_3_bytes"]}',
               file=sys.stderr)
         records.append(rec)

@@ -8,7 +8,9 @@
 //! - the CPU training step's peak is within 2% of transformers' `Trainer`
 //!   step on the CPU (`tests/fixtures/oracle_cpu_hf.json`, from
 //!   `scripts/oracle-hf.py`): mit-b0 batch 2 at 512 here, at 1024 in an
-//!   ignored test (a 6.4 GB step);
+//!   ignored test (a 6.4 GB step), and with gradient checkpointing
+//!   (`tests/fixtures/oracle_cpu_hf_checkpointing.json`; transformers'
+//!   non-reentrant checkpoint against segtune's reentrant one);
 //! - on an 8 GB RTX 2070 (predicted) the write-up's recipe (1024x1024,
 //!   batch 2, fp32) does not fit, the winner does, and the emitted
 //!   `training_args.json` loads in `transformers.TrainingArguments`.
@@ -148,6 +150,7 @@ fn parameter_names_and_counts_equal_transformers() {
 
 /// segtune's CPU trial of the fixture record; returns its measured peak.
 fn segtune_peak(dir: &Path, record: &Value) -> i64 {
+    let checkpointing = record["gradient_checkpointing"] == true;
     let size = record["size"][0].as_i64().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .arg("trial")
@@ -156,6 +159,11 @@ fn segtune_peak(dir: &Path, record: &Value) -> i64 {
         .args(["--crop", &format!("{size}x{size}")])
         .args(["--threads", "1", "--warmup", "1", "--steps", "2"])
         .args(["--gt-segments", "all", "--ignore-fraction", "0", "--json"])
+        .args(if checkpointing {
+            &["--cfg-options", "model.backbone.with_cp=True"][..]
+        } else {
+            &[]
+        })
         .output()
         .unwrap();
     let report: Value = serde_json::from_slice(&out.stdout)
@@ -164,8 +172,8 @@ fn segtune_peak(dir: &Path, record: &Value) -> i64 {
     report["peak_bytes"].as_i64().unwrap()
 }
 
-fn compare_with_trainer(size: i64) {
-    let oracle = fixture("oracle_cpu_hf.json");
+fn compare_with_trainer(fixture_name: &str, size: i64) {
+    let oracle = fixture(fixture_name);
     let record = oracle["records"]
         .as_array()
         .unwrap()
@@ -178,7 +186,12 @@ fn compare_with_trainer(size: i64) {
     let want = record["peak_steps2_3_bytes"].as_i64().unwrap();
     let error = (got - want) as f64 / want as f64;
     println!(
-        "mit-b0 batch 2 x {size}x{size}: segtune {got} B, transformers' Trainer step {want} B ({:+.4}%)",
+        "mit-b0 batch 2 x {size}x{size}{}: segtune {got} B, transformers' Trainer step {want} B ({:+.4}%)",
+        if record["gradient_checkpointing"] == true {
+            ", gradient checkpointing"
+        } else {
+            ""
+        },
         100.0 * error
     );
     assert!(error.abs() <= 0.02, "{error}");
@@ -186,13 +199,18 @@ fn compare_with_trainer(size: i64) {
 
 #[test]
 fn cpu_step_at_512_is_within_2_percent_of_trainers() {
-    compare_with_trainer(512);
+    compare_with_trainer("oracle_cpu_hf.json", 512);
+}
+
+#[test]
+fn cpu_step_with_gradient_checkpointing_is_within_2_percent_of_trainers() {
+    compare_with_trainer("oracle_cpu_hf_checkpointing.json", 512);
 }
 
 #[test]
 #[ignore = "a 6.4 GB CPU step (about a minute): cargo test --test hf_segformer -- --ignored"]
 fn cpu_step_at_1024_is_within_2_percent_of_trainers() {
-    compare_with_trainer(1024);
+    compare_with_trainer("oracle_cpu_hf.json", 1024);
 }
 
 #[test]
