@@ -507,6 +507,16 @@ pub struct InspectArgs {
     pub cfg_options: Vec<String>,
 }
 
+impl SearchArgs {
+    /// The config file or model directory to search.
+    pub fn config_path(&self) -> &std::path::Path {
+        self.config
+            .as_deref()
+            .or(self.hf.as_deref())
+            .expect("clap requires a config or --hf")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,15 +568,5 @@ mod tests {
             ..TrialRequest::new("cfg.rhai")
         };
         assert_eq!(parse(full.to_argv()), full);
-    }
-}
-
-impl SearchArgs {
-    /// The config file or model directory to search.
-    pub fn config_path(&self) -> &std::path::Path {
-        self.config
-            .as_deref()
-            .or(self.hf.as_deref())
-            .expect("clap requires a config or --hf")
     }
 }

@@ -378,10 +378,11 @@ mod tests {
             &events,
             (flops, 1.0),
             AllocatorSettings::default(),
-            RunMode::Train,
+            (RunMode::Train, false),
         );
         assert!(!default.fits(), "{default:?}");
-        let record = replay_against_budget(&budget, &c, &events, flops, 1.0, RunMode::Train);
+        let record =
+            replay_against_budget(&budget, &c, &events, flops, 1.0, (RunMode::Train, false));
         assert!(record.fits(), "{record:?}");
         assert_eq!(
             record.alloc_conf.as_deref(),
