@@ -506,8 +506,8 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "unknown auxiliary head type `ANNHead`; segtune supports: ASPPHead, \
-             DepthwiseSeparableASPPHead, FCNHead, Mask2FormerHead, OCRHead, PSPHead, SegformerHead, \
-             UPerHead"
+             DepthwiseSeparableASPPHead, FCNHead, Mask2FormerHead, OCRHead, PSPHead, \
+             SegformerDecodeHead, SegformerHead, UPerHead"
         );
         let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
         model.insert(
