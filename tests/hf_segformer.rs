@@ -344,6 +344,26 @@ fn a_transformers_5_model_fits_the_same_recipe_with_sdpa_attention() {
 }
 
 #[test]
+fn inference_of_a_hugging_face_model_is_refused_before_any_trace() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = model_dir(root.path(), "b0", "5.24.0", None, None);
+    let out = root.path().join("out");
+    let run = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["search", "--vram", "4G", "--mode", "infer", "--hf"])
+        .arg(&dir)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(run.stdout.is_empty());
+    assert!(err.contains("inference of a Hugging Face model"), "{err}");
+    assert!(!out.exists(), "no journal, no traces");
+}
+
+#[test]
 fn bad_model_directories_are_clear_errors() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("m");

@@ -112,6 +112,12 @@ const HEADS_WITHOUT_LOGIT_PREDICTION: [&str; 1] = ["Mask2FormerHead"];
 /// Whether inference is built for a resolved `model` dict: every decode
 /// head (one, or a cascade's stages) predicts per-pixel logits.
 pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
+    if model.get("type").and_then(Value::as_str) == Some(super::hf_segformer::TYPE) {
+        return Err(ModelError::Unsupported(format!(
+            "inference of a Hugging Face model ({}) is not built yet; training is",
+            super::hf_segformer::TYPE
+        )));
+    }
     let heads: Vec<&Value> = match model.get("decode_head") {
         Some(Value::List(stages)) => stages.iter().collect(),
         Some(head) => vec![head],
