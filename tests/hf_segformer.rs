@@ -294,17 +294,7 @@ fn search_on_an_rtx_2070_finds_what_fits_and_emits_training_arguments() {
                  a = TrainingArguments(use_cpu=True, **json.load(open(sys.argv[1])))\n\
                  print(json.dumps(dict(b=a.per_device_train_batch_size, \
                  g=a.gradient_accumulation_steps, fp16=a.fp16, bf16=a.bf16)))";
-    let loaded = std::process::Command::new(python)
-        .args(["-c", check])
-        .arg(&args_path)
-        .output()
-        .unwrap();
-    assert!(
-        loaded.status.success(),
-        "{}",
-        String::from_utf8_lossy(&loaded.stderr)
-    );
-    let loaded: Value = serde_json::from_slice(&loaded.stdout).unwrap();
+    let loaded = common::python_check(Path::new(&python), check, &args_path);
     println!("TrainingArguments reads {loaded}");
     assert_eq!(loaded["b"], winner["batch_size"]);
     assert_eq!(loaded["g"], winner["accumulation"]);

@@ -61,7 +61,13 @@ impl RealTrials for FakeGpu {
 
     fn evaluator(&self, _device: usize, budget: &Budget, gpus: i64) -> Box<dyn Evaluator> {
         Box::new(FakeTrials {
-            predictor: predictor(&self.request, &worker(), budget, gpus),
+            predictor: predictor(
+                &self.request,
+                &worker(),
+                budget,
+                gpus,
+                segtune::predict::estimate::BatchLayout::MmSeg,
+            ),
             budget: budget.clone(),
             memory: self.memory,
             speed: self.speed,

@@ -190,25 +190,51 @@ pub struct DeviceBatch {
     pub source: &'static str,
 }
 
-impl DeviceBatch {
-    /// The batch of a config's step: MMSeg's ([`batch_tensors`]), or for a
-    /// model that takes `pixel_values` ([`pixel_values_batch`]) transformers'.
-    pub fn of(cfg: &Dict, batch_size: i64, crop: (i64, i64), mode: RunMode) -> DeviceBatch {
-        let pixel_values = cfg
+/// How a step's batch arrives on the device: decided once from the resolved
+/// config, read by every prediction of it and by what a search emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchLayout {
+    /// MMSeg's: `cast_data` copies per image and label map, then the
+    /// preprocessor's stacked images (and padded labels in training).
+    MmSeg,
+    /// transformers': one `pixel_values` and one `labels` tensor (the
+    /// `PixelValues` preprocessor of a Hugging Face model).
+    PixelValues,
+}
+
+impl BatchLayout {
+    pub fn of(cfg: &Dict) -> BatchLayout {
+        let preprocessor = cfg
             .get("model")
             .and_then(|m| m.get_path("data_preprocessor.type"))
-            .and_then(Value::as_str)
-            == Some("PixelValues");
-        if pixel_values {
-            DeviceBatch {
-                tensors: pixel_values_batch(batch_size, crop),
-                source: "Trainer._prepare_inputs' device copies of pixel_values (float32) and labels (int64)",
-            }
+            .and_then(Value::as_str);
+        if preprocessor == Some("PixelValues") {
+            BatchLayout::PixelValues
         } else {
-            DeviceBatch {
-                tensors: batch_tensors(batch_size, crop, mode),
-                source: "cast_data's device copies of the images (float32) and label maps (int64), and the preprocessor's stacked images and padded labels",
-            }
+            BatchLayout::MmSeg
+        }
+    }
+
+    /// The batch tensors on the device, in allocation order (see
+    /// [`ReplayInputs::batch_copies`]).
+    pub fn tensors(self, batch_size: i64, crop: (i64, i64), mode: RunMode) -> Vec<u64> {
+        match self {
+            BatchLayout::MmSeg => batch_tensors(batch_size, crop, mode),
+            BatchLayout::PixelValues => pixel_values_batch(batch_size, crop),
+        }
+    }
+
+    pub fn device_batch(self, batch_size: i64, crop: (i64, i64), mode: RunMode) -> DeviceBatch {
+        DeviceBatch {
+            tensors: self.tensors(batch_size, crop, mode),
+            source: self.source(),
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            BatchLayout::MmSeg => "cast_data's device copies of the images (float32) and label maps (int64), and the preprocessor's stacked images and padded labels",
+            BatchLayout::PixelValues => "Trainer._prepare_inputs' device copies of pixel_values (float32) and labels (int64)",
         }
     }
 }

@@ -106,7 +106,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         cudnn_benchmark(&cfg),
         cpu_peak,
         request.alloc_conf,
-        &estimate::DeviceBatch::of(&cfg, batch, crop, request.mode),
+        &estimate::BatchLayout::of(&cfg).device_batch(batch, crop, request.mode),
     );
     e.notes[0] = match request.trace {
         TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),

@@ -17,6 +17,7 @@ use super::strategy::{rank, run_search, Progress, SearchSpace};
 use super::{emit, saved};
 use crate::config::{self, dump, Dict, Value};
 use crate::error::{Error, Result};
+use crate::predict::estimate::BatchLayout;
 use crate::trial::worker::Worker;
 use crate::trial::RunMode;
 
@@ -90,7 +91,7 @@ pub fn search_inference(
     let (mut evaluator, device) = match cuda {
         Some(i) => (real.evaluator(i, &budget, gpus), format!("cuda:{i}:infer")),
         None => (
-            predictor(request, worker, &budget, gpus),
+            predictor(request, worker, &budget, gpus, BatchLayout::of(&cfg)),
             format!(
                 "predicted-infer:{}:{}:{:.3}:{}",
                 budget.gpu, budget.vram_bytes, budget.margin, request.trace

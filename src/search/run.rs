@@ -13,6 +13,7 @@ use super::spec::{DeviceSetting, SearchSpec};
 use super::strategy::{rank, run_search, Explored, Progress, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
+use crate::predict::estimate::BatchLayout;
 use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
 use crate::trial::worker::Worker;
 use crate::trial::{RunMode, TrainingSetup};
@@ -127,7 +128,8 @@ pub fn search_with(
         None => (1, false),
     };
     let cuda = cuda_device(&spec, real.devices())?;
-    let mut predictor = predictor(request, worker, &budget, gpus);
+    let layout = BatchLayout::of(&cfg);
+    let mut predictor = predictor(request, worker, &budget, gpus, layout);
     // Trials for another number of GPUs or segments are not reusable.
     let mut suffix = if gpus > 1 {
         format!(":x{gpus}")
@@ -243,7 +245,8 @@ pub fn search_with(
             knobs_note(&c, w.record.alloc_conf.as_deref()),
             w.record.mode.name()
         );
-        if crate::config::hf::is_hf_dir(&request.config) {
+        // A model fed transformers' batch trains under transformers' Trainer.
+        if layout == BatchLayout::PixelValues {
             let written = super::emit_hf::emit_hf(&request.config, &c, &request.out)?;
             result.emitted = written.iter().map(|p| p.display().to_string()).collect();
         } else {
@@ -342,6 +345,7 @@ pub fn predictor(
     worker: &Worker,
     budget: &Budget,
     gpus: i64,
+    layout: BatchLayout,
 ) -> Box<dyn Evaluator> {
     let mode = request.mode;
     let config_path = request.config.clone();
@@ -379,8 +383,8 @@ pub fn predictor(
         budget.clone(),
         tracer,
         request.trace != TraceKind::CpuAllocator,
+        layout,
     );
-    let evaluator = evaluator.with_pixel_values(crate::config::hf::is_hf_dir(&request.config));
     Box::new(match mode {
         RunMode::Train => evaluator,
         RunMode::Infer => evaluator.for_inference(),

@@ -148,17 +148,7 @@ pub fn mmengine_reads_emitted_and_pasted(
     original: &std::path::Path,
     line: &str,
 ) -> serde_json::Value {
-    let run = std::process::Command::new(python)
-        .args(["-c", check])
-        .arg(emitted)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let read: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let read = python_check(python, check, emitted);
     println!("mmengine reads the emitted config as {read}");
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("check.py");
@@ -182,4 +172,24 @@ pub fn mmengine_reads_emitted_and_pasted(
         "the --cfg-options line, as MMEngine parses it: {line}"
     );
     read
+}
+
+/// What the Python `check` script prints (JSON) for `sys.argv[1]` = `arg`;
+/// a failing script fails the test with its stderr.
+pub fn python_check(
+    python: &std::path::Path,
+    check: &str,
+    arg: &std::path::Path,
+) -> serde_json::Value {
+    let run = std::process::Command::new(python)
+        .args(["-c", check])
+        .arg(arg)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_slice(&run.stdout).unwrap()
 }

@@ -9,7 +9,7 @@ use super::Evaluator;
 use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::allocator::AllocatorSettings;
-use crate::predict::estimate::{batch_tensors, cublas_workspace_bytes, pixel_values_batch};
+use crate::predict::estimate::{cublas_workspace_bytes, BatchLayout};
 use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
 use crate::predict::replay::{replay, ReplayInputs};
 use crate::predict::{Budget, TracedStep};
@@ -73,8 +73,8 @@ pub struct PredictedEvaluator {
     direct: bool,
     /// Training or inference steps.
     mode: RunMode,
-    /// The batch arrives as `pixel_values` + `labels` (a Hugging Face model).
-    pixel_values: bool,
+    /// How the batch arrives on the device.
+    layout: BatchLayout,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
@@ -89,7 +89,12 @@ impl PredictedEvaluator {
     /// `direct`: trace every candidate's batch itself (for the cheap
     /// op-level traces); else trace batches 2 and 3 per crop and precision
     /// and extrapolate the rest.
-    pub fn new(budget: Budget, tracer: Tracer, direct: bool) -> PredictedEvaluator {
+    pub fn new(
+        budget: Budget,
+        tracer: Tracer,
+        direct: bool,
+        layout: BatchLayout,
+    ) -> PredictedEvaluator {
         PredictedEvaluator {
             budget,
             tracer,
@@ -98,14 +103,8 @@ impl PredictedEvaluator {
             traces_run: 0,
             direct,
             mode: RunMode::Train,
-            pixel_values: false,
+            layout,
         }
-    }
-
-    /// Predicts steps whose batch is transformers' `pixel_values` + `labels`.
-    pub fn with_pixel_values(mut self, on: bool) -> PredictedEvaluator {
-        self.pixel_values = on;
-        self
     }
 
     /// Predicts inference (test) steps instead of training steps (the
@@ -211,7 +210,7 @@ impl Evaluator for PredictedEvaluator {
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         let budget = self.budget.clone();
-        let mode = (self.mode, self.pixel_values);
+        let mode = (self.mode, self.layout);
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
@@ -268,7 +267,7 @@ fn replay_against_budget(
     events: &[TraceEvent],
     flops: (f64, f64),
     bytes: f64,
-    mode: (RunMode, bool),
+    mode: (RunMode, BatchLayout),
 ) -> TrialRecord {
     let replay_with = |settings| replay_with(budget, c, events, (flops, bytes), settings, mode);
     let record = replay_with(AllocatorSettings::default());
@@ -297,14 +296,10 @@ fn replay_with(
     events: &[TraceEvent],
     (flops, bytes): ((f64, f64), f64),
     settings: AllocatorSettings,
-    (mode, pixel_values): (RunMode, bool),
+    (mode, layout): (RunMode, BatchLayout),
 ) -> TrialRecord {
     let inputs = ReplayInputs {
-        batch_copies: if pixel_values {
-            pixel_values_batch(c.batch_size, c.crop)
-        } else {
-            batch_tensors(c.batch_size, c.crop, mode)
-        },
+        batch_copies: layout.tensors(c.batch_size, c.crop, mode),
         cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
         capacity: Some(budget.allocator_capacity()),
         settings,
@@ -378,11 +373,17 @@ mod tests {
             &events,
             (flops, 1.0),
             AllocatorSettings::default(),
-            (RunMode::Train, false),
+            (RunMode::Train, BatchLayout::MmSeg),
         );
         assert!(!default.fits(), "{default:?}");
-        let record =
-            replay_against_budget(&budget, &c, &events, flops, 1.0, (RunMode::Train, false));
+        let record = replay_against_budget(
+            &budget,
+            &c,
+            &events,
+            flops,
+            1.0,
+            (RunMode::Train, BatchLayout::MmSeg),
+        );
         assert!(record.fits(), "{record:?}");
         assert_eq!(
             record.alloc_conf.as_deref(),
