@@ -102,7 +102,7 @@ fn a_stopped_search_leaves_no_worker_and_no_temporary_file() {
     };
     let workers = |pid: u32| {
         std::process::Command::new("pgrep")
-            .args(["-P", &pid.to_string()])
+            .args(["-P", &pid.to_string(), "-f", "segtune-torch"])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
             .unwrap_or(0)
@@ -129,7 +129,8 @@ fn a_stopped_search_leaves_no_worker_and_no_temporary_file() {
             .spawn()
             .unwrap();
         let pid = child.id();
-        // Wait until a traced step (a worker) is running.
+        // Wait until a traced step (a worker) is running; segtune's other
+        // children (the Python asked for its torch version) do not count.
         let started = std::time::Instant::now();
         while workers(pid) == 0 && started.elapsed().as_secs() < 30 {
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -137,7 +138,7 @@ fn a_stopped_search_leaves_no_worker_and_no_temporary_file() {
         assert!(workers(pid) > 0, "{signal}: no worker started");
         let worker_pids: Vec<String> = String::from_utf8_lossy(
             &std::process::Command::new("pgrep")
-                .args(["-P", &pid.to_string()])
+                .args(["-P", &pid.to_string(), "-f", "segtune-torch"])
                 .output()
                 .unwrap()
                 .stdout,

@@ -65,7 +65,10 @@ impl RealTrials for FakeGpu {
                 &self.request,
                 &worker(),
                 budget,
-                gpus,
+                segtune::trial::TrainingSetup {
+                    gpus,
+                    ..Default::default()
+                },
                 segtune::predict::estimate::BatchLayout::MmSeg,
             ),
             budget: budget.clone(),
@@ -91,6 +94,7 @@ fn request(out: &Path) -> SearchRequest {
         trace: segtune::predict::TraceKind::Meta,
         gt_segments: Some(20),
         mode: segtune::trial::RunMode::Train,
+        python_torch: None,
     }
 }
 

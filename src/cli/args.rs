@@ -8,7 +8,10 @@ use crate::named::Named;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::{Objective, SearchRequest, SearchSpec};
-use crate::trial::{Amp, DeviceChoice, OpTrace, RunMode, Stack, TrainingSetup, TrialRequest};
+use crate::trial::torch_version::{detect_python_torch, VersionSource};
+use crate::trial::{
+    Amp, DeviceChoice, OpTrace, RunMode, Stack, TorchVersion, TrainingSetup, TrialRequest,
+};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
 
@@ -287,26 +290,56 @@ impl TrialArgs {
     }
 }
 
-/// The training run around the step: how many GPUs, which software stack.
+/// The training run around the step: how many GPUs, which PyTorch.
 #[derive(clap::Args, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SetupArgs {
     /// GPUs training data-parallel (DDP): each also holds DDP's gradient
     /// buckets, one more copy of the trainable parameters.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
     pub gpus: i64,
-    /// Whose memory behaviour to reproduce: `current` (PyTorch 2.x +
-    /// MMEngine) or `zoo-2021` (PyTorch <= 1.10 + mmcv 1.x, as MMSeg's
-    /// model-zoo memory was measured; CPU traces only).
-    #[arg(long, value_parser = named::<Stack>(), default_value = "current")]
-    pub stack: Stack,
+    /// The PyTorch release whose memory behaviour to reproduce, MAJOR.MINOR
+    /// from 1.8 to 2.11 (docs/prediction.md lists what moves between
+    /// them; older than 2.11: CPU only). Default for estimate: the torch of
+    /// your Python (python3, or $SEGTUNE_PYTHON), else 2.11.
+    #[arg(long, value_name = "X.Y", conflicts_with = "stack")]
+    pub torch: Option<TorchVersion>,
+    /// Alias of --torch: `current` (2.11) or `zoo-2021` (1.10, the
+    /// PyTorch MMSeg's model-zoo memory was measured with).
+    #[arg(long, value_parser = named::<Stack>())]
+    pub stack: Option<Stack>,
 }
 
 impl SetupArgs {
+    /// The release given (--torch or --stack), if one was.
+    fn given_torch(&self) -> Option<TorchVersion> {
+        self.torch.or(self.stack.map(Stack::torch))
+    }
+
+    /// For a trial: the given release, else the libtorch segtune links.
     fn setup(&self) -> TrainingSetup {
         TrainingSetup {
             gpus: self.gpus,
-            stack: self.stack,
+            torch: self.given_torch().unwrap_or(TorchVersion::NEWEST),
         }
+    }
+
+    /// For a prediction: the given release, else the torch of the user's
+    /// Python, else the newest; and where it came from.
+    fn predicted_setup(&self) -> (TrainingSetup, VersionSource) {
+        let (torch, source) = match self.given_torch() {
+            Some(v) => (v, VersionSource::Given),
+            None => match detect_python_torch() {
+                Some((v, python)) => (v, VersionSource::Python(python)),
+                None => (TorchVersion::NEWEST, VersionSource::Newest),
+            },
+        };
+        (
+            TrainingSetup {
+                gpus: self.gpus,
+                torch,
+            },
+            source,
+        )
     }
 }
 
@@ -368,6 +401,7 @@ pub struct EstimateArgs {
 
 impl EstimateArgs {
     pub fn request(&self) -> Result<EstimateRequest> {
+        let (setup, torch_source) = self.setup.predicted_setup();
         Ok(EstimateRequest {
             config: self.config.clone(),
             cfg_options: self.cfg_options.clone(),
@@ -381,7 +415,8 @@ impl EstimateArgs {
             amp: self.amp,
             threads: self.threads,
             gt_segments: self.gt_segments.0,
-            setup: self.setup.setup(),
+            setup,
+            torch_source: torch_source.to_string(),
             trace: self.trace,
             alloc_conf: self.alloc_conf,
             mode: self.mode,
@@ -462,6 +497,11 @@ pub struct SearchArgs {
     /// each GPU also holds DDP's gradient buckets.
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub gpus: Option<i64>,
+    /// The PyTorch release to predict for, MAJOR.MINOR from 1.8 to 2.11
+    /// (default: `segtune.torch` in the config, else the torch of your
+    /// Python, else 2.11). Older than 2.11: predicted only.
+    #[arg(long, value_name = "X.Y")]
+    pub torch: Option<TorchVersion>,
     /// Classes present in each synthetic label map, or `all` (uniform random
     /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
     /// segment per class present: its memory grows with this (see
@@ -485,6 +525,7 @@ impl SearchArgs {
                 device: self.device.clone(),
                 compute_capability: self.compute_capability.clone(),
                 gpus: self.gpus,
+                torch: self.torch,
             },
             out: self.out.clone(),
             exhaustive: self.exhaustive,
@@ -493,6 +534,12 @@ impl SearchArgs {
             trace: self.trace,
             gt_segments: self.gt_segments.0,
             mode: self.mode,
+            // The config's `segtune.torch` comes before the environment's.
+            python_torch: if self.torch.is_some() {
+                None
+            } else {
+                detect_python_torch()
+            },
         }
     }
 }
@@ -562,7 +609,7 @@ mod tests {
             trace_out: Some("/tmp/x.trace".into()),
             setup: TrainingSetup {
                 gpus: 8,
-                stack: Stack::Zoo2021,
+                torch: TorchVersion::ZOO_2021,
             },
             as_cuda: true,
             ..TrialRequest::new("cfg.rhai")

@@ -9,8 +9,9 @@ use super::extrapolate::{extrapolate, TRACED_BATCHES};
 use super::step_trace::{trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
+use crate::trial::torch_version::SWITCHES;
 use crate::trial::worker::Worker;
-use crate::trial::{Amp, RunMode, Stack, TrainingSetup};
+use crate::trial::{Amp, RunMode, Switch, TorchVersion, TrainingSetup};
 use std::path::PathBuf;
 
 /// What to predict.
@@ -30,6 +31,8 @@ pub struct EstimateRequest {
     /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
     pub gt_segments: Option<i64>,
     pub setup: TrainingSetup,
+    /// Why `setup.torch` is the release predicted for (said in the notes).
+    pub torch_source: String,
     pub trace: TraceKind,
     /// The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`).
     pub alloc_conf: AllocatorSettings,
@@ -64,6 +67,15 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         .or_else(|| recipe_crop(&cfg))
         .ok_or_else(|| Error::Input("the config has no crop size; pass --crop HxW".into()))?;
     let amp = request.amp.or(recipe_amp(&cfg)).unwrap_or(Amp::Off);
+    let torch = request.setup.torch;
+    if request.alloc_conf.expandable_segments && !torch.has(Switch::ExpandableSegments) {
+        return Err(Error::Input(format!(
+            "--alloc-conf expandable_segments:True: PyTorch {torch} has no such setting ({} from {}, {})",
+            Switch::ExpandableSegments.spec().name,
+            Switch::ExpandableSegments.spec().from,
+            Switch::ExpandableSegments.spec().source
+        )));
+    }
     let threads = request.threads.unwrap_or_else(crate::trial::host_cores);
     let trace = |batch_size| {
         trace_step(
@@ -119,9 +131,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
             request.setup.gpus
         ));
     }
-    if request.setup.stack == Stack::Zoo2021 {
-        e.notes.push("stack zoo-2021: PyTorch <= 1.10 with the mmcv 1.x runner (softmax and log_softmax keep their input for backward; gradients are zeroed, not freed), as MMSeg's model-zoo memory was measured".into());
-    }
+    e.notes.push(torch_note(torch, &request.torch_source));
     let head = cfg
         .get("model")
         .and_then(|m| m.get_path("decode_head.type"))
@@ -138,4 +148,32 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         e.notes.push(format!("batch {batch} was extrapolated from traces at batch 2 and 3 (every step tensor is affine in the batch)"));
     }
     Ok(e)
+}
+
+/// "predicted for PyTorch X (why), with: the switches where X differs from
+/// the newest release".
+pub fn torch_note(torch: TorchVersion, source: &str) -> String {
+    let newest = TorchVersion::NEWEST;
+    let on: Vec<&str> = SWITCHES
+        .iter()
+        .filter(|s| torch.has(s.switch) && !newest.has(s.switch))
+        .map(|s| s.what)
+        .collect();
+    let off: Vec<&str> = SWITCHES
+        .iter()
+        .filter(|s| !torch.has(s.switch) && newest.has(s.switch))
+        .map(|s| s.name)
+        .collect();
+    let mut note = if source.is_empty() {
+        format!("predicted for PyTorch {torch}")
+    } else {
+        format!("predicted for PyTorch {torch} ({source})")
+    };
+    if !on.is_empty() {
+        note.push_str(&format!("; unlike {newest}: {}", on.join("; ")));
+    }
+    if !off.is_empty() {
+        note.push_str(&format!("; not yet in {torch}: {}", off.join(", ")));
+    }
+    note
 }

@@ -22,6 +22,7 @@ pub fn inference(r: &SearchResult, all: bool) -> String {
         b.margin * 100.0,
         gib(b.cuda_context_bytes)
     );
+    out.push_str(&super::torch_line(r));
     out.push_str(&format!(
         "test images {}x{}, config's test batch {}; objective images/s; every figure {}\n",
         r.recipe.crop.0,

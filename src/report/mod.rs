@@ -59,3 +59,18 @@ fn columns<const N: usize>(rows: impl IntoIterator<Item = [String; N]>) -> Strin
     t.with(tabled::settings::Style::blank());
     t.to_string()
 }
+
+/// The PyTorch a search's figures stand for: predicted for a release (and
+/// why that one), or measured with the libtorch segtune links.
+pub fn torch_line(r: &crate::search::SearchResult) -> String {
+    match r.mode {
+        crate::search::Mode::Measured => format!(
+            "PyTorch {}: measured with the libtorch segtune links\n",
+            crate::trial::TorchVersion::NEWEST
+        ),
+        crate::search::Mode::Predicted => format!(
+            "{}\n",
+            crate::predict::from_config::torch_note(r.torch, &r.torch_source)
+        ),
+    }
+}

@@ -120,6 +120,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         r.budget.margin * 100.0,
         gib(r.budget.cuda_context_bytes)
     );
+    out.push_str(&super::torch_line(r));
     out.push_str(&format!(
         "recipe: batch {}, crop {}x{}, effective batch {} (from {}); objective {}; {} trials\n",
         r.recipe.batch_size,

@@ -1,7 +1,7 @@
 //! `segtune trial`'s text: the status, the model, the candidate and setup,
 //! and the measured peaks and step time.
 
-use crate::trial::{RunMode, Stack, TrialReport};
+use crate::trial::{RunMode, TorchVersion, TrialReport};
 
 /// A short human-readable summary of a trial.
 pub fn trial(r: &TrialReport) -> String {
@@ -21,10 +21,10 @@ pub fn trial(r: &TrialReport) -> String {
         r.amp,
         r.device
     );
-    if r.stack != Stack::Current || r.gpus > 1 || r.as_cuda {
+    if r.torch != TorchVersion::NEWEST || r.gpus > 1 || r.as_cuda {
         out.push_str(&format!(
-            "setup: stack {}, {} GPU(s) data-parallel{}\n",
-            r.stack,
+            "setup: PyTorch {}, {} GPU(s) data-parallel{}\n",
+            r.torch,
             r.gpus,
             if r.as_cuda {
                 ", standing in for CUDA"

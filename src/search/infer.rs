@@ -19,7 +19,7 @@ use crate::config::{self, dump, Dict, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::BatchLayout;
 use crate::trial::worker::Worker;
-use crate::trial::RunMode;
+use crate::trial::{RunMode, TorchVersion, TrainingSetup};
 
 /// Test batch sizes tried (per GPU).
 const TEST_BATCHES: [i64; 6] = [1, 2, 4, 8, 16, 32];
@@ -87,14 +87,24 @@ pub fn search_inference(
     let gpus = spec.gpus.unwrap_or(1);
     // On a CUDA device each setting is a real inference trial; else predicted.
     let real = CudaTrials { request, worker };
-    let cuda = cuda_device(&spec, real.devices())?;
+    let (torch, torch_source) = request.torch(&spec);
+    let setup = TrainingSetup { gpus, torch };
+    let cuda = cuda_device(&spec, real.devices(), torch)?;
     let (mut evaluator, device) = match cuda {
         Some(i) => (real.evaluator(i, &budget, gpus), format!("cuda:{i}:infer")),
         None => (
-            predictor(request, worker, &budget, gpus, BatchLayout::of(&cfg)),
+            predictor(request, worker, &budget, setup, BatchLayout::of(&cfg)),
             format!(
-                "predicted-infer:{}:{}:{:.3}:{}",
-                budget.gpu, budget.vram_bytes, budget.margin, request.trace
+                "predicted-infer:{}:{}:{:.3}:{}{}",
+                budget.gpu,
+                budget.vram_bytes,
+                budget.margin,
+                request.trace,
+                if torch == TorchVersion::NEWEST {
+                    String::new()
+                } else {
+                    format!(":torch{torch}")
+                }
             ),
         ),
     };
@@ -135,6 +145,8 @@ pub fn search_inference(
         run_mode: RunMode::Infer,
         budget,
         gpus,
+        torch,
+        torch_source: torch_source.to_string(),
         recipe: Recipe {
             batch_size: test_batch,
             crop: image,

@@ -145,6 +145,11 @@ pub struct SearchResult {
     pub budget: Budget,
     /// GPUs training data-parallel; `budget` is per GPU.
     pub gpus: i64,
+    /// The PyTorch release predicted for, and why that one.
+    #[serde(default)]
+    pub torch: crate::trial::TorchVersion,
+    #[serde(default)]
+    pub torch_source: String,
     pub recipe: Recipe,
     pub objective: Objective,
     pub mode: Mode,

@@ -15,8 +15,9 @@ use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::BatchLayout;
 use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
+use crate::trial::torch_version::VersionSource;
 use crate::trial::worker::Worker;
-use crate::trial::{RunMode, TrainingSetup};
+use crate::trial::{RunMode, Switch, TorchVersion, TrainingSetup};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -41,6 +42,21 @@ pub struct SearchRequest {
     pub gt_segments: Option<i64>,
     /// Search training settings, or inference settings (`super::infer`).
     pub mode: RunMode,
+    /// The torch of the user's Python environment (version, interpreter),
+    /// when the caller found one: predicted for unless the settings name a
+    /// release.
+    pub python_torch: Option<(TorchVersion, String)>,
+}
+
+impl SearchRequest {
+    /// The PyTorch release to predict for and where that choice came from.
+    pub fn torch(&self, spec: &SearchSpec) -> (TorchVersion, VersionSource) {
+        match (spec.torch, &self.python_torch) {
+            (Some(v), _) => (v, VersionSource::Given),
+            (None, Some((v, python))) => (*v, VersionSource::Python(python.clone())),
+            (None, None) => (TorchVersion::NEWEST, VersionSource::Newest),
+        }
+    }
 }
 
 /// Runs the search; `progress` hears of every candidate as it is decided.
@@ -127,15 +143,20 @@ pub fn search_with(
         Some(a) => (a, true),
         None => (1, false),
     };
-    let cuda = cuda_device(&spec, real.devices())?;
+    let (torch, torch_source) = request.torch(&spec);
+    let setup = TrainingSetup { gpus, torch };
+    let cuda = cuda_device(&spec, real.devices(), torch)?;
     let layout = BatchLayout::of(&cfg);
-    let mut predictor = predictor(request, worker, &budget, gpus, layout);
-    // Trials for another number of GPUs or segments are not reusable.
+    let mut predictor = predictor(request, worker, &budget, setup, layout);
+    // Trials for another number of GPUs, segments or PyTorch are not reusable.
     let mut suffix = if gpus > 1 {
         format!(":x{gpus}")
     } else {
         String::new()
     };
+    if torch != TorchVersion::NEWEST {
+        suffix.push_str(&format!(":torch{torch}"));
+    }
     if let Some(n) = request.gt_segments {
         suffix.push_str(&format!(":segments{n}"));
     }
@@ -209,6 +230,8 @@ pub fn search_with(
         run_mode: RunMode::Train,
         budget,
         gpus,
+        torch,
+        torch_source: torch_source.to_string(),
         recipe: recipe.clone(),
         objective,
         mode,
@@ -314,9 +337,24 @@ fn knobs_note(c: &space::Candidate, alloc_conf: Option<&str>) -> String {
 
 /// The CUDA device the settings choose among `visible` ones (`None`:
 /// predict on the CPU).
-pub(super) fn cuda_device(spec: &SearchSpec, visible: usize) -> Result<Option<usize>> {
+/// A real trial runs the libtorch segtune links: another release is
+/// predicted only.
+pub(super) fn cuda_device(
+    spec: &SearchSpec,
+    visible: usize,
+    torch: TorchVersion,
+) -> Result<Option<usize>> {
+    let other_torch = torch != TorchVersion::NEWEST;
     Ok(match spec.device_setting()? {
         DeviceSetting::Cpu => None,
+        DeviceSetting::Auto if other_torch => None,
+        DeviceSetting::Cuda(i) if other_torch => {
+            return Err(Error::Input(format!(
+                "--device cuda:{i} measures with the PyTorch segtune links ({}), not {torch}; predict for {torch} with --device cpu, or measure with --torch {}",
+                TorchVersion::NEWEST,
+                TorchVersion::NEWEST
+            )))
+        }
         DeviceSetting::Auto => (visible > 0).then_some(0),
         DeviceSetting::Cuda(i) if visible > i => Some(i),
         DeviceSetting::Cuda(i) => {
@@ -344,7 +382,7 @@ pub fn predictor(
     request: &SearchRequest,
     worker: &Worker,
     budget: &Budget,
-    gpus: i64,
+    setup: TrainingSetup,
     layout: BatchLayout,
 ) -> Box<dyn Evaluator> {
     let mode = request.mode;
@@ -369,10 +407,7 @@ pub fn predictor(
                     amp,
                     threads,
                     gt_segments,
-                    setup: TrainingSetup {
-                        gpus,
-                        ..TrainingSetup::default()
-                    },
+                    setup,
                     kind: trace_kind,
                     mode,
                 },
@@ -385,6 +420,11 @@ pub fn predictor(
         request.trace != TraceKind::CpuAllocator,
         layout,
     );
+    let evaluator = if setup.torch.has(Switch::ExpandableSegments) {
+        evaluator
+    } else {
+        evaluator.without_expandable_segments()
+    };
     Box::new(match mode {
         RunMode::Train => evaluator,
         RunMode::Infer => evaluator.for_inference(),

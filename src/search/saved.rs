@@ -128,8 +128,9 @@ pub fn breakdown_of(
         gt_segments: saved.gt_segments,
         setup: TrainingSetup {
             gpus: r.gpus,
-            ..TrainingSetup::default()
+            torch: r.torch,
         },
+        torch_source: r.torch_source.clone(),
         trace: TraceKind::Meta,
         alloc_conf,
         mode: r.run_mode,

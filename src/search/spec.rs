@@ -78,12 +78,15 @@ pub struct SearchSpec {
     /// effective batch is batch x accumulation x gpus, and every GPU holds
     /// DDP's gradient buckets.
     pub gpus: Option<i64>,
+    /// The PyTorch release to predict for (`"1.13"`; default: the torch of
+    /// the Python environment, else the newest segtune knows).
+    pub torch: Option<crate::trial::TorchVersion>,
 }
 
 impl SearchSpec {
     /// The `segtune` dict of a resolved config.
     pub fn from_config(cfg: &config::Dict) -> Result<SearchSpec> {
-        const KEYS: [&str; 7] = [
+        const KEYS: [&str; 8] = [
             "vram",
             "preset",
             "margin",
@@ -91,6 +94,7 @@ impl SearchSpec {
             "device",
             "compute_capability",
             "gpus",
+            "torch",
         ];
         let bad = |what: String| Error::Input(format!("the config's `segtune` settings: {what}"));
         let d = match cfg.get("segtune") {
@@ -155,7 +159,18 @@ impl SearchSpec {
                 }
             },
         };
+        if let Some(v @ (Value::Float(_) | Value::Int(_))) = get("torch") {
+            return Err(bad(format!(
+                "`segtune.torch` must be a string such as '1.13', not the number {} (a number loses 1.10's trailing 0)",
+                config::value::python_repr(v)
+            )));
+        }
+        let torch = s("torch")?
+            .map(|v| v.parse::<crate::trial::TorchVersion>())
+            .transpose()
+            .map_err(|e| bad(format!("`segtune.torch`: {e}")))?;
         Ok(SearchSpec {
+            torch,
             vram,
             preset: s("preset")?,
             margin,
@@ -180,6 +195,7 @@ impl SearchSpec {
             device: self.device.or(fallback.device),
             compute_capability: self.compute_capability.or(fallback.compute_capability),
             gpus: self.gpus.or(fallback.gpus),
+            torch: self.torch.or(fallback.torch),
         }
     }
 

@@ -17,6 +17,7 @@
 //! - `worker.rs`: the parent side (spawn, timeout, crash, reply).
 //! - `execute.rs`: the worker side (resolve, check, run, inspect).
 //! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process;
+//!   `torch_version.rs`: the PyTorch release it reproduces;
 //!   `infer.rs`: its step in inference mode.
 //! - `optim/`, `amp.rs`, `ddp.rs`: what the optimizer wrapper and DDP hold.
 //! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory.
@@ -32,6 +33,7 @@ pub mod report;
 pub mod request;
 pub mod run;
 pub mod setup;
+pub mod torch_version;
 pub mod trace;
 pub mod worker;
 
@@ -42,6 +44,7 @@ pub use report::{StepRecord, TrialReport, TrialStatus};
 pub use request::{DeviceChoice, RunMode, TrialRequest, DEFAULT_GT_SEGMENTS};
 pub use run::run;
 pub use setup::{Stack, TrainingSetup};
+pub use torch_version::{Switch, TorchVersion};
 
 /// The machine's cores (at least 1).
 pub fn host_cores() -> i32 {

@@ -82,8 +82,8 @@ pub struct TrialReport {
     /// Training or inference steps.
     #[serde(default)]
     pub mode: super::RunMode,
-    /// Whose memory behaviour the trial reproduced (`current`, `zoo-2021`).
-    pub stack: super::Stack,
+    /// The PyTorch release whose memory behaviour the trial reproduced.
+    pub torch: super::TorchVersion,
     /// GPUs of the data-parallel run it stands for (DDP's buckets held).
     pub gpus: i64,
     /// Whether a CPU trial stood in for a CUDA run (CUDA's autocast rules,
@@ -144,7 +144,7 @@ impl TrialReport {
             amp: request.amp,
             accumulative_counts: request.accumulative_counts.unwrap_or(1),
             mode: request.mode,
-            stack: request.setup.stack,
+            torch: request.setup.torch,
             gpus: request.setup.gpus,
             as_cuda: request.as_cuda,
             optimizer: String::new(),

@@ -181,7 +181,7 @@ impl TrialRequest {
             flag("cpu-cap", n.to_string());
         }
         flag("gpus", self.setup.gpus.to_string());
-        flag("stack", self.setup.stack.to_string());
+        flag("torch", self.setup.torch.to_string());
         if let Some(path) = &self.trace_out {
             argv.push("--trace-out".into());
             argv.push(path.clone().into());

@@ -7,7 +7,7 @@ use super::memory::{self, CpuCounter, Phase, TraceEvent};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
-use super::{ddp, RunMode, Stack, TrialRequest};
+use super::{ddp, RunMode, Switch, TorchVersion, TrialRequest};
 use crate::config::Dict;
 use crate::models::EncoderDecoder;
 use std::time::Instant;
@@ -204,17 +204,23 @@ fn run_capped(
     report.optimizer = optim_cfg.type_name.clone();
     report.accumulative_counts = optim_cfg.accumulative_counts;
     let mut optimizer = OptimWrapper::new(optim_cfg, &model.params, request.amp);
-    if request.setup.stack == Stack::Zoo2021 {
-        if device != Device::Cpu {
-            return report.failed(
-                TrialStatus::Error,
-                "--stack zoo-2021 is reproduced on the CPU only (for `segtune estimate`)".into(),
-            );
-        }
+    let torch = request.setup.torch;
+    if torch != TorchVersion::NEWEST && device != Device::Cpu {
+        return report.failed(
+            TrialStatus::Error,
+            format!(
+                "a trial on a GPU runs the PyTorch segtune links ({}); --torch {torch} is reproduced on the CPU only (estimate, predicted search)",
+                TorchVersion::NEWEST
+            ),
+        );
+    }
+    if torch.has(Switch::SoftmaxKeepsInput) {
         crate::models::layers::emulate_softmax_saving_input(|input, output| {
             memory::hold_until_freed(input, output)
                 .expect("softmax outputs are counted CPU tensors");
         });
+    }
+    if torch.has(Switch::ZeroGradKeepsGradients) {
         optimizer.zero_grad_in_place(true);
     }
     if request.as_cuda {
@@ -232,7 +238,9 @@ fn run_capped(
         if request.amp == Amp::Fp16 {
             optimizer.use_grad_scaler();
         }
-        optimizer.use_foreach();
+        if torch.has(Switch::ForeachOptimizersOnCuda) {
+            optimizer.use_foreach();
+        }
         crate::models::layers::emulate_mmcv_cuda_ops();
     }
     // DistributedDataParallel wraps the model before training starts.

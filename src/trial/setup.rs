@@ -1,7 +1,10 @@
-//! The training run a trial stands for beyond its step: the software stack
+//! The training run a trial stands for beyond its step: the PyTorch release
 //! whose memory behaviour it reproduces and the data-parallel GPU count.
 
-/// The training software whose memory behaviour a trial reproduces.
+use super::torch_version::TorchVersion;
+
+/// The two named software stacks of earlier segtune releases, kept as
+/// aliases of PyTorch releases (`--stack`).
 #[derive(
     Debug,
     Clone,
@@ -32,21 +35,32 @@ crate::named::named_enum!(Stack, "a stack", {
     Zoo2021 => "zoo-2021",
 });
 
-/// The training run around the step: how many GPUs, which software stack.
+impl Stack {
+    /// The PyTorch release the stack stands for (mmcv 1.x's runner and
+    /// MMEngine hold the same tensors; what moved is PyTorch's).
+    pub fn torch(self) -> TorchVersion {
+        match self {
+            Stack::Current => TorchVersion::NEWEST,
+            Stack::Zoo2021 => TorchVersion::ZOO_2021,
+        }
+    }
+}
+
+/// The training run around the step: how many GPUs, which PyTorch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TrainingSetup {
     /// GPUs training data-parallel (DDP): each also holds DDP's gradient
     /// buckets, one more copy of the trainable parameters.
     pub gpus: i64,
-    /// Whose memory behaviour to reproduce.
-    pub stack: Stack,
+    /// The PyTorch release whose memory behaviour to reproduce.
+    pub torch: TorchVersion,
 }
 
 impl Default for TrainingSetup {
     fn default() -> TrainingSetup {
         TrainingSetup {
             gpus: 1,
-            stack: Stack::Current,
+            torch: TorchVersion::NEWEST,
         }
     }
 }

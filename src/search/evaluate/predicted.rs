@@ -75,6 +75,17 @@ pub struct PredictedEvaluator {
     mode: RunMode,
     /// How the batch arrives on the device.
     layout: BatchLayout,
+    /// Whether the predicted PyTorch has `expandable_segments` to offer
+    /// where the default allocator does not fit.
+    expandable_segments: bool,
+}
+
+/// What every replay of one evaluator shares besides the candidate.
+#[derive(Debug, Clone, Copy)]
+struct ReplayContext {
+    mode: RunMode,
+    layout: BatchLayout,
+    expandable_segments: bool,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
@@ -104,7 +115,15 @@ impl PredictedEvaluator {
             direct,
             mode: RunMode::Train,
             layout,
+            expandable_segments: true,
         }
+    }
+
+    /// Predicts for a PyTorch release without `expandable_segments` (< 2.1):
+    /// a candidate fits with the default allocator or not at all.
+    pub fn without_expandable_segments(mut self) -> PredictedEvaluator {
+        self.expandable_segments = false;
+        self
     }
 
     /// Predicts inference (test) steps instead of training steps (the
@@ -210,7 +229,11 @@ impl Evaluator for PredictedEvaluator {
 
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
         let budget = self.budget.clone();
-        let mode = (self.mode, self.layout);
+        let mode = ReplayContext {
+            mode: self.mode,
+            layout: self.layout,
+            expandable_segments: self.expandable_segments,
+        };
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
@@ -267,11 +290,11 @@ fn replay_against_budget(
     events: &[TraceEvent],
     flops: (f64, f64),
     bytes: f64,
-    mode: (RunMode, BatchLayout),
+    cx: ReplayContext,
 ) -> TrialRecord {
-    let replay_with = |settings| replay_with(budget, c, events, (flops, bytes), settings, mode);
+    let replay_with = |settings| replay_with(budget, c, events, (flops, bytes), settings, cx);
     let record = replay_with(AllocatorSettings::default());
-    if record.fits() {
+    if record.fits() || !cx.expandable_segments {
         return record;
     }
     let expandable = AllocatorSettings {
@@ -296,10 +319,11 @@ fn replay_with(
     events: &[TraceEvent],
     (flops, bytes): ((f64, f64), f64),
     settings: AllocatorSettings,
-    (mode, layout): (RunMode, BatchLayout),
+    cx: ReplayContext,
 ) -> TrialRecord {
+    let mode = cx.mode;
     let inputs = ReplayInputs {
-        batch_copies: layout.tensors(c.batch_size, c.crop, mode),
+        batch_copies: cx.layout.tensors(c.batch_size, c.crop, mode),
         cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
         capacity: Some(budget.allocator_capacity()),
         settings,
@@ -367,28 +391,33 @@ mod tests {
             test_mode: None,
         };
         let flops = (1.0, 0.0);
+        let training = ReplayContext {
+            mode: RunMode::Train,
+            layout: BatchLayout::MmSeg,
+            expandable_segments: true,
+        };
         let default = replay_with(
             &budget,
             &c,
             &events,
             (flops, 1.0),
             AllocatorSettings::default(),
-            (RunMode::Train, BatchLayout::MmSeg),
+            training,
         );
         assert!(!default.fits(), "{default:?}");
-        let record = replay_against_budget(
-            &budget,
-            &c,
-            &events,
-            flops,
-            1.0,
-            (RunMode::Train, BatchLayout::MmSeg),
-        );
+        let record = replay_against_budget(&budget, &c, &events, flops, 1.0, training);
         assert!(record.fits(), "{record:?}");
         assert_eq!(
             record.alloc_conf.as_deref(),
             Some("expandable_segments:True")
         );
         assert!(record.device_bytes.unwrap() <= budget.usable_bytes);
+        // PyTorch < 2.1 has no expandable segments to offer.
+        let without = ReplayContext {
+            expandable_segments: false,
+            ..training
+        };
+        let record = replay_against_budget(&budget, &c, &events, flops, 1.0, without);
+        assert!(!record.fits() && record.alloc_conf.is_none(), "{record:?}");
     }
 }

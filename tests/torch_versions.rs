@@ -1,0 +1,236 @@
+//! Predicting for the PyTorch release the user runs: each memory-relevant
+//! switch of `segtune::trial::torch_version` moves the prediction where
+//! (and only where) its release range says, `--stack zoo-2021` is 1.10, and
+//! without `--torch` the release comes from the user's Python.
+
+mod common;
+
+use serde_json::Value;
+use std::process::Command;
+
+/// `segtune estimate` of the README example at 2x128x128 with `args`.
+fn estimate(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .arg("estimate")
+        .arg(common::readme_example())
+        .args(["--vram", "8G", "--batch-size", "2", "--crop", "128x128"])
+        .args(["--json"])
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn estimate_json(args: &[&str]) -> Value {
+    let out = estimate(args, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn peak(report: &Value) -> i64 {
+    report["predicted_peak_allocated_bytes"].as_i64().unwrap()
+}
+
+fn torch_note(report: &Value) -> String {
+    report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|n| n.starts_with("predicted for PyTorch"))
+        .expect("every estimate says the release it predicted for")
+        .to_string()
+}
+
+#[test]
+fn each_release_predicts_with_its_own_switches() {
+    let at = |v: &str| estimate_json(&["--torch", v]);
+    let (v1_10, v1_11, v1_13, v2_0, v2_11) =
+        (at("1.10"), at("1.11"), at("1.13"), at("2.0"), at("2.11"));
+    let params = 3_752_694.0; // SegFormer-B0, 150 classes (tests/model_params.rs)
+    for (v, r) in [
+        ("1.10", &v1_10),
+        ("1.11", &v1_11),
+        ("1.13", &v1_13),
+        ("2.0", &v2_0),
+        ("2.11", &v2_11),
+    ] {
+        println!(
+            "PyTorch {v}: predicted peak {} bytes; {}",
+            peak(r),
+            torch_note(r)
+        );
+    }
+    // softmax-keeps-input (<= 1.10): one more activation per softmax.
+    assert!(
+        peak(&v1_10) > peak(&v1_11),
+        "softmax inputs are kept up to 1.10"
+    );
+    assert!(torch_note(&v1_10).contains("softmax/log_softmax save their input"));
+    // Nothing modelled moves between 1.11 and 1.13.
+    assert_eq!(peak(&v1_11), peak(&v1_13));
+    // zero-grad-keeps-gradients (< 2.0): the gradients live through the
+    // next forward, one float32 copy of the parameters (512-byte rounded).
+    let kept = (peak(&v1_13) - peak(&v2_0)) as f64;
+    assert!(
+        (kept / (4.0 * params) - 1.0).abs() < 0.01,
+        "1.13 keeps the gradients: {kept} bytes more than 2.0"
+    );
+    assert!(torch_note(&v1_13).contains("set_to_none=False"));
+    // Nothing modelled moves a training step without CUDA's foreach from 2.0 on.
+    assert_eq!(peak(&v2_0), peak(&v2_11));
+    assert_eq!(
+        torch_note(&v2_11),
+        "predicted for PyTorch 2.11 (as given)",
+        "the newest release has no switch to list"
+    );
+    // The named stack of earlier releases is 1.10.
+    let zoo = estimate_json(&["--stack", "zoo-2021"]);
+    assert_eq!(peak(&zoo), peak(&v1_10));
+}
+
+#[test]
+fn foreach_optimizers_come_with_2_0_in_a_cuda_stand_in() {
+    let trial = |v: &str| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
+            .arg("trial")
+            .arg(common::readme_example())
+            .args(["--batch-size", "1", "--crop", "64x64", "--steps", "1"])
+            .args(["--as-cuda", "--torch", v, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["status"], "ok", "{report}");
+        assert_eq!(report["torch"], v);
+        report
+    };
+    let optimizer_peak = |r: &Value| -> i64 {
+        let steps = r["steps"].as_array().unwrap();
+        let last = steps.iter().rev().find(|s| s["measured"] == true).unwrap();
+        last["optimizer_peak"].as_i64().unwrap() - last["bytes_before"].as_i64().unwrap()
+    };
+    let (loop_impl, foreach) = (trial("1.13"), trial("2.0"));
+    println!(
+        "AdamW step above the step's start: 1.13 (for-loop) {} bytes, 2.0 (foreach) {} bytes",
+        optimizer_peak(&loop_impl),
+        optimizer_peak(&foreach)
+    );
+    // foreach's temporaries span the whole param group, the for-loop's one
+    // parameter at a time.
+    assert!(optimizer_peak(&foreach) > optimizer_peak(&loop_impl));
+}
+
+#[test]
+fn expandable_segments_are_refused_before_2_1() {
+    let out = estimate(
+        &["--torch", "2.0", "--alloc-conf", "expandable_segments:True"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("PyTorch 2.0 has no such setting") && err.contains("#96995"),
+        "{err}"
+    );
+    let report = estimate_json(&["--torch", "2.1", "--alloc-conf", "expandable_segments:True"]);
+    assert!(peak(&report) > 0);
+}
+
+#[test]
+fn releases_outside_the_table_are_refused_with_the_range() {
+    for bad in ["1.7", "2.12", "2.x"] {
+        let out = estimate(&["--torch", bad], &[]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("from 1.8 to 2.11"), "{bad}: {err}");
+    }
+    let out = estimate(&["--torch", "1.13", "--stack", "zoo-2021"], &[]);
+    assert_eq!(out.status.code(), Some(2), "--torch and --stack conflict");
+}
+
+#[test]
+fn without_torch_the_release_is_the_one_in_the_users_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("python-with-torch-1.13");
+    std::fs::write(&fake, "#!/bin/sh\necho 1.13.1+cu117\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = estimate(&[], &[("SEGTUNE_PYTHON", fake.to_str().unwrap())]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let note = torch_note(&report);
+    assert!(
+        note.starts_with(&format!(
+            "predicted for PyTorch 1.13 (the torch installed for {})",
+            fake.display()
+        )),
+        "{note}"
+    );
+    assert_eq!(peak(&report), peak(&estimate_json(&["--torch", "1.13"])));
+    // A Python without torch: the newest release, and the output says so.
+    let out = estimate(&[], &[("SEGTUNE_PYTHON", "/nonexistent/python")]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        torch_note(&report).starts_with("predicted for PyTorch 2.11 (no Python with torch found"),
+        "{}",
+        torch_note(&report)
+    );
+}
+
+#[test]
+fn a_search_reads_the_release_from_the_config_and_predicts_only() {
+    let Some(shared) = common::require_shared("a_search_reads_the_release_from_the_config") else {
+        return;
+    };
+    let base =
+        shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py");
+    let dir = tempfile::tempdir().unwrap();
+    let search = |segtune: &str| {
+        let config = common::write(
+            &dir,
+            "cfg.py",
+            &format!(
+                "_base_ = ['{}']\nsegtune = dict({segtune})\n",
+                base.display()
+            ),
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
+            .arg("search")
+            .arg(&config)
+            .args(["--vram", "4G", "--device", "cuda:0", "--out"])
+            .arg(dir.path().join("out"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{segtune}");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    // A real trial would run 2.11: asking for a GPU for 1.13 is an error.
+    let err = search("torch='1.13'");
+    assert!(
+        err.contains("measures with the PyTorch segtune links (2.11), not 1.13"),
+        "{err}"
+    );
+    let err = search("torch=1.10");
+    assert!(
+        err.contains("`segtune.torch` must be a string such as '1.13', not the number 1.1"),
+        "{err}"
+    );
+    let err = search("torch='3.0'");
+    assert!(
+        err.contains("`segtune.torch`: `3.0` is not a PyTorch release"),
+        "{err}"
+    );
+}
