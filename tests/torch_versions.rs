@@ -234,3 +234,20 @@ fn a_search_reads_the_release_from_the_config_and_predicts_only() {
         "{err}"
     );
 }
+
+#[test]
+fn the_docs_table_lists_every_switch_with_its_releases_and_source() {
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/prediction.md"),
+    )
+    .unwrap();
+    for s in segtune::trial::torch_version::SWITCHES {
+        let until = s.until.unwrap_or(segtune::trial::TorchVersion::NEWEST);
+        let row = format!("| `{}` | {}-{} |", s.name, s.from, until);
+        let line = docs
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("docs/prediction.md has no row {row}"));
+        assert!(line.contains(s.source), "{}: the source differs", s.name);
+    }
+}
