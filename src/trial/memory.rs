@@ -245,6 +245,34 @@ impl AutocastGuard {
 
 extern "C" {
     fn segtune_autocast_cuda_policy(on: bool) -> c_int;
+    fn segtune_autocast_cuda_release(
+        unlisted: *const *const std::ffi::c_char,
+        n_unlisted: c_int,
+        gelu_fp32: bool,
+        grid_sampler_fp32: bool,
+    ) -> c_int;
+}
+
+/// With [`autocast_cuda_policy`] on: CUDA autocast as `torch` had it
+/// (its lists, from `autocast_lists.rs`) instead of 2.11's.
+pub fn autocast_cuda_release(torch: super::TorchVersion) -> Result<(), String> {
+    use super::autocast_lists::{fp32_in_release, unlisted_in};
+    let names: Vec<std::ffi::CString> = unlisted_in(torch)
+        .into_iter()
+        .map(|n| std::ffi::CString::new(n).expect("op names have no NUL"))
+        .collect();
+    let pointers: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+    let fp32 = fp32_in_release(torch);
+    // SAFETY: `pointers` point into `names`, alive across the call; the
+    // shim copies the names.
+    check(unsafe {
+        segtune_autocast_cuda_release(
+            pointers.as_ptr(),
+            pointers.len() as c_int,
+            fp32.contains(&"aten::gelu"),
+            fp32.contains(&"aten::grid_sampler"),
+        )
+    })
 }
 
 /// While on, CPU autocast casts as CUDA's autocast does (CUDA's op lists

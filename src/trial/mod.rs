@@ -17,12 +17,14 @@
 //! - `worker.rs`: the parent side (spawn, timeout, crash, reply).
 //! - `execute.rs`: the worker side (resolve, check, run, inspect).
 //! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process;
-//!   `torch_version.rs`: the PyTorch release it reproduces;
+//!   `torch_version.rs`, `autocast_lists.rs`: the PyTorch release it
+//!   reproduces;
 //!   `infer.rs`: its step in inference mode.
 //! - `optim/`, `amp.rs`, `ddp.rs`: what the optimizer wrapper and DDP hold.
 //! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory.
 
 pub mod amp;
+pub mod autocast_lists;
 pub mod batch;
 pub mod ddp;
 pub mod execute;

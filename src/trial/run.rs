@@ -231,7 +231,9 @@ fn run_capped(
             );
         }
         if request.amp != Amp::Off {
-            if let Err(e) = memory::autocast_cuda_policy(true) {
+            if let Err(e) = memory::autocast_cuda_policy(true)
+                .and_then(|()| memory::autocast_cuda_release(torch))
+            {
                 return report.failed(TrialStatus::Error, e);
             }
         }

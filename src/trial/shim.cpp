@@ -339,6 +339,8 @@ namespace {
 
 std::unique_ptr<torch::Library> g_cuda_policy;
 std::unique_ptr<torch::Library> g_cpu_only_fallthrough;
+// An older release's lists over g_cuda_policy (segtune_autocast_cuda_release).
+std::unique_ptr<torch::Library> g_release_overrides;
 
 struct SilentWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
@@ -382,6 +384,7 @@ extern "C" int segtune_autocast_cuda_policy(bool on) {
     SilentWarnings silent;  // "Overriding a previously registered kernel" is the point
     c10::WarningUtils::WarningHandlerGuard guard(&silent);
     if (!on) {
+      g_release_overrides.reset();
       g_cuda_policy.reset();
       g_cpu_only_fallthrough.reset();
       return;
@@ -400,6 +403,38 @@ extern "C" int segtune_autocast_cuda_policy(bool on) {
     g_cuda_policy = std::make_unique<torch::Library>(
         torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
     register_cuda_policy(*g_cuda_policy);
+  });
+}
+
+// An older release's CUDA autocast on top of 2.11's policy (see
+// autocast_lists.rs): the ops it did not list fall through (they run in the
+// dtype they are given), and gelu / grid_sampler, which it ran in fp32, get
+// fp32 kernels. Registered after the policy, so these registrations win;
+// dropped with it.
+extern "C" int segtune_autocast_cuda_release(const char* const* unlisted, int n_unlisted,
+                                             bool gelu_fp32, bool grid_sampler_fp32) {
+  return guarded([&] {
+    SilentWarnings silent;
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    g_release_overrides.reset();
+    if (!g_cuda_policy) throw std::runtime_error("the CUDA autocast policy is not on");
+    auto m = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
+    for (int i = 0; i < n_unlisted; ++i) {
+      std::string name = unlisted[i];
+      if ((gelu_fp32 && name == "aten::gelu") || (grid_sampler_fp32 && name == "aten::grid_sampler"))
+        continue;
+      m->impl(name.c_str(), torch::CppFunction::makeFallthrough());
+    }
+    {
+      using namespace at;
+      torch::Library& lib = *m;
+#define m lib
+      if (gelu_fp32) { KERNEL(c10::DeviceType::CPU, gelu, fp32) }
+      if (grid_sampler_fp32) { KERNEL(c10::DeviceType::CPU, grid_sampler, fp32) }
+#undef m
+    }
+    g_release_overrides = std::move(m);
   });
 }
 
