@@ -5,11 +5,19 @@
 #   SEGTUNE_MMENGINE_PYTHON: the python with mmengine-lite for the tests.
 #   SEGTUNE_TRANSFORMERS_PYTHON: the python with transformers for the tests
 #   (the torch venv; unset when SEGTUNE_TORCH_VENV names another install).
+#   SEGTUNE_PYTHON: the user's python3, whose torch release segtune predicts
+#   for by default.
 _segtune_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$_segtune_root/scripts/setup"
 _segtune_cache="${SEGTUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/segtune}"
 _segtune_torch="${SEGTUNE_TORCH_VENV:-$_segtune_cache/torch-2.11.0}"
 export LIBTORCH_USE_PYTORCH=1
+# The user's own python3, asked for its torch release before the venv's
+# python comes first on PATH (segtune predicts for that release).
+if [ -z "${SEGTUNE_PYTHON:-}" ]; then
+  SEGTUNE_PYTHON="$(command -v python3 || true)"
+  export SEGTUNE_PYTHON
+fi
 export PATH="$_segtune_torch/bin:$PATH"
 export SEGTUNE_MMENGINE_PYTHON="$_segtune_cache/mmengine-0.10.7/bin/python"
 if [ -z "${SEGTUNE_TORCH_VENV:-}" ]; then

@@ -76,7 +76,7 @@ fn within_5_percent_of_row(
 ) -> (f64, std::path::PathBuf) {
     let (published_gib, gpus, config) = zoo_row(shared, row);
     let published = published_gib * (1u64 << 30) as f64;
-    let zoo = predicted_allocated(&config, &["--stack", "zoo-2021", "--gpus", &gpus]);
+    let zoo = predicted_allocated(&config, &["--torch", "1.10", "--gpus", &gpus]);
     let error = (zoo - published) / published;
     eprintln!(
         "{label}: published {published_gib} GiB, predicted {:.3} GiB ({:+.1}%)",

@@ -150,7 +150,7 @@ pub enum Command {
     /// allocator, plus the CUDA context and workspaces. Every figure is a
     /// prediction.
     #[command(
-        after_help = "Examples:\n  segtune estimate my_config.py --preset rtx3050ti --batch-size 2 --crop 512x512 --amp fp16\n  segtune estimate my_config.py --vram 24G --batch-size 8 --stack zoo-2021 --gpus 4"
+        after_help = "Examples:\n  segtune estimate my_config.py --preset rtx3050ti --batch-size 2 --crop 512x512 --amp fp16\n  segtune estimate my_config.py --vram 24G --batch-size 8 --torch 1.10 --gpus 4"
     )]
     Estimate(EstimateArgs),
     /// Why a setting fits or not: the predicted peak of one training step
