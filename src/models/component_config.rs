@@ -122,6 +122,21 @@ impl<'a> ComponentConfig<'a> {
         }
     }
 
+    /// A list or tuple of strings.
+    pub fn strings(&mut self, key: &str, default: &[&str]) -> Result<Vec<String>, ModelError> {
+        match self.value(key) {
+            None => Ok(default.iter().map(|s| s.to_string()).collect()),
+            Some(v) => v
+                .as_seq()
+                .and_then(|s| {
+                    s.iter()
+                        .map(|x| x.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| self.config_error(format!("`{key}` must be a list of strings"))),
+        }
+    }
+
     /// A BN `norm_cfg` (see [`NormCfg`]); `None` when unset or `None`.
     pub fn batch_norm(&mut self, key: &str) -> Result<Option<NormCfg>, ModelError> {
         NormCfg::from_cfg(self.value(key))

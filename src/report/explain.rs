@@ -29,7 +29,11 @@ pub fn explain(e: &Estimate) -> String {
         e.gpu,
         e.vram_bytes as f64 / (1u64 << 30) as f64
     );
-    if let Some(torch) = e.notes.iter().find(|n| n.starts_with("predicted for PyTorch")) {
+    if let Some(torch) = e
+        .notes
+        .iter()
+        .find(|n| n.starts_with("predicted for PyTorch"))
+    {
         out.push_str(torch);
         out.push('\n');
     }

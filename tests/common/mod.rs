@@ -87,7 +87,7 @@ pub fn search_command_on(
 /// with the shared oracle script on an AMX CPU (commands inside each):
 /// one config per CNN head type, Swin-T UPerNet, `with_cp=True` models and
 /// Mask2Former with a lowered `num_points` or `with_cp=True`.
-pub const EXTRA_ORACLES: [&str; 4] = [
+pub const EXTRA_ORACLES: [&str; 5] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -103,6 +103,10 @@ pub const EXTRA_ORACLES: [&str; 4] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_mask2former_knobs.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_heads_extra.json"
     ),
 ];
 

@@ -15,7 +15,7 @@ use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{ConvModule, ConvSpec};
 use crate::models::params::ParamScope;
-use crate::models::ModelError;
+use crate::models::{ModelError, NormCfg};
 use tch::Tensor;
 
 const SOURCE: &str = "mmseg/models/decode_heads/fcn_head.py";
@@ -39,7 +39,19 @@ pub struct FcnHeadCfg {
 impl FcnHeadCfg {
     pub fn from_cfg(d: &Dict) -> Result<FcnHeadCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "FCNHead", SOURCE);
-        let num_convs = c.int("num_convs", 2)?;
+        let cfg = Self::read(&mut c, None)?;
+        c.finish()?;
+        Ok(cfg)
+    }
+
+    /// FCNHead's keys from `c`; a subclass that calls
+    /// `super().__init__(num_convs=2, **kwargs)` passes `Some(2)`, and a
+    /// `num_convs` in its config is then left unread (refused by name).
+    pub fn read(c: &mut ComponentConfig, num_convs: Option<i64>) -> Result<FcnHeadCfg, ModelError> {
+        let num_convs = match num_convs {
+            Some(n) => n,
+            None => c.int("num_convs", 2)?,
+        };
         let kernel_size = c.int("kernel_size", 3)?;
         let concat_input = c.flag("concat_input", true);
         let dilation = c.int("dilation", 1)?;
@@ -47,11 +59,10 @@ impl FcnHeadCfg {
         if num_convs < 0 || dilation <= 0 || kernel_size <= 0 {
             return Err(c.config_error("needs num_convs >= 0, dilation > 0 and kernel_size > 0"));
         }
-        let head = DecodeHeadCfg::from_cfg(&mut c, None)?;
+        let head = DecodeHeadCfg::from_cfg(c, None)?;
         if num_convs == 0 && head.in_channels.iter().sum::<i64>() != head.channels {
             return Err(c.config_error("with num_convs=0, in_channels must equal channels"));
         }
-        c.finish()?;
         Ok(FcnHeadCfg {
             head,
             num_convs,
@@ -62,13 +73,36 @@ impl FcnHeadCfg {
     }
 }
 
+/// The block an FCNHead subclass (GCHead, NLHead, DNLHead, ...) applies
+/// between `convs[0]` and `convs[1]`.
+pub trait MidBlock {
+    /// `[B, C, h, w]` in and out.
+    fn forward(&self, x: &Tensor, training: bool) -> Tensor;
+}
+
 pub struct FcnHead {
     base: DecodeHeadBase,
     convs: Vec<ConvModule>,
     conv_cat: Option<ConvModule>,
+    /// A subclass's block after `convs[0]`.
+    mid_block: Option<Box<dyn MidBlock>>,
 }
 
 impl FcnHead {
+    /// A subclass's head: the FCN modules, then (as the subclass's
+    /// `__init__` registers it, named by `build_block`) its block, built
+    /// from the head's `channels` and `norm_cfg`.
+    pub fn with_block(
+        p: &mut ParamScope,
+        cfg: FcnHeadCfg,
+        build_block: impl FnOnce(&mut ParamScope, i64, Option<NormCfg>) -> Box<dyn MidBlock>,
+    ) -> FcnHead {
+        let (channels, norm) = (cfg.head.channels, cfg.head.norm);
+        let mut head = FcnHead::new(p, cfg);
+        head.mid_block = Some(build_block(p, channels, norm));
+        head
+    }
+
     pub fn new(p: &mut ParamScope, cfg: FcnHeadCfg) -> FcnHead {
         let head = cfg.head;
         let (channels, norm) = (head.channels, head.norm);
@@ -94,6 +128,7 @@ impl FcnHead {
             base,
             convs,
             conv_cat,
+            mid_block: None,
         }
     }
 }
@@ -107,8 +142,11 @@ impl BaseHead for FcnHead {
         let x = self.base.transform_inputs(features); // [B, C_in, h, w]
                                                       // nn.Sequential rebinds its input: each intermediate dies when the next exists.
         let mut feats = x.shallow_clone();
-        for conv in &self.convs {
+        for (i, conv) in self.convs.iter().enumerate() {
             feats = conv.forward(&feats, training); // [B, channels, h, w]
+            if let (0, Some(block)) = (i, &self.mid_block) {
+                feats = block.forward(&feats, training);
+            }
         }
         if let Some(conv_cat) = &self.conv_cat {
             let cat = Tensor::cat(&[&x, &feats], 1); // [B, C_in + channels, h, w]

@@ -6,11 +6,15 @@
 //! pattern), plus its `mod` line and its table row below.
 
 pub mod aspp_head;
+pub mod da_head;
 pub mod decode_head;
+pub mod dnl_head;
 pub mod fcn_head;
+pub mod gc_head;
 pub mod hf_segformer_head;
 pub mod mask2former_head;
 pub mod mask2former_loss;
+pub mod nl_head;
 pub mod ocr_head;
 pub mod pixel_decoder;
 pub mod psp_head;
@@ -67,9 +71,13 @@ crate::models::registry::registry_table!(
     /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
     DECODE_HEADS, DECODE_HEAD_NAMES: DecodeHeadCtor = [
         ("ASPPHead", aspp_head::build),
+        ("DAHead", da_head::build),
+        ("DNLHead", dnl_head::build),
         ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
         ("FCNHead", fcn_head::build),
+        ("GCHead", gc_head::build),
         ("Mask2FormerHead", mask2former_head::build),
+        ("NLHead", nl_head::build),
         ("OCRHead", ocr_head::build),
         ("PSPHead", psp_head::build),
         ("SegformerDecodeHead", hf_segformer_head::build),

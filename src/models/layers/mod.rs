@@ -6,7 +6,7 @@
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
 //! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
 //! `MultiScaleDeformableAttention`), [`positional_encoding`] (mmdet's sine
-//! encoding),
+//! encoding), [`self_attention_block`] (MMSeg's `SelfAttentionBlock`),
 //! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
 //! (`torch.utils.checkpoint`), [`shape`]
 //! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`), [`host`] (tensors
@@ -23,6 +23,7 @@ pub mod linear;
 pub mod ms_deform_attn;
 pub mod norm;
 pub mod positional_encoding;
+pub mod self_attention_block;
 pub mod shape;
 
 pub use attention::MultiheadAttention;
