@@ -5,6 +5,7 @@
 //! Adding a head: its own file here (see `segformer_head.rs` for the
 //! pattern), plus its `mod` line and its table row below.
 
+pub mod ann_head;
 pub mod aspp_head;
 pub mod da_head;
 pub mod decode_head;
@@ -12,6 +13,7 @@ pub mod dnl_head;
 pub mod fcn_head;
 pub mod gc_head;
 pub mod hf_segformer_head;
+pub mod isa_head;
 pub mod mask2former_head;
 pub mod mask2former_loss;
 pub mod nl_head;
@@ -70,12 +72,14 @@ pub type DecodeHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn DecodeHea
 crate::models::registry::registry_table!(
     /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
     DECODE_HEADS, DECODE_HEAD_NAMES: DecodeHeadCtor = [
+        ("ANNHead", ann_head::build),
         ("ASPPHead", aspp_head::build),
         ("DAHead", da_head::build),
         ("DNLHead", dnl_head::build),
         ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
         ("FCNHead", fcn_head::build),
         ("GCHead", gc_head::build),
+        ("ISAHead", isa_head::build),
         ("Mask2FormerHead", mask2former_head::build),
         ("NLHead", nl_head::build),
         ("OCRHead", ocr_head::build),
