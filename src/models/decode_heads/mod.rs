@@ -6,9 +6,11 @@
 //! pattern), plus its `mod` line and its table row below.
 
 pub mod ann_head;
+pub mod apc_head;
 pub mod aspp_head;
 pub mod da_head;
 pub mod decode_head;
+pub mod dm_head;
 pub mod dnl_head;
 pub mod fcn_head;
 pub mod gc_head;
@@ -73,8 +75,10 @@ crate::models::registry::registry_table!(
     /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
     DECODE_HEADS, DECODE_HEAD_NAMES: DecodeHeadCtor = [
         ("ANNHead", ann_head::build),
+        ("APCHead", apc_head::build),
         ("ASPPHead", aspp_head::build),
         ("DAHead", da_head::build),
+        ("DMHead", dm_head::build),
         ("DNLHead", dnl_head::build),
         ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
         ("FCNHead", fcn_head::build),
