@@ -321,6 +321,12 @@ extern "C" at::Tensor* segtune_add_alpha(const at::Tensor* self, const at::Tenso
   guarded([&] { out = new at::Tensor(self->add(*other, alpha)); });
   return out;
 }
+// `self.histc(bins, min, max)` (tch's generated binding drops min and max).
+extern "C" at::Tensor* segtune_histc(const at::Tensor* self, int64_t bins, double min, double max) {
+  at::Tensor* out = nullptr;
+  guarded([&] { out = new at::Tensor(self->histc(bins, min, max)); });
+  return out;
+}
 // `param.grad = None` (zero_grad(set_to_none=True)).
 extern "C" int segtune_grad_set_none(at::Tensor* self) {
   return guarded([&] { self->mutable_grad() = at::Tensor(); });

@@ -10,7 +10,7 @@
 //! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
 //! (`torch.utils.checkpoint`), [`shape`]
 //! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`), [`host`] (tensors
-//! from host data). This file holds what
+//! from host data), [`ops`] (ATen ops through the shim). This file holds what
 //! every block reports to: the softmax-input emulation and the FLOP count.
 
 pub mod attention;
@@ -22,6 +22,7 @@ pub mod host;
 pub mod linear;
 pub mod ms_deform_attn;
 pub mod norm;
+pub mod ops;
 pub mod positional_encoding;
 pub mod self_attention_block;
 pub mod shape;
