@@ -12,6 +12,7 @@ pub mod da_head;
 pub mod decode_head;
 pub mod dm_head;
 pub mod dnl_head;
+pub mod ema_head;
 pub mod enc_head;
 pub mod fcn_head;
 pub mod gc_head;
@@ -82,6 +83,7 @@ crate::models::registry::registry_table!(
         ("DMHead", dm_head::build),
         ("DNLHead", dnl_head::build),
         ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
+        ("EMAHead", ema_head::build),
         ("EncHead", enc_head::build),
         ("FCNHead", fcn_head::build),
         ("GCHead", gc_head::build),
