@@ -1,5 +1,5 @@
 //! Compiles the memory shim (src/trial/shim.cpp, shim_checkpoint.cpp,
-//! shim_meta_rules.cpp) against the libtorch that
+//! shim_meta_rules.cpp, shim_psamask.cpp) against the libtorch that
 //! torch-sys found, and gives the torch-linked binaries an rpath to it so
 //! they run without LD_LIBRARY_PATH.
 
@@ -10,6 +10,7 @@ fn main() {
         "shim.cpp",
         "shim_checkpoint.cpp",
         "shim_meta_rules.cpp",
+        "shim_psamask.cpp",
         "shim.h",
     ] {
         println!("cargo:rerun-if-changed=src/trial/{file}");
@@ -34,6 +35,7 @@ fn main() {
         .file("src/trial/shim.cpp")
         .file("src/trial/shim_checkpoint.cpp")
         .file("src/trial/shim_meta_rules.cpp")
+        .file("src/trial/shim_psamask.cpp")
         .compile("segtune_shim");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     // tch references nothing in libtorch_cuda, so --as-needed would drop it

@@ -8,6 +8,7 @@
 pub mod ann_head;
 pub mod apc_head;
 pub mod aspp_head;
+pub mod cc_head;
 pub mod da_head;
 pub mod decode_head;
 pub mod dm_head;
@@ -23,6 +24,7 @@ pub mod mask2former_loss;
 pub mod nl_head;
 pub mod ocr_head;
 pub mod pixel_decoder;
+pub mod psa_head;
 pub mod psp_head;
 pub mod segformer_head;
 pub mod sep_aspp_head;
@@ -79,6 +81,7 @@ crate::models::registry::registry_table!(
         ("ANNHead", ann_head::build),
         ("APCHead", apc_head::build),
         ("ASPPHead", aspp_head::build),
+        ("CCHead", cc_head::build),
         ("DAHead", da_head::build),
         ("DMHead", dm_head::build),
         ("DNLHead", dnl_head::build),
@@ -91,6 +94,7 @@ crate::models::registry::registry_table!(
         ("Mask2FormerHead", mask2former_head::build),
         ("NLHead", nl_head::build),
         ("OCRHead", ocr_head::build),
+        ("PSAHead", psa_head::build),
         ("PSPHead", psp_head::build),
         ("SegformerDecodeHead", hf_segformer_head::build),
         ("SegformerHead", segformer_head::build),
