@@ -339,7 +339,10 @@ fn oracle_trials(
             let test_name = format!("peak::{name}::b{batch}_{crop}_{precision}");
             let always = oracle["always_compared"]
                 .as_array()
-                .is_some_and(|names| names.iter().any(|n| n == test_name.as_str()));
+                .is_some_and(|names| names.iter().any(|n| n == test_name.as_str()))
+                || oracle["suite_record"]
+                    .as_str()
+                    .is_some_and(|kept| test_name.ends_with(&format!("::{kept}")));
             let want = match want {
                 // A long config's smallest shape in fp32 only (Mask2Former:
                 // 4.5 s per MMSeg step at 1x128); its bf16 twin in the sweep.
@@ -356,6 +359,18 @@ fn oracle_trials(
                     ))
                 }
                 w => w,
+            };
+            // A fixture may keep one record per config in the suite (the
+            // rest in the sweep): `suite_record` names it (`b2_128_fp32`).
+            let want = match (want, oracle["suite_record"].as_str()) {
+                (Ok(_), Some(kept))
+                    if !test_name.ends_with(&format!("::{kept}")) && !sweep_all() =>
+                {
+                    Err(format!(
+                        "the fixture keeps its {kept} records in the suite; this one is compared by scripts/oracle-sweep"
+                    ))
+                }
+                (w, _) => w,
             };
             let want = match want {
                 Ok(w) => w,

@@ -3,8 +3,8 @@
 // function: the forward saves its input and fills a new zero tensor
 // [N, H*W, H, W]; the backward fills a new zero gradient of the input's
 // shape. The same tensors as mmcv's op, with the kernels' loops run on the
-// CPU (a CUDA tensor is filled through a CPU copy; a meta tensor is only
-// allocated, as an op-level trace needs).
+// CPU (a CUDA tensor is filled through a CPU copy; on a shape-only trace the
+// tensors are only allocated, as an op-level trace needs).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -71,8 +71,8 @@ void fill_cpu(const at::Tensor& from, const at::Tensor& to, const MaskGeometry& 
 // On the CPU the kernel writes into `to` itself, as mmcv's CPU kernel does;
 // a CUDA tensor is filled through host copies (no device memory beyond
 // `to`); a meta tensor only has its shape.
-void fill(const at::Tensor& from, const at::Tensor& to, const MaskGeometry& g, bool forward) {
-  if (from.is_meta()) return;
+void fill(const at::Tensor& from, const at::Tensor& to, const MaskGeometry& g, bool forward, bool values) {
+  if (!values || from.is_meta()) return;
   at::NoGradGuard no_grad;
   if (from.device().is_cpu()) {
     fill_cpu(from.contiguous(), to, g, forward);
@@ -85,16 +85,17 @@ void fill(const at::Tensor& from, const at::Tensor& to, const MaskGeometry& g, b
 
 struct PsaMaskFunction : public torch::autograd::Function<PsaMaskFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, bool collect,
-                            int64_t h_mask, int64_t w_mask) {
+                            int64_t h_mask, int64_t w_mask, bool values) {
     TORCH_CHECK(input.dim() == 4 && input.size(1) == h_mask * w_mask,
                 "PSAMask: the input must be [N, h_mask * w_mask, H, W]");
     ctx->save_for_backward({input});
     ctx->saved_data["collect"] = collect;
     ctx->saved_data["h_mask"] = h_mask;
     ctx->saved_data["w_mask"] = w_mask;
+    ctx->saved_data["values"] = values;
     const auto g = geometry(input, h_mask, w_mask, collect);
     auto output = input.new_zeros({g.num, g.h_feature * g.w_feature, g.h_feature, g.w_feature});
-    fill(input, output, g, true);
+    fill(input, output, g, true, values);
     return output;
   }
 
@@ -104,15 +105,17 @@ struct PsaMaskFunction : public torch::autograd::Function<PsaMaskFunction> {
     const auto g = geometry(input, ctx->saved_data["h_mask"].toInt(), ctx->saved_data["w_mask"].toInt(),
                             ctx->saved_data["collect"].toBool());
     auto grad_input = grads[0].new_zeros(input.sizes());
-    fill(grads[0], grad_input, g, false);
-    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
+    fill(grads[0], grad_input, g, false, ctx->saved_data["values"].toBool());
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-extern "C" at::Tensor* segtune_psamask(const at::Tensor* input, bool collect, int64_t h_mask, int64_t w_mask) {
+// `values`: false on a shape-only (meta) trace, whose tensors have no data.
+extern "C" at::Tensor* segtune_psamask(const at::Tensor* input, bool collect, int64_t h_mask, int64_t w_mask,
+                                       bool values) {
   at::Tensor* out = nullptr;
-  guarded([&] { out = new at::Tensor(PsaMaskFunction::apply(*input, collect, h_mask, w_mask)); });
+  guarded([&] { out = new at::Tensor(PsaMaskFunction::apply(*input, collect, h_mask, w_mask, values)); });
   return out;
 }

@@ -16,6 +16,7 @@ pub mod dnl_head;
 pub mod ema_head;
 pub mod enc_head;
 pub mod fcn_head;
+pub mod fpn_head;
 pub mod gc_head;
 pub mod hf_segformer_head;
 pub mod isa_head;
@@ -89,6 +90,7 @@ crate::models::registry::registry_table!(
         ("EMAHead", ema_head::build),
         ("EncHead", enc_head::build),
         ("FCNHead", fcn_head::build),
+        ("FPNHead", fpn_head::build),
         ("GCHead", gc_head::build),
         ("ISAHead", isa_head::build),
         ("Mask2FormerHead", mask2former_head::build),

@@ -16,6 +16,7 @@ extern "C" {
         collect: bool,
         h_mask: i64,
         w_mask: i64,
+        values: bool,
     ) -> *mut torch_sys::C_tensor;
     fn segtune_last_error() -> *const std::ffi::c_char;
 }
@@ -36,8 +37,9 @@ fn owned(p: *mut torch_sys::C_tensor) -> Tensor {
 /// `[N, h_mask * w_mask, H, W]` -> `[N, H * W, H, W]`, a custom autograd
 /// function saving its input, as mmcv's compiled op (`shim_psamask.cpp`).
 pub fn psamask(input: &Tensor, collect: bool, mask: (i64, i64)) -> Tensor {
+    let values = !super::host::values_unavailable();
     // SAFETY: a live tensor; the shim copies the reference.
-    owned(unsafe { segtune_psamask(input.as_ptr(), collect, mask.0, mask.1) })
+    owned(unsafe { segtune_psamask(input.as_ptr(), collect, mask.0, mask.1, values) })
 }
 
 /// `t.histc(bins, min, max)` (tch's `histc` takes `bins` only).

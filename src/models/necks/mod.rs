@@ -2,9 +2,10 @@
 //! table from MMSeg's `type` name to a constructor. `EncoderDecoder` applies
 //! `model.neck` to the backbone's features in `extract_feat`.
 //!
-//! Adding one (`FPN`, `MultiLevelNeck`): its own file here following the
+//! Adding one (`MultiLevelNeck`): its own file here following the
 //! pattern of `jpu.rs`, plus its `mod` line and its table row below.
 
+pub mod fpn;
 pub mod jpu;
 
 use super::params::ParamScope;
@@ -27,5 +28,5 @@ pub type NeckCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Neck>, ModelErr
 
 crate::models::registry::registry_table!(
     /// Neck types (`model.neck.type`).
-    NECKS, NECK_NAMES: NeckCtor = [("JPU", jpu::build)]
+    NECKS, NECK_NAMES: NeckCtor = [("FPN", fpn::build), ("JPU", jpu::build)]
 );
