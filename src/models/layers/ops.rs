@@ -63,7 +63,7 @@ mod tests {
         ow: i64,
         dims: (i64, i64, i64, i64),
     ) -> Option<(i64, i64, i64)> {
-        let (h, w, hm, wm) = dims;
+        let (_, w, hm, wm) = dims;
         let (half_h, half_w) = ((hm - 1) / 2, (wm - 1) / 2);
         let (row, col) = (oc / w, oc % w);
         // collect: window of pixel (oh, ow) placed at channel (row, col);
