@@ -142,7 +142,8 @@ impl DecodeHeadCfg {
 /// `_transform_inputs`, `cls_seg` and `loss_by_feat`.
 pub struct DecodeHeadBase {
     pub cfg: DecodeHeadCfg,
-    conv_seg: Conv2d,
+    /// `None` for a head that deletes it (PointHead's `delattr`).
+    conv_seg: Option<Conv2d>,
 }
 
 impl DecodeHeadBase {
@@ -155,7 +156,19 @@ impl DecodeHeadBase {
             &mut p.sub("conv_seg"),
             ConvSpec::new(cfg.channels, cfg.num_classes, 1),
         );
-        DecodeHeadBase { cfg, conv_seg }
+        DecodeHeadBase {
+            cfg,
+            conv_seg: Some(conv_seg),
+        }
+    }
+
+    /// A head that deletes `conv_seg` (`delattr(self, 'conv_seg')`) and
+    /// classifies with its own layer.
+    pub fn without_conv_seg(cfg: DecodeHeadCfg) -> DecodeHeadBase {
+        DecodeHeadBase {
+            cfg,
+            conv_seg: None,
+        }
     }
 
     /// The features at `in_index` (negative indices count from the end, as
@@ -205,7 +218,10 @@ impl DecodeHeadBase {
         } else {
             feat
         };
-        self.conv_seg.forward(&feat)
+        self.conv_seg
+            .as_ref()
+            .expect("a head without conv_seg has its own cls_seg")
+            .forward(&feat)
     }
 
     /// `loss_by_feat(seg_logits, data_samples)`; `labels` are the per-image

@@ -217,12 +217,9 @@ pub struct Mask2FormerLoss {
     ignore_index: i64,
 }
 
-/// mmcv's `point_sample(input, points, align_corners=False)`: `input`
-/// `[N, C, H, W]`, `points` `[N, P, 2]` in [0, 1]; returns `[N, C, P]`.
+/// mmcv's `point_sample(input, points, align_corners=False)`.
 fn point_sample(input: &Tensor, points: &Tensor) -> Tensor {
-    let points = points.unsqueeze(2);
-    let grid = points * 2.0 - 1.0;
-    input.grid_sampler(&grid, 0, 0, false).squeeze_dim(3)
+    crate::models::layers::ops::point_sample(input, points, false, false)
 }
 
 /// `t[idx]` of rows of a tensor without grad (`idx` has `n` entries). A

@@ -25,6 +25,7 @@ pub mod mask2former_loss;
 pub mod nl_head;
 pub mod ocr_head;
 pub mod pixel_decoder;
+pub mod point_head;
 pub mod psa_head;
 pub mod psp_head;
 pub mod segformer_head;
@@ -97,6 +98,7 @@ crate::models::registry::registry_table!(
         ("NLHead", nl_head::build),
         ("OCRHead", ocr_head::build),
         ("PSAHead", psa_head::build),
+        ("PointHead", point_head::build),
         ("PSPHead", psp_head::build),
         ("SegformerDecodeHead", hf_segformer_head::build),
         ("SegformerHead", segformer_head::build),

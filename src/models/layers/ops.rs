@@ -1,5 +1,6 @@
-//! ATen ops whose tch binding lacks arguments MMSeg passes, called
-//! through the C++ shim (`src/trial/shim.cpp`).
+//! Ops MMSeg takes from mmcv or calls with arguments tch's bindings lack:
+//! `point_sample`, and `histc` and `PSAMask` through the C++ shim
+//! (`src/trial/shim.cpp`, `shim_psamask.cpp`).
 
 use std::ffi::CStr;
 use tch::Tensor;
@@ -46,6 +47,18 @@ pub fn psamask(input: &Tensor, collect: bool, mask: (i64, i64)) -> Tensor {
 pub fn histc(t: &Tensor, bins: i64, min: f64, max: f64) -> Tensor {
     // SAFETY: a live tensor; the shim copies the reference.
     owned(unsafe { segtune_histc(t.as_ptr(), bins, min, max) })
+}
+
+/// mmcv's `point_sample(input, points, align_corners, mode)`
+/// (`mmcv/ops/point_sample.py`): `input` `[N, C, H, W]`, `points`
+/// `[N, P, 2]` in [0, 1]; `F.grid_sample` (bilinear, or nearest) at
+/// `2 * points - 1`; returns `[N, C, P]`.
+pub fn point_sample(input: &Tensor, points: &Tensor, nearest: bool, align_corners: bool) -> Tensor {
+    let points = points.unsqueeze(2);
+    let grid = points * 2.0 - 1.0;
+    input
+        .grid_sampler(&grid, i64::from(nearest), 0, align_corners)
+        .squeeze_dim(3)
 }
 
 #[cfg(test)]

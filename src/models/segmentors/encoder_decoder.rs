@@ -40,6 +40,9 @@ pub struct EncoderDecoderCfg<'a> {
     /// `_auxiliary_head_forward_train` and `nn.ModuleList` name them.
     pub auxiliary_heads: Vec<(String, String, &'a Dict)>,
     pub data_preprocessor: Option<&'a Dict>,
+    /// `model.train_cfg`, handed to the heads that read it (PointHead's
+    /// point sampling) as their `train_cfg` key.
+    pub train_cfg: Option<&'a Dict>,
 }
 
 /// `model.decode_head`: one dict (`EncoderDecoder`) or the stages of a
@@ -123,10 +126,9 @@ impl<'a> EncoderDecoderCfg<'a> {
             }
         };
         let data_preprocessor = c.value("data_preprocessor").and_then(Value::as_dict);
-        // `train_cfg` is handed to heads that sample points (PointHead), none
-        // implemented yet; `test_cfg` is for inference; `pretrained` and
-        // `init_cfg` load weights.
-        c.inert(&["train_cfg", "test_cfg", "pretrained", "init_cfg"]);
+        let train_cfg = c.dict("train_cfg")?;
+        // `test_cfg` is for inference; `pretrained` and `init_cfg` load weights.
+        c.inert(&["test_cfg", "pretrained", "init_cfg"]);
         c.finish()?;
         Ok(EncoderDecoderCfg {
             backbone,
@@ -134,6 +136,7 @@ impl<'a> EncoderDecoderCfg<'a> {
             decode_head,
             auxiliary_heads,
             data_preprocessor,
+            train_cfg,
         })
     }
 }
@@ -188,6 +191,10 @@ pub struct EncoderDecoder {
     pub test_mode: super::inference::TestMode,
 }
 
+/// Heads whose MMSeg `loss` takes the segmentor's `train_cfg`: they read
+/// it as their own `train_cfg` key.
+const HEADS_TAKING_TRAIN_CFG: [&str; 1] = ["PointHead"];
+
 impl EncoderDecoder {
     /// Builds `cfg.model` (a resolved config) on `device`, in MMSeg's
     /// registration order: data preprocessor, backbone, neck, decode head,
@@ -227,7 +234,16 @@ impl EncoderDecoder {
                 "decode head",
                 type_of(head_cfg, "decode_head")?,
             )?;
-            let head = build_head(&mut params.scope(&param_prefix), head_cfg)?;
+            let head = if HEADS_TAKING_TRAIN_CFG.contains(&type_of(head_cfg, "decode_head")?) {
+                let mut with_train_cfg = head_cfg.clone();
+                with_train_cfg.insert(
+                    "train_cfg".into(),
+                    Value::Dict(parts.train_cfg.cloned().unwrap_or_default()),
+                );
+                build_head(&mut params.scope(&param_prefix), &with_train_cfg)?
+            } else {
+                build_head(&mut params.scope(&param_prefix), head_cfg)?
+            };
             // A head's forward takes prev_output exactly when it is a
             // BaseCascadeDecodeHead; MMSeg fails with a TypeError otherwise.
             let needs_prev = cascade && stage > 0;

@@ -125,6 +125,12 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
     };
     for head in heads {
         if let Some(ty) = head.get_path("type").and_then(Value::as_str) {
+            if ty == "PointHead" {
+                return Err(ModelError::Unsupported(
+                    "inference of PointHead (PointRend's subdivision steps) is not built yet; training is"
+                        .into(),
+                ));
+            }
             if HEADS_WITHOUT_LOGIT_PREDICTION.contains(&ty) {
                 return Err(ModelError::Unsupported(format!(
                     "inference of {ty} (mask classification) is not built yet; training is"
@@ -232,5 +238,30 @@ impl EncoderDecoder {
                 Prediction { logits, classes }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::component_config::test_support::dict;
+    use serde_json::json;
+
+    #[test]
+    fn inference_refuses_the_heads_without_a_built_predict_path() {
+        let point_rend = dict(json!({
+            "type": "CascadeEncoderDecoder",
+            "decode_head": [{"type": "FPNHead"}, {"type": "PointHead"}],
+        }));
+        let err = check_inference(&point_rend).unwrap_err().to_string();
+        assert!(
+            err.contains("PointHead") && err.contains("subdivision"),
+            "{err}"
+        );
+        let mask2former =
+            dict(json!({"type": "EncoderDecoder", "decode_head": {"type": "Mask2FormerHead"}}));
+        assert!(check_inference(&mask2former).is_err());
+        let fpn = dict(json!({"type": "EncoderDecoder", "decode_head": {"type": "FPNHead"}}));
+        assert!(check_inference(&fpn).is_ok());
     }
 }

@@ -1,0 +1,288 @@
+//! `PointHead`, PointRend's point head, as MMSeg's
+//! `mmseg/models/decode_heads/point_head.py` builds it: the second stage of
+//! a `CascadeEncoderDecoder` after an FPNHead.
+//!
+//! Kirillov et al., "PointRend: Image Segmentation as Rendering", CVPR
+//! 2020, arXiv:1912.08193.
+//!
+//! In training, `num_points` points per image are chosen without gradient
+//! (`oversample_ratio` times as many random points, the most uncertain
+//! `importance_sample_ratio` of them by the coarse logits' top-2 margin,
+//! the rest random); the fine features and the coarse logits are sampled
+//! there (`point_sample`), classified by 1x1 Conv1d layers, and the loss is
+//! taken against the labels sampled at the same points. Inference (the
+//! subdivision steps) is not built.
+
+use super::decode_head::{DecodeHeadBase, DecodeHeadCfg, InputTransform};
+use super::DecodeHead;
+use crate::config::{Dict, Value};
+use crate::models::component_config::ComponentConfig;
+use crate::models::layers::count_flops;
+use crate::models::layers::ops::point_sample;
+use crate::models::losses::accuracy;
+use crate::models::params::ParamScope;
+use crate::models::ModelError;
+use tch::{Kind, Tensor};
+
+const SOURCE: &str = "mmseg/models/decode_heads/point_head.py";
+
+/// The registry's constructor (`DECODE_HEADS` row `PointHead`); the
+/// segmentor hands it `model.train_cfg` as `train_cfg`.
+pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
+    let cfg = PointHeadCfg::from_cfg(cfg)?;
+    Ok(Box::new(PointHead::new(p, cfg)))
+}
+
+/// `model.train_cfg` of PointRend: `num_points`, `oversample_ratio`,
+/// `importance_sample_ratio`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PointSampling {
+    pub num_points: i64,
+    pub oversample_ratio: f64,
+    pub importance_sample_ratio: f64,
+}
+
+/// `PointHead(num_fcs=3, coarse_pred_each_layer=True,
+/// conv_cfg=dict(type='Conv1d'), norm_cfg=None, act_cfg=dict(type='ReLU',
+/// inplace=False), **kwargs)` with `input_transform='multiple_select'`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PointHeadCfg {
+    pub head: DecodeHeadCfg,
+    pub num_fcs: i64,
+    pub coarse_pred_each_layer: bool,
+    pub sampling: PointSampling,
+}
+
+impl PointHeadCfg {
+    pub fn from_cfg(d: &Dict) -> Result<PointHeadCfg, ModelError> {
+        let mut c = ComponentConfig::new(d, "PointHead", SOURCE);
+        let num_fcs = c.int("num_fcs", 3)?;
+        let coarse_pred_each_layer = c.flag("coarse_pred_each_layer", true);
+        let conv_is_1d = match c.value("conv_cfg") {
+            None => true,
+            Some(Value::Dict(conv)) => conv.get("type").and_then(Value::as_str) == Some("Conv1d"),
+            Some(_) => false,
+        };
+        if !conv_is_1d {
+            return Err(ModelError::Unsupported(
+                "PointHead with a conv_cfg other than Conv1d".into(),
+            ));
+        }
+        if c.value("norm_cfg")
+            .is_some_and(|v| !matches!(v, Value::None))
+        {
+            return Err(ModelError::Unsupported("PointHead with a norm_cfg".into()));
+        }
+        let empty = Dict::new();
+        let train = c.dict("train_cfg")?.unwrap_or(&empty);
+        let mut t = ComponentConfig::new(train, "PointRend train_cfg", SOURCE);
+        let sampling = PointSampling {
+            num_points: t.int("num_points", 2048)?,
+            oversample_ratio: t.float("oversample_ratio", 3.0)?,
+            importance_sample_ratio: t.float("importance_sample_ratio", 0.75)?,
+        };
+        t.finish()?;
+        if sampling.num_points < 1
+            || sampling.oversample_ratio < 1.0
+            || !(0.0..=1.0).contains(&sampling.importance_sample_ratio)
+        {
+            return Err(c.config_error(
+                "train_cfg needs num_points >= 1, oversample_ratio >= 1 and importance_sample_ratio in [0, 1]",
+            ));
+        }
+        let head = DecodeHeadCfg::from_cfg(&mut c, Some(InputTransform::MultipleSelect))?;
+        c.finish()?;
+        Ok(PointHeadCfg {
+            head,
+            num_fcs,
+            coarse_pred_each_layer,
+            sampling,
+        })
+    }
+}
+
+/// `nn.Conv1d(in, out, kernel_size=1)` (with bias).
+struct Conv1x1 {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Conv1x1 {
+    fn new(p: &mut ParamScope, from: i64, to: i64) -> Conv1x1 {
+        let bound = 1.0 / (from as f64).sqrt();
+        Conv1x1 {
+            weight: p.param_uniform("weight", &[to, from, 1], bound),
+            bias: p.param_uniform("bias", &[to], bound),
+        }
+    }
+
+    /// `[B, C, P]` -> `[B, out, P]`.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let s = x.size();
+        count_flops(2.0 * (s[0] * s[1] * s[2] * self.weight.size()[0]) as f64);
+        x.conv1d(&self.weight, Some(&self.bias), [1], [0], [1], 1)
+    }
+}
+
+pub struct PointHead {
+    base: DecodeHeadBase,
+    /// `fcs`: ConvModule(Conv1d, no norm, ReLU not in place).
+    fcs: Vec<Conv1x1>,
+    fc_seg: Conv1x1,
+    coarse_pred_each_layer: bool,
+    sampling: PointSampling,
+}
+
+impl PointHead {
+    pub fn new(p: &mut ParamScope, cfg: PointHeadCfg) -> PointHead {
+        let head = cfg.head;
+        let classes = head.num_classes;
+        let mut fc_in = head.in_channels.iter().sum::<i64>() + classes;
+        let channels = head.channels;
+        let base = DecodeHeadBase::without_conv_seg(head);
+        let mut fp = p.sub("fcs");
+        let mut fcs = Vec::new();
+        for k in 0..cfg.num_fcs {
+            fcs.push(Conv1x1::new(&mut fp.sub(k).sub("conv"), fc_in, channels));
+            fc_in = channels
+                + if cfg.coarse_pred_each_layer {
+                    classes
+                } else {
+                    0
+                };
+        }
+        let fc_seg = Conv1x1::new(&mut p.sub("fc_seg"), fc_in, classes);
+        PointHead {
+            base,
+            fcs,
+            fc_seg,
+            coarse_pred_each_layer: cfg.coarse_pred_each_layer,
+            sampling: cfg.sampling,
+        }
+    }
+
+    /// `get_points_train(seg_logits, calculate_uncertainty, cfg)` (under
+    /// no_grad): `[B, num_points, 2]` in [0, 1].
+    fn points_train(&self, seg_logits: &Tensor) -> Tensor {
+        let s = self.sampling;
+        let batch = seg_logits.size()[0];
+        let device = seg_logits.device();
+        let num_sampled = (s.num_points as f64 * s.oversample_ratio) as i64;
+        let point_coords = Tensor::rand([batch, num_sampled, 2], (Kind::Float, device));
+        let uncertainties = {
+            let point_logits = point_sample(seg_logits, &point_coords, false, false);
+            // calculate_uncertainty: the top-2 margin, [B, 1, P].
+            let (top2, _) = point_logits.topk(2, 1, true, true);
+            (top2.select(1, 1) - top2.select(1, 0)).unsqueeze(1)
+        };
+        let num_uncertain = (s.importance_sample_ratio * s.num_points as f64) as i64;
+        let num_random = s.num_points - num_uncertain;
+        let (_, mut idx) = uncertainties
+            .select(1, 0)
+            .topk(num_uncertain, 1, true, true);
+        let shift = Tensor::arange(batch, (Kind::Int64, device)) * num_sampled;
+        let _ = idx.g_add_(&shift.unsqueeze(1));
+        let mut coords = point_coords
+            .view([-1, 2])
+            .index(&[Some(idx.view([-1]))])
+            .view([batch, num_uncertain, 2]);
+        if num_random > 0 {
+            let random = Tensor::rand([batch, num_random, 2], (Kind::Float, device));
+            coords = Tensor::cat(&[&coords, &random], 1);
+        }
+        coords
+    }
+
+    /// `forward(fine_grained_point_feats, coarse_point_feats)`: `[B, K, P]`.
+    fn point_logits(&self, fine: &Tensor, coarse: &Tensor, training: bool) -> Tensor {
+        let mut x = Tensor::cat(&[fine, coarse], 1);
+        for fc in &self.fcs {
+            x = fc.forward(&x).relu();
+            if self.coarse_pred_each_layer {
+                x = Tensor::cat(&[&x, coarse], 1);
+            }
+        }
+        // cls_seg: nn.Dropout (not 2d), then fc_seg.
+        let ratio = self.base.cfg.dropout_ratio;
+        if ratio > 0.0 {
+            x = x.dropout(ratio, training);
+        }
+        self.fc_seg.forward(&x)
+    }
+}
+
+impl DecodeHead for PointHead {
+    fn forward(&self, _features: &[Tensor], _prev: Option<&Tensor>, _training: bool) -> Tensor {
+        // The segmentor calls a cascade's last head through `loss` in
+        // training; inference refuses PointHead before building it.
+        unreachable!("PointHead's inference (subdivision) is refused by check_inference")
+    }
+
+    fn loss(
+        &self,
+        features: &[Tensor],
+        prev_output: Option<&Tensor>,
+        labels: &[Tensor],
+        training: bool,
+    ) -> Vec<(String, Tensor)> {
+        let prev_output = prev_output.expect("PointHead is a cascade head");
+        let x = self.base.selected_inputs(features);
+        let points = tch::no_grad(|| self.points_train(prev_output));
+        let ac = self.base.cfg.align_corners;
+        let fine = {
+            let sampled: Vec<Tensor> = x
+                .iter()
+                .map(|f| point_sample(f, &points, false, ac))
+                .collect();
+            if sampled.len() > 1 {
+                Tensor::cat(&sampled, 1)
+            } else {
+                sampled.into_iter().next().expect("one input at least")
+            }
+        };
+        let coarse = point_sample(prev_output, &points, false, ac);
+        let point_logits = self.point_logits(&fine, &coarse, training);
+        // loss_by_feat: the labels sampled (nearest) at the same points.
+        // `gt_semantic_seg` is a live local of loss_by_feat.
+        let gt_semantic_seg = Tensor::stack(labels, 0); // [B, 1, H, W]
+        let point_label = {
+            let gt = gt_semantic_seg.to_kind(Kind::Float);
+            point_sample(&gt, &points, true, ac)
+                .squeeze_dim(1)
+                .to_kind(Kind::Int64) // [B, P]
+        };
+        let ignore = self.base.cfg.ignore_index;
+        let mut losses: Vec<(String, Tensor)> = Vec::new();
+        for loss in &self.base.cfg.losses {
+            // `loss['point' + name] = ...`: a later loss of the same name replaces it.
+            let name = format!("point{}", loss.loss_name());
+            let value = loss.forward(&point_logits, &point_label, None, ignore);
+            match losses.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, old)) => *old = value,
+                None => losses.push((name, value)),
+            }
+        }
+        losses.push((
+            "acc_point".into(),
+            accuracy(&point_logits, &point_label, ignore),
+        ));
+        drop(gt_semantic_seg);
+        losses
+    }
+
+    fn is_cascade(&self) -> bool {
+        true
+    }
+
+    fn num_classes(&self) -> i64 {
+        self.base.cfg.num_classes
+    }
+
+    fn ignore_index(&self) -> i64 {
+        self.base.cfg.ignore_index
+    }
+
+    fn align_corners(&self) -> bool {
+        self.base.cfg.align_corners
+    }
+}
