@@ -176,14 +176,25 @@ impl BaseHead for ApcHead {
 
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
         let x = self.base.transform_inputs(features);
-        let mut outs = vec![x.shallow_clone()];
-        for acm in &self.acm_modules {
-            outs.push(acm.forward(&x, training));
-        }
-        let cat = Tensor::cat(&outs, 1);
-        drop(outs);
-        let output = self.bottleneck.forward(&cat, training);
-        drop(cat);
-        self.base.cls_seg(output, training)
+        let outs = self.acm_modules.iter().map(|acm| acm.forward(&x, training));
+        fuse_with_input(&self.base, &self.bottleneck, &x, outs, training)
     }
+}
+
+/// `outs = [x] + [module(x) ...]; cat; bottleneck; cls_seg` (APCHead,
+/// DMHead): the modules run in turn, their outputs kept for the concat.
+pub(super) fn fuse_with_input(
+    base: &DecodeHeadBase,
+    bottleneck: &ConvModule,
+    x: &Tensor,
+    module_outputs: impl Iterator<Item = Tensor>,
+    training: bool,
+) -> Tensor {
+    let mut outs = vec![x.shallow_clone()];
+    outs.extend(module_outputs);
+    let cat = Tensor::cat(&outs, 1);
+    drop(outs);
+    let output = bottleneck.forward(&cat, training);
+    drop(cat);
+    base.cls_seg(output, training)
 }

@@ -228,15 +228,5 @@ impl DecodeHead for DaHead {
         losses
     }
 
-    fn num_classes(&self) -> i64 {
-        self.base.cfg.num_classes
-    }
-
-    fn ignore_index(&self) -> i64 {
-        self.base.cfg.ignore_index
-    }
-
-    fn align_corners(&self) -> bool {
-        self.base.cfg.align_corners
-    }
+    crate::models::decode_heads::decode_head::settings_from_base!();
 }

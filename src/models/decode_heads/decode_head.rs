@@ -262,6 +262,26 @@ impl DecodeHeadBase {
     }
 }
 
+/// The [`DecodeHead`] settings of a head that implements the trait itself
+/// (several logits, a cascade, its own loss) from its `base:
+/// DecodeHeadBase` field: `num_classes`, `ignore_index`, `align_corners`.
+macro_rules! settings_from_base {
+    () => {
+        fn num_classes(&self) -> i64 {
+            self.base.cfg.num_classes
+        }
+
+        fn ignore_index(&self) -> i64 {
+            self.base.cfg.ignore_index
+        }
+
+        fn align_corners(&self) -> bool {
+            self.base.cfg.align_corners
+        }
+    };
+}
+pub(crate) use settings_from_base;
+
 /// A head built on BaseDecodeHead: it computes its logits; the loss, the
 /// classes and the ignored index are the base's, so every such head is a
 /// [`DecodeHead`] without writing those again.

@@ -177,14 +177,7 @@ impl BaseHead for DmHead {
 
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
         let x = self.base.transform_inputs(features);
-        let mut outs = vec![x.shallow_clone()];
-        for dcm in &self.dcm_modules {
-            outs.push(dcm.forward(&x, training));
-        }
-        let cat = Tensor::cat(&outs, 1);
-        drop(outs);
-        let output = self.bottleneck.forward(&cat, training);
-        drop(cat);
-        self.base.cls_seg(output, training)
+        let outs = self.dcm_modules.iter().map(|dcm| dcm.forward(&x, training));
+        super::apc_head::fuse_with_input(&self.base, &self.bottleneck, &x, outs, training)
     }
 }

@@ -7,11 +7,9 @@
 //! Yin et al., "Disentangled Non-Local Neural Networks", ECCV 2020,
 //! arXiv:2006.06668.
 
-use super::fcn_head::{FcnHead, FcnHeadCfg};
-use super::nl_head::{NonLocal2d, NonLocalCfg};
+use super::nl_head::build_with_block;
 use super::DecodeHead;
 use crate::config::Dict;
-use crate::models::component_config::ComponentConfig;
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 
@@ -21,20 +19,5 @@ const SOURCE: &str = "mmseg/models/decode_heads/dnl_head.py";
 /// `DNLHead(reduction=2, use_scale=True, mode='embedded_gaussian',
 /// temperature=0.05, **kwargs)` over `FCNHead(num_convs=2, **kwargs)`.
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
-    let mut c = ComponentConfig::new(cfg, "DNLHead", SOURCE);
-    let block = NonLocalCfg::read(&mut c, Some(0.05))?;
-    let fcn = FcnHeadCfg::read(&mut c, Some(2))?;
-    c.finish()?;
-    Ok(Box::new(FcnHead::with_block(
-        p,
-        fcn,
-        |p, channels, norm| {
-            Box::new(NonLocal2d::new(
-                &mut p.sub("dnl_block"),
-                channels,
-                norm,
-                &block,
-            ))
-        },
-    )))
+    build_with_block(p, cfg, ("DNLHead", SOURCE), Some(0.05), "dnl_block")
 }

@@ -24,8 +24,21 @@ const SOURCE: &str = "mmseg/models/decode_heads/nl_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `NLHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
-    let mut c = ComponentConfig::new(cfg, "NLHead", SOURCE);
-    let block = NonLocalCfg::read(&mut c, None)?;
+    build_with_block(p, cfg, ("NLHead", SOURCE), None, "nl_block")
+}
+
+/// An FCNHead(num_convs=2) with a non-local block named `block_name`
+/// between its convs: NLHead's, or (with a default `temperature`)
+/// DNLHead's disentangled one.
+pub(super) fn build_with_block(
+    p: &mut ParamScope,
+    cfg: &Dict,
+    (class, source): (&'static str, &'static str),
+    default_temperature: Option<f64>,
+    block_name: &'static str,
+) -> Result<Box<dyn DecodeHead>, ModelError> {
+    let mut c = ComponentConfig::new(cfg, class, source);
+    let block = NonLocalCfg::read(&mut c, default_temperature)?;
     let fcn = FcnHeadCfg::read(&mut c, Some(2))?;
     c.finish()?;
     Ok(Box::new(FcnHead::with_block(
@@ -33,7 +46,7 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
         fcn,
         |p, channels, norm| {
             Box::new(NonLocal2d::new(
-                &mut p.sub("nl_block"),
+                &mut p.sub(block_name),
                 channels,
                 norm,
                 &block,
