@@ -517,23 +517,28 @@ mod tests {
 
     #[test]
     fn unknown_component_types_list_the_registry() {
-        let mut cfg = b0_config(json!({"type": "ANNHead", "in_channels": 160, "channels": 64}));
+        let mut cfg = b0_config(json!({"type": "LRASPPHead", "in_channels": 160, "channels": 64}));
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
+        let heads = crate::models::decode_heads::DECODE_HEAD_NAMES.join(", ");
         assert_eq!(
             err.to_string(),
-            "unknown auxiliary head type `ANNHead`; segtune supports: ASPPHead, \
-             DepthwiseSeparableASPPHead, FCNHead, Mask2FormerHead, OCRHead, PSPHead, \
-             SegformerDecodeHead, SegformerHead, UPerHead"
+            format!("unknown auxiliary head type `LRASPPHead`; segtune supports: {heads}")
+        );
+        assert!(
+            heads.contains("ANNHead") && heads.contains("UPerHead"),
+            "{heads}"
         );
         let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
         model.insert(
             "neck".into(),
-            crate::models::component_config::test_support::to_value(&json!({"type": "FPN"})),
+            crate::models::component_config::test_support::to_value(
+                &json!({"type": "MultiLevelNeck"}),
+            ),
         );
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown neck type `FPN`; segtune supports: JPU"
+            "unknown neck type `MultiLevelNeck`; segtune supports: FPN, JPU"
         );
     }
 }
