@@ -43,6 +43,16 @@ impl<'a> ComponentConfig<'a> {
         Some(value)
     }
 
+    /// An error naming `key` unless the dict sets it (a required argument
+    /// of the MMSeg constructor; the value is read afterwards).
+    pub fn require(&self, key: &str) -> Result<(), ModelError> {
+        if self.has(key) {
+            Ok(())
+        } else {
+            Err(self.config_error(format!("lacks `{key}`")))
+        }
+    }
+
     /// Whether the dict sets `key` (without marking it as handled).
     pub fn has(&self, key: &str) -> bool {
         self.dict.contains_key(key)

@@ -41,9 +41,7 @@ pub struct AnnHeadCfg {
 impl AnnHeadCfg {
     pub fn from_cfg(d: &Dict) -> Result<AnnHeadCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "ANNHead", SOURCE);
-        if !c.has("project_channels") {
-            return Err(c.config_error("lacks `project_channels`"));
-        }
+        c.require("project_channels")?;
         let project_channels = c.int("project_channels", 0)?;
         let query_scales = c.ints("query_scales", &[1])?;
         let key_pool_scales = c.ints("key_pool_scales", &[1, 3, 6, 8])?;

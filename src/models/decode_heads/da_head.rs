@@ -26,10 +26,8 @@ const SOURCE: &str = "mmseg/models/decode_heads/da_head.py";
 /// The registry's constructor (`DECODE_HEADS` row `DAHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
     let mut c = ComponentConfig::new(cfg, "DAHead", SOURCE);
-    if !c.has("pam_channels") {
-        // `DAHead.__init__(self, pam_channels, **kwargs)`: no default.
-        return Err(c.config_error("lacks `pam_channels`"));
-    }
+    // `DAHead.__init__(self, pam_channels, **kwargs)`: no default.
+    c.require("pam_channels")?;
     let pam_channels = c.int("pam_channels", 0)?;
     let head = DecodeHeadCfg::from_cfg(&mut c, None)?;
     c.finish()?;

@@ -44,9 +44,7 @@ impl EmaHeadCfg {
     pub fn from_cfg(d: &Dict) -> Result<EmaHeadCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "EMAHead", SOURCE);
         for key in ["ema_channels", "num_bases", "num_stages"] {
-            if !c.has(key) {
-                return Err(c.config_error(format!("lacks `{key}`")));
-            }
+            c.require(key)?;
         }
         let ema_channels = c.int("ema_channels", 0)?;
         let num_bases = c.int("num_bases", 0)?;

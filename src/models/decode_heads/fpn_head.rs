@@ -23,9 +23,7 @@ const SOURCE: &str = "mmseg/models/decode_heads/fpn_head.py";
 /// `FPNHead(feature_strides, **kwargs)` with `input_transform='multiple_select'`.
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
     let mut c = ComponentConfig::new(cfg, "FPNHead", SOURCE);
-    if !c.has("feature_strides") {
-        return Err(c.config_error("lacks `feature_strides`"));
-    }
+    c.require("feature_strides")?;
     let strides = c.ints("feature_strides", &[])?;
     let head = DecodeHeadCfg::from_cfg(&mut c, Some(InputTransform::MultipleSelect))?;
     if strides.len() != head.in_channels.len() {

@@ -25,9 +25,7 @@ const SOURCE: &str = "mmseg/models/decode_heads/isa_head.py";
 /// The registry's constructor (`DECODE_HEADS` row `ISAHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
     let mut c = ComponentConfig::new(cfg, "ISAHead", SOURCE);
-    if !c.has("isa_channels") {
-        return Err(c.config_error("lacks `isa_channels`"));
-    }
+    c.require("isa_channels")?;
     let isa_channels = c.int("isa_channels", 0)?;
     let down_factor = c.ints("down_factor", &[8, 8])?;
     if down_factor.len() != 2 || down_factor.iter().any(|&f| f <= 0) {

@@ -56,9 +56,7 @@ pub struct PsaHeadCfg {
 impl PsaHeadCfg {
     pub fn from_cfg(d: &Dict) -> Result<PsaHeadCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "PSAHead", SOURCE);
-        if !c.has("mask_size") {
-            return Err(c.config_error("lacks `mask_size`"));
-        }
+        c.require("mask_size")?;
         let mask = c.ints("mask_size", &[])?;
         let [mask_h, mask_w] = mask[..] else {
             return Err(c.config_error(format!("mask_size must be (h, w), not {mask:?}")));

@@ -65,9 +65,7 @@ impl FpnCfg {
     pub fn from_cfg(d: &Dict) -> Result<FpnCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "FPN", SOURCE);
         for key in ["in_channels", "out_channels", "num_outs"] {
-            if !c.has(key) {
-                return Err(c.config_error(format!("lacks `{key}`")));
-            }
+            c.require(key)?;
         }
         let in_channels = c.ints("in_channels", &[])?;
         let out_channels = c.int("out_channels", 0)?;
