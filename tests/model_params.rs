@@ -13,6 +13,7 @@
 
 mod common;
 
+use segtune::config::Dict;
 use segtune::models::registry::names;
 use segtune::models::{
     check_supported, EncoderDecoder, BACKBONES, DECODE_HEADS, NECKS, SEGMENTORS,
@@ -46,6 +47,85 @@ fn registry_has_components(record: &Value) -> bool {
         })
 }
 
+enum Outcome {
+    Exact,
+    Inexact(String),
+    /// Does not resolve or build.
+    Failed(String),
+}
+
+/// `f` of each item, on two threads (cargo runs one test binary at a time),
+/// interleaved as the slow builds (Swin-L, ResNet-101) come in runs.
+fn on_two_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|turn| {
+                let f = &f;
+                scope.spawn(move || {
+                    items
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| i % 2 == turn)
+                        .map(|(i, item)| (i, f(item)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut out: Vec<(usize, R)> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a worker thread panicked"))
+            .collect();
+        out.sort_by_key(|(i, _)| *i);
+        out.into_iter().map(|(_, r)| r).collect()
+    })
+}
+
+/// The resolved config of an oracle record, if segtune takes it.
+fn resolve(record: &Value, configs: &std::path::Path) -> Result<Dict, String> {
+    let path = record["path"].as_str().unwrap();
+    let cfg = segtune::config::resolve(&configs.join(path), &[])
+        .map_err(|e| format!("{path}: does not resolve: {e}"))?;
+    check_supported(&cfg).map_err(|e| {
+        format!(
+            "{path}: check_supported refuses it ({e}), though the registry has its components {}",
+            record["components"]
+        )
+    })?;
+    Ok(cfg)
+}
+
+/// The parameter counts of the model a config builds, as the oracle writes them.
+fn counts(cfg: &Dict) -> Result<Value, String> {
+    let model =
+        EncoderDecoder::build(cfg, Device::Cpu).map_err(|e| format!("does not build: {e}"))?;
+    let by_prefix: serde_json::Map<String, Value> = model
+        .params
+        .by_prefix()
+        .into_iter()
+        .map(|(k, total, trainable)| (k, json!({"total": total, "trainable": trainable})))
+        .collect();
+    Ok(json!({
+        "total": model.params.total(),
+        "trainable": model.params.trainable(),
+        "by_prefix": by_prefix,
+    }))
+}
+
+fn compare(record: &Value, got: &Value) -> Outcome {
+    let want = &record["params"];
+    if ["total", "trainable", "by_prefix"]
+        .iter()
+        .all(|k| got[k] == want[k])
+    {
+        Outcome::Exact
+    } else {
+        Outcome::Inexact(format!(
+            "{}: segtune {got}, oracle total {} trainable {} by_prefix {}",
+            record["path"], want["total"], want["trainable"], want["by_prefix"]
+        ))
+    }
+}
+
 #[test]
 fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
     let Some(shared) =
@@ -64,69 +144,69 @@ fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
         .iter()
         .filter(|r| r["status"] == "ok")
         .collect();
+    let cnn_total = ok_records.iter().filter(|r| is_cnn_family(r)).count();
+    // Resolving all 679 configs takes a minute in a debug build: the
+    // oracle's component types pick the ones to build.
+    let buildable: Vec<&Value> = ok_records
+        .iter()
+        .copied()
+        .filter(|r| registry_has_components(r))
+        .collect();
+    let resolved = on_two_threads(&buildable, |record| resolve(record, &configs));
+    // Only `model` goes into a build: configs that differ elsewhere (the
+    // schedule, the crop) share one build.
+    let model_key = |cfg: &Dict| format!("{:?}", cfg.get("model"));
+    let mut unique: Vec<(String, &Dict)> = Vec::new();
+    for cfg in resolved.iter().flatten() {
+        let key = model_key(cfg);
+        if !unique.iter().any(|(k, _)| *k == key) {
+            unique.push((key, cfg));
+        }
+    }
+    let built_counts = on_two_threads(&unique, |(_, cfg)| counts(cfg));
+    println!(
+        "{} configs, {} distinct models built",
+        buildable.len(),
+        unique.len()
+    );
+    let outcomes: Vec<Outcome> = buildable
+        .iter()
+        .zip(&resolved)
+        .map(|(record, cfg)| {
+            let cfg = match cfg {
+                Ok(cfg) => cfg,
+                Err(why) => return Outcome::Failed(why.clone()),
+            };
+            let key = model_key(cfg);
+            let at = unique.iter().position(|(k, _)| *k == key).expect("listed");
+            match &built_counts[at] {
+                Ok(got) => compare(record, got),
+                Err(why) => Outcome::Failed(format!("{}: {why}", record["path"])),
+            }
+        })
+        .collect();
     let mut built = 0;
     let mut exact = 0;
-    let cnn_total = ok_records.iter().filter(|r| is_cnn_family(r)).count();
     let mut cnn_exact = 0;
     let mut heads_exact = 0;
     let mut failures = Vec::new();
-    for record in &ok_records {
-        // Resolving all 679 configs takes a minute in a debug build: the
-        // oracle's component types pick the ones to build.
-        if !registry_has_components(record) {
-            continue;
-        }
-        let path = record["path"].as_str().unwrap();
-        let cfg = match segtune::config::resolve(&configs.join(path), &[]) {
-            Ok(cfg) => cfg,
-            Err(e) => {
-                failures.push(format!("{path}: does not resolve: {e}"));
-                continue;
+    for (record, outcome) in buildable.iter().zip(outcomes) {
+        match outcome {
+            Outcome::Failed(why) => failures.push(why),
+            Outcome::Inexact(why) => {
+                built += 1;
+                failures.push(why);
             }
-        };
-        if let Err(e) = check_supported(&cfg) {
-            failures.push(format!(
-                "{path}: check_supported refuses it ({e}), though the registry has its components {}",
-                record["components"]
-            ));
-            continue;
-        }
-        let model = match EncoderDecoder::build(&cfg, Device::Cpu) {
-            Ok(m) => m,
-            Err(e) => {
-                failures.push(format!("{path}: does not build: {e}"));
-                continue;
+            Outcome::Exact => {
+                built += 1;
+                exact += 1;
+                if is_cnn_family(record) {
+                    cnn_exact += 1;
+                }
+                if has_attention_head(record) {
+                    heads_exact += 1;
+                }
             }
-        };
-        built += 1;
-        let by_prefix: serde_json::Map<String, Value> = model
-            .params
-            .by_prefix()
-            .into_iter()
-            .map(|(k, total, trainable)| (k, json!({"total": total, "trainable": trainable})))
-            .collect();
-        let got = json!({
-            "total": model.params.total(),
-            "trainable": model.params.trainable(),
-            "by_prefix": by_prefix,
-        });
-        let want = &record["params"];
-        let same = ["total", "trainable", "by_prefix"]
-            .iter()
-            .all(|k| got[k] == want[k]);
-        if same {
-            exact += 1;
-            if is_cnn_family(record) {
-                cnn_exact += 1;
-            }
-            if has_attention_head(record) {
-                heads_exact += 1;
-            }
-        } else {
-            failures.push(format!(
-                "{path}: segtune {got}, oracle total {} trainable {} by_prefix {}",
-                want["total"], want["trainable"], want["by_prefix"]
-            ));
         }
     }
     let heads_total = ok_records.iter().filter(|r| has_attention_head(r)).count();

@@ -38,13 +38,13 @@ use std::process::Command;
 /// Peaks further than this from the oracle fail.
 const TOLERANCE_PERCENT: f64 = 2.0;
 
-/// Records above this many pixels per step (batch x crop^2: the 4x256
-/// ones) or whose MMSeg step took longer than [`LONG_RECORD_SECONDS`] at one
+/// Records above this many pixels per step (batch x crop^2: the 2x256 and
+/// 4x256 ones) or whose MMSeg step took longer than [`LONG_RECORD_SECONDS`] at one
 /// thread are compared only by the full sweep (`scripts/oracle-sweep`,
 /// `SEGTUNE_ORACLE_ALL=1`), to keep the suite within CI's time, except
 /// each config's smallest record per precision, which always stays.
-const LONG_RECORD_PIXELS: i64 = 2 * 256 * 256;
-const LONG_RECORD_SECONDS: f64 = 2.5;
+const LONG_RECORD_PIXELS: i64 = 256 * 256;
+const LONG_RECORD_SECONDS: f64 = 1.5;
 
 fn is_long(batch: i64, crop: i64, oracle_seconds: f64) -> bool {
     batch * crop * crop > LONG_RECORD_PIXELS || oracle_seconds > LONG_RECORD_SECONDS
