@@ -86,8 +86,9 @@ pub fn search_command_on(
 /// The oracle fixtures of the models the shared oracle lacks, measured
 /// with the shared oracle script on an AMX CPU (commands inside each):
 /// one config per CNN head type, Swin-T UPerNet, `with_cp=True` models and
-/// Mask2Former with a lowered `num_points` or `with_cp=True`.
-pub const EXTRA_ORACLES: [&str; 5] = [
+/// Mask2Former with a lowered `num_points` or `with_cp=True`, the heads of
+/// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`.
+pub const EXTRA_ORACLES: [&str; 6] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -107,6 +108,10 @@ pub const EXTRA_ORACLES: [&str; 5] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_heads_extra.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_knet_psa.json"
     ),
 ];
 

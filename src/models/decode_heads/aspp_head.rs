@@ -12,7 +12,7 @@
 //! value per channel and image: at batch 1 MMSeg stops with "Expected more
 //! than 1 value per channel when training".
 
-use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg};
+use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, FeatureHead};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
@@ -25,10 +25,22 @@ const SOURCE: &str = "mmseg/models/decode_heads/aspp_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `ASPPHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
+    Ok(Box::new(from_dict(p, cfg)?))
+}
+
+/// As K-Net's kernel generate head.
+pub fn build_feature_head(
+    p: &mut ParamScope,
+    cfg: &Dict,
+) -> Result<Box<dyn FeatureHead>, ModelError> {
+    Ok(Box::new(from_dict(p, cfg)?))
+}
+
+fn from_dict(p: &mut ParamScope, cfg: &Dict) -> Result<AsppHead, ModelError> {
     let mut c = ComponentConfig::new(cfg, "ASPPHead", SOURCE);
     let cfg = AsppHeadCfg::from_cfg(&mut c)?;
     c.finish()?;
-    Ok(Box::new(AsppHead::new(p, cfg, AsppKind::Plain)))
+    Ok(AsppHead::new(p, cfg, AsppKind::Plain))
 }
 
 /// `ASPPHead(dilations=(1, 6, 12, 18), **kwargs)`.
@@ -189,6 +201,12 @@ impl BaseHead for AsppHead {
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
         let feats = self.aspp_features(features, training);
         self.base.cls_seg(feats, training)
+    }
+}
+
+impl FeatureHead for AsppHead {
+    fn forward_feature(&self, features: &[Tensor], training: bool) -> Tensor {
+        self.aspp_features(features, training)
     }
 }
 

@@ -224,6 +224,16 @@ impl DecodeHeadBase {
             .forward(&feat)
     }
 
+    /// `conv_seg.weight`, `[num_classes, channels, 1, 1]` (K-Net's initial
+    /// kernels).
+    pub fn conv_seg_weight(&self) -> &Tensor {
+        &self
+            .conv_seg
+            .as_ref()
+            .expect("a head without conv_seg has its own cls_seg")
+            .weight()
+    }
+
     /// `loss_by_feat(seg_logits, data_samples)`; `labels` are the per-image
     /// `1 x H x W` label maps (`gt_sem_seg.data`). Returns the loss items in
     /// MMSeg's order (`loss_ce`, ..., then `acc_seg`).
@@ -290,6 +300,15 @@ pub trait BaseHead {
 
     /// `forward(inputs)`: `[B, num_classes, h, w]` logits from the features.
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor;
+}
+
+/// A head whose `forward` is `cls_seg(_forward_feature(inputs))`: K-Net's
+/// `IterativeDecodeHead` takes its features and its classifier as the
+/// initial kernels (see `knet_head.rs`).
+pub trait FeatureHead: BaseHead {
+    /// `_forward_feature(inputs)`: `[B, channels, h, w]`, what `cls_seg`
+    /// classifies.
+    fn forward_feature(&self, features: &[Tensor], training: bool) -> Tensor;
 }
 
 /// Not a cascade head: `prev_output` is never given (the segmentor checks

@@ -9,7 +9,7 @@
 //! feature map, optionally concatenated with that input and fused by
 //! `conv_cat`, then classified.
 
-use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg};
+use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, FeatureHead};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
@@ -22,6 +22,15 @@ const SOURCE: &str = "mmseg/models/decode_heads/fcn_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `FCNHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
+    let cfg = FcnHeadCfg::from_cfg(cfg)?;
+    Ok(Box::new(FcnHead::new(p, cfg)))
+}
+
+/// As K-Net's kernel generate head.
+pub fn build_feature_head(
+    p: &mut ParamScope,
+    cfg: &Dict,
+) -> Result<Box<dyn FeatureHead>, ModelError> {
     let cfg = FcnHeadCfg::from_cfg(cfg)?;
     Ok(Box::new(FcnHead::new(p, cfg)))
 }
@@ -139,6 +148,13 @@ impl BaseHead for FcnHead {
     }
 
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
+        let feats = self.forward_feature(features, training);
+        self.base.cls_seg(feats, training) // [B, num_classes, h, w]
+    }
+}
+
+impl FeatureHead for FcnHead {
+    fn forward_feature(&self, features: &[Tensor], training: bool) -> Tensor {
         let x = self.base.transform_inputs(features); // [B, C_in, h, w]
                                                       // nn.Sequential rebinds its input: each intermediate dies when the next exists.
         let mut feats = x.shallow_clone();
@@ -154,7 +170,7 @@ impl BaseHead for FcnHead {
             drop(cat);
             feats = fused;
         }
-        self.base.cls_seg(feats, training) // [B, num_classes, h, w]
+        feats
     }
 }
 

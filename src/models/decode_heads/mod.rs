@@ -20,6 +20,7 @@ pub mod fpn_head;
 pub mod gc_head;
 pub mod hf_segformer_head;
 pub mod isa_head;
+pub mod knet_head;
 pub mod mask2former_head;
 pub mod mask2former_loss;
 pub mod nl_head;
@@ -94,6 +95,7 @@ crate::models::registry::registry_table!(
         ("FPNHead", fpn_head::build),
         ("GCHead", gc_head::build),
         ("ISAHead", isa_head::build),
+        ("IterativeDecodeHead", knet_head::build),
         ("Mask2FormerHead", mask2former_head::build),
         ("NLHead", nl_head::build),
         ("OCRHead", ocr_head::build),

@@ -12,7 +12,7 @@
 //! and image: at batch 1 MMSeg stops with "Expected more than 1 value per
 //! channel when training".
 
-use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg};
+use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, FeatureHead};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
@@ -25,6 +25,15 @@ const SOURCE: &str = "mmseg/models/decode_heads/psp_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `PSPHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
+    let cfg = PspHeadCfg::from_cfg(cfg)?;
+    Ok(Box::new(PspHead::new(p, cfg)))
+}
+
+/// As K-Net's kernel generate head.
+pub fn build_feature_head(
+    p: &mut ParamScope,
+    cfg: &Dict,
+) -> Result<Box<dyn FeatureHead>, ModelError> {
     let cfg = PspHeadCfg::from_cfg(cfg)?;
     Ok(Box::new(PspHead::new(p, cfg)))
 }
@@ -151,14 +160,19 @@ impl BaseHead for PspHead {
     }
 
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
+        let feats = self.forward_feature(features, training);
+        self.base.cls_seg(feats, training)
+    }
+}
+
+impl FeatureHead for PspHead {
+    fn forward_feature(&self, features: &[Tensor], training: bool) -> Tensor {
         let x = self.base.transform_inputs(features); // [B, C_in, h, w]
         let mut psp_outs = vec![x.shallow_clone()];
         psp_outs.extend(self.psp_modules.forward(&x, training));
         let cat = Tensor::cat(&psp_outs, 1); // [B, C_in + n * channels, h, w]
         drop(psp_outs);
-        let feats = self.bottleneck.forward(&cat, training); // [B, channels, h, w]
-        drop(cat);
-        self.base.cls_seg(feats, training)
+        self.bottleneck.forward(&cat, training) // [B, channels, h, w]
     }
 }
 

@@ -11,7 +11,7 @@
 //! ConvModule. The lateral and FPN convs use an out-of-place ReLU
 //! (`inplace=False`), as in MMSeg.
 
-use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, InputTransform};
+use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, FeatureHead, InputTransform};
 use super::psp_head::{read_pool_scales, Ppm};
 use super::DecodeHead;
 use crate::config::Dict;
@@ -25,6 +25,15 @@ const SOURCE: &str = "mmseg/models/decode_heads/uper_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `UPerHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
+    let cfg = UperHeadCfg::from_cfg(cfg)?;
+    Ok(Box::new(UperHead::new(p, cfg)))
+}
+
+/// As K-Net's kernel generate head.
+pub fn build_feature_head(
+    p: &mut ParamScope,
+    cfg: &Dict,
+) -> Result<Box<dyn FeatureHead>, ModelError> {
     let cfg = UperHeadCfg::from_cfg(cfg)?;
     Ok(Box::new(UperHead::new(p, cfg)))
 }
@@ -133,6 +142,13 @@ impl BaseHead for UperHead {
     }
 
     fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
+        let feats = self.forward_feature(features, training);
+        self.base.cls_seg(feats, training)
+    }
+}
+
+impl FeatureHead for UperHead {
+    fn forward_feature(&self, features: &[Tensor], training: bool) -> Tensor {
         let align_corners = self.base.cfg.align_corners;
         let inputs = self.base.selected_inputs(features);
         let mut laterals: Vec<Tensor> = self
@@ -161,7 +177,7 @@ impl BaseHead for UperHead {
         let feats = self.fpn_bottleneck.forward(&cat, training);
         drop(cat);
         drop(laterals);
-        self.base.cls_seg(feats, training)
+        feats
     }
 }
 

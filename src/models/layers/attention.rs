@@ -72,6 +72,28 @@ impl MultiheadAttention {
         self.attend(q, k, v, None, tgt_len, bsz, src_len)
     }
 
+    /// Self-attention, `query`, `key` and `value` one tensor `x`: (L, B, E)
+    /// (the `q is k is v` branch of `_in_projection_packed`: one packed
+    /// projection, made contiguous as (3, L, B, E)).
+    pub fn forward_self(&self, x: &Tensor) -> Tensor {
+        let e = self.embed_dims;
+        let (len, bsz) = (x.size()[0], x.size()[1]);
+        // Python rebinds `proj`: the projection dies once its copy exists.
+        let proj = {
+            let packed = x.linear(&self.in_proj_weight, self.in_proj_bias.as_ref());
+            packed
+                .unflatten(-1, [3, e])
+                .unsqueeze(0)
+                .transpose(0, -2)
+                .squeeze_dim(-2)
+                .contiguous()
+        };
+        count_flops(2.0 * ((len * bsz) * 3 * e * e) as f64);
+        let (q, k, v) = (proj.select(0, 0), proj.select(0, 1), proj.select(0, 2));
+        drop(proj);
+        self.attend(q, k, v, None, len, bsz, len)
+    }
+
     /// `query`: (L, B, E); `key`, `value`: (S, B, E), distinct tensors (the
     /// `w.chunk(3)` branch of `_in_projection_packed`). `attn_mask`: bool
     /// `(B*heads, L, S)`, true where attention is not allowed; made a float

@@ -93,6 +93,11 @@ impl Conv2d {
         }
     }
 
+    /// `conv.weight`, `[out, in / groups, kh, kw]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let (b, h, w) = (x.size()[0], x.size()[2], x.size()[3]);
         let ws = self.weight.size();
