@@ -147,31 +147,30 @@ pub fn check_components(model: &Dict) -> Result<(), ModelError> {
     check_parts(&EncoderDecoderCfg::from_cfg(model)?)
 }
 
-/// Every component's `type` is in its table, in MMSeg's build order.
+/// Every component's `type` is in its table; all that are not are named,
+/// in MMSeg's build order.
 pub(super) fn check_parts(cfg: &EncoderDecoderCfg) -> Result<(), ModelError> {
-    check_type(
-        BACKBONE_NAMES,
-        "backbone",
-        type_of(cfg.backbone, "backbone")?,
-    )?;
+    let mut parts = vec![(BACKBONE_NAMES, "backbone", cfg.backbone, "backbone")];
     if let Some(neck) = cfg.neck {
-        check_type(NECK_NAMES, "neck", type_of(neck, "neck")?)?;
+        parts.push((NECK_NAMES, "neck", neck, "neck"));
     }
     for (_, _, head) in cfg.decode_head.named() {
-        check_type(
-            DECODE_HEAD_NAMES,
-            "decode head",
-            type_of(head, "decode_head")?,
-        )?;
+        parts.push((DECODE_HEAD_NAMES, "decode head", head, "decode_head"));
     }
     for (_, _, aux) in &cfg.auxiliary_heads {
-        check_type(
-            DECODE_HEAD_NAMES,
-            "auxiliary head",
-            type_of(aux, "auxiliary_head")?,
-        )?;
+        parts.push((DECODE_HEAD_NAMES, "auxiliary head", aux, "auxiliary_head"));
     }
-    Ok(())
+    let mut unknown = Vec::new();
+    for (names, role, dict, key) in parts {
+        if let Err(e) = check_type(names, role, type_of(dict, key)?) {
+            unknown.push(e);
+        }
+    }
+    match unknown.len() {
+        0 => Ok(()),
+        1 => Err(unknown.pop().expect("one")),
+        _ => Err(ModelError::UnknownTypes(unknown)),
+    }
 }
 
 /// The segmentor, its parameters and buffers.
@@ -535,10 +534,14 @@ mod tests {
                 &json!({"type": "MultiLevelNeck"}),
             ),
         );
+        // Every unknown type is named, each table listed once.
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown neck type `MultiLevelNeck`; segtune supports: FPN, JPU"
+            format!(
+                "unknown component types: neck `MultiLevelNeck`, auxiliary head `LRASPPHead`\n  \
+                 necks segtune supports: FPN, JPU\n  heads segtune supports: {heads}"
+            )
         );
     }
 }
