@@ -227,8 +227,7 @@ impl DecodeHeadBase {
     /// `conv_seg.weight`, `[num_classes, channels, 1, 1]` (K-Net's initial
     /// kernels).
     pub fn conv_seg_weight(&self) -> &Tensor {
-        &self
-            .conv_seg
+        self.conv_seg
             .as_ref()
             .expect("a head without conv_seg has its own cls_seg")
             .weight()
