@@ -60,12 +60,16 @@ impl MultiheadAttention {
                 key_value.linear::<Tensor>(&w[1], None),
             ),
         };
-        let kv = kv
-            .unflatten(-1, [2, e])
-            .unsqueeze(0)
-            .transpose(0, -2)
-            .squeeze_dim(-2)
-            .contiguous();
+        // Python rebinds `kv_proj`: the projection dies once its copy exists.
+        let kv = {
+            let packed = kv;
+            packed
+                .unflatten(-1, [2, e])
+                .unsqueeze(0)
+                .transpose(0, -2)
+                .squeeze_dim(-2)
+                .contiguous()
+        };
         let (k, v) = (kv.select(0, 0), kv.select(0, 1));
         // the in-projections (the out-projection counts itself)
         count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
