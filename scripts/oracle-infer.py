@@ -66,7 +66,10 @@ def run_case(oracle, alloc, path, batch, h, w, mode, precision, steps, seed):
     cfg, _ = oracle.prepare_cfg(path, max(h, w))
     cfg.model.data_preprocessor.size = None
     if mode == 'whole':
-        cfg.model.test_cfg = dict(mode='whole')
+        # As `--cfg-options model.test_cfg.mode=whole` would: the other keys
+        # stay (PointRend's subdivision settings; a slide config's crop_size
+        # and stride, which whole inference does not read).
+        cfg.model.test_cfg = dict(cfg.model.get('test_cfg', {}), mode='whole')
     elif cfg.model.get('test_cfg', {}).get('mode') != 'slide':
         raise SystemExit(f'{path}: its test_cfg is not slide')
     model = MODELS.build(cfg.model)

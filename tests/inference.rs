@@ -1,5 +1,6 @@
 //! Inference: trials against MMSeg's real `test_step` on the CPU
-//! (`tests/fixtures/oracle_cpu_infer.json`, from `scripts/oracle-infer.py`:
+//! (`tests/fixtures/oracle_cpu_infer.json` and `oracle_cpu_infer_pointrend.json`,
+//! from `scripts/oracle-infer.py`:
 //! the peak CPU tensor bytes of each step, whole and slide inference, fp32
 //! and bf16, within 2%; bf16 figures depend on the CPU's oneDNN kernels and
 //! are compared on AMX CPUs, where the fixture was measured, only), and
@@ -13,9 +14,30 @@ mod common;
 use assert_cmd::Command;
 use std::path::Path;
 
-fn fixture() -> serde_json::Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oracle_cpu_infer.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+/// The records of both inference fixtures: SegFormer-B0 (whole and slide)
+/// and PointRend (its subdivision steps).
+fn fixture_records() -> Vec<serde_json::Value> {
+    ["oracle_cpu_infer.json", "oracle_cpu_infer_pointrend.json"]
+        .iter()
+        .flat_map(|name| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name);
+            let fixture: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            fixture["records"].as_array().unwrap().clone()
+        })
+        .collect()
+}
+
+/// `configs/<family>/<name>.py` in the shared MMSeg tree.
+fn config_path(shared: &Path, name: &str) -> std::path::PathBuf {
+    let configs = shared.join("mmseg-configs/configs");
+    std::fs::read_dir(&configs)
+        .unwrap()
+        .map(|family| family.unwrap().path().join(format!("{name}.py")))
+        .find(|path| path.exists())
+        .unwrap_or_else(|| panic!("no config {name}.py under {}", configs.display()))
 }
 
 fn amx() -> bool {
@@ -24,9 +46,7 @@ fn amx() -> bool {
 
 /// Runs segtune's inference trial for the record; returns its peak.
 fn segtune_peak(shared: &Path, record: &serde_json::Value) -> i64 {
-    let config = shared
-        .join("mmseg-configs/configs/segformer")
-        .join(format!("{}.py", record["config"].as_str().unwrap()));
+    let config = config_path(shared, record["config"].as_str().unwrap());
     let image = &record["image"];
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_segtune-torch"));
     cmd.arg("trial")
@@ -75,7 +95,7 @@ fn compare(large: bool) {
     };
     let mut compared = 0;
     let mut exact = 0;
-    for record in fixture()["records"].as_array().unwrap() {
+    for record in &fixture_records() {
         let is_large = record["image"][0].as_i64().unwrap() > 512;
         if is_large != large {
             continue;

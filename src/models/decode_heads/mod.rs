@@ -72,6 +72,19 @@ pub trait DecodeHead {
 
     /// `align_corners` of the head's resizes (and of `predict_by_feat`).
     fn align_corners(&self) -> bool;
+
+    /// `predict(inputs, [prev_output,] batch_img_metas, test_cfg)` in
+    /// inference: the logits resized to the input's `size`
+    /// (`predict_by_feat`), the head's own tensors alive until then.
+    fn predict(
+        &self,
+        features: &[Tensor],
+        prev_output: Option<&Tensor>,
+        size: (i64, i64),
+    ) -> Tensor {
+        let logits = self.forward(features, prev_output, false);
+        crate::models::layers::resize_bilinear(&logits, size, self.align_corners())
+    }
 }
 
 /// Builds a head from its resolved config dict, registering its parameters

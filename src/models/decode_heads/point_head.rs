@@ -10,15 +10,18 @@
 //! `importance_sample_ratio` of them by the coarse logits' top-2 margin,
 //! the rest random); the fine features and the coarse logits are sampled
 //! there (`point_sample`), classified by 1x1 Conv1d layers, and the loss is
-//! taken against the labels sampled at the same points. Inference (the
-//! subdivision steps) is not built.
+//! taken against the labels sampled at the same points. In inference
+//! (`predict`), `subdivision_steps` times: the logits are upsampled by
+//! `scale_factor`, the `subdivision_num_points` most uncertain pixels are
+//! classified again from the fine features and the coarse logits, and their
+//! logits scattered back in place.
 
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg, InputTransform};
 use super::DecodeHead;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
-use crate::models::layers::count_flops;
 use crate::models::layers::ops::point_sample;
+use crate::models::layers::{count_flops, resize_bilinear};
 use crate::models::losses::accuracy;
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -27,7 +30,8 @@ use tch::{Kind, Tensor};
 const SOURCE: &str = "mmseg/models/decode_heads/point_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `PointHead`); the
-/// segmentor hands it `model.train_cfg` as `train_cfg`.
+/// segmentor hands it `model.train_cfg` and `model.test_cfg` as
+/// `train_cfg` and `test_cfg`.
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
     let cfg = PointHeadCfg::from_cfg(cfg)?;
     Ok(Box::new(PointHead::new(p, cfg)))
@@ -42,6 +46,42 @@ pub struct PointSampling {
     pub importance_sample_ratio: f64,
 }
 
+/// `model.test_cfg` of PointRend: `subdivision_steps`,
+/// `subdivision_num_points`, `scale_factor` (MMSeg reads them as attributes:
+/// without them its inference fails, segtune's is refused).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Subdivision {
+    pub steps: i64,
+    pub num_points: i64,
+    pub scale_factor: f64,
+}
+
+impl Subdivision {
+    /// From a `test_cfg` dict; `None` when it lacks any of the three keys.
+    pub fn from_test_cfg(test_cfg: &Dict) -> Result<Option<Subdivision>, ModelError> {
+        let keys = [
+            "subdivision_steps",
+            "subdivision_num_points",
+            "scale_factor",
+        ];
+        if !keys.iter().all(|k| test_cfg.contains_key(*k)) {
+            return Ok(None);
+        }
+        let mut t = ComponentConfig::new(test_cfg, "PointRend test_cfg", SOURCE);
+        let sub = Subdivision {
+            steps: t.int("subdivision_steps", 0)?,
+            num_points: t.int("subdivision_num_points", 0)?,
+            scale_factor: t.float("scale_factor", 0.0)?,
+        };
+        if sub.steps < 0 || sub.num_points < 1 || sub.scale_factor <= 0.0 {
+            return Err(t.config_error(
+                "test_cfg needs subdivision_steps >= 0, subdivision_num_points >= 1 and scale_factor > 0",
+            ));
+        }
+        Ok(Some(sub))
+    }
+}
+
 /// `PointHead(num_fcs=3, coarse_pred_each_layer=True,
 /// conv_cfg=dict(type='Conv1d'), norm_cfg=None, act_cfg=dict(type='ReLU',
 /// inplace=False), **kwargs)` with `input_transform='multiple_select'`.
@@ -51,6 +91,7 @@ pub struct PointHeadCfg {
     pub num_fcs: i64,
     pub coarse_pred_each_layer: bool,
     pub sampling: PointSampling,
+    pub subdivision: Option<Subdivision>,
 }
 
 impl PointHeadCfg {
@@ -90,6 +131,12 @@ impl PointHeadCfg {
                 "train_cfg needs num_points >= 1, oversample_ratio >= 1 and importance_sample_ratio in [0, 1]",
             ));
         }
+        // The segmentor's test_cfg: its other keys (`mode`, `crop_size`)
+        // are the segmentor's.
+        let subdivision = match c.dict("test_cfg")? {
+            Some(test_cfg) => Subdivision::from_test_cfg(test_cfg)?,
+            None => None,
+        };
         let head = DecodeHeadCfg::from_cfg(&mut c, Some(InputTransform::MultipleSelect))?;
         c.finish()?;
         Ok(PointHeadCfg {
@@ -97,6 +144,7 @@ impl PointHeadCfg {
             num_fcs,
             coarse_pred_each_layer,
             sampling,
+            subdivision,
         })
     }
 }
@@ -131,6 +179,7 @@ pub struct PointHead {
     fc_seg: Conv1x1,
     coarse_pred_each_layer: bool,
     sampling: PointSampling,
+    subdivision: Option<Subdivision>,
 }
 
 impl PointHead {
@@ -158,7 +207,109 @@ impl PointHead {
             fc_seg,
             coarse_pred_each_layer: cfg.coarse_pred_each_layer,
             sampling: cfg.sampling,
+            subdivision: cfg.subdivision,
         }
+    }
+
+    /// `_get_fine_grained_point_feats(x, points)`: each input sampled at
+    /// the points, concatenated on channels when there are several.
+    fn fine_features(&self, x: &[&Tensor], points: &Tensor) -> Tensor {
+        let ac = self.base.cfg.align_corners;
+        let sampled: Vec<Tensor> = x
+            .iter()
+            .map(|f| point_sample(f, points, false, ac))
+            .collect();
+        if sampled.len() > 1 {
+            Tensor::cat(&sampled, 1)
+        } else {
+            sampled.into_iter().next().expect("one input at least")
+        }
+    }
+
+    /// `get_points_test(seg_logits, calculate_uncertainty, cfg)`: the
+    /// flat indices of the `num_points` most uncertain pixels, `[B, P]`, and
+    /// their centres in [0, 1], `[B, P, 2]` (x, y).
+    fn points_test(&self, seg_logits: &Tensor, num_points: i64) -> (Tensor, Tensor) {
+        let [batch, _, height, width] = seg_logits.size()[..] else {
+            unreachable!("logits are 4-D")
+        };
+        let uncertainty_map = {
+            let (top2, _) = seg_logits.topk(2, 1, true, true);
+            (top2.select(1, 1) - top2.select(1, 0)).unsqueeze(1)
+        };
+        let (h_step, w_step) = (1.0 / height as f64, 1.0 / width as f64);
+        let uncertainty_map = uncertainty_map.view([batch, height * width]);
+        let num_points = num_points.min(height * width);
+        let (_, point_indices) = uncertainty_map.topk(num_points, 1, true, true);
+        drop(uncertainty_map);
+        let point_coords =
+            Tensor::zeros([batch, num_points, 2], (Kind::Float, seg_logits.device()));
+        // Python builds each coordinate in steps, each temporary dying at
+        // the next: x from `point_indices % width`, y from `// width`.
+        for (axis, step) in [(0, w_step), (1, h_step)] {
+            let mut coord = if axis == 0 {
+                point_indices.remainder(width)
+            } else {
+                point_indices.floor_divide_scalar(width)
+            };
+            coord = coord.to_kind(Kind::Float);
+            coord = &coord * step;
+            coord = &coord + step / 2.0;
+            point_coords.select(2, axis).copy_(&coord);
+        }
+        (point_indices, point_coords)
+    }
+
+    /// `predict(inputs, prev_output, batch_img_metas, test_cfg)`: the
+    /// coarse logits refined at the most uncertain points,
+    /// `subdivision_steps` times, then resized to `size`. Python's loop
+    /// variables live from one step to the next (each replaced once its
+    /// successor exists) and through the final resize.
+    fn subdivide(&self, features: &[Tensor], prev_output: &Tensor, size: (i64, i64)) -> Tensor {
+        let sub = self
+            .subdivision
+            .expect("check_inference requires model.test_cfg's subdivision settings");
+        let ac = self.base.cfg.align_corners;
+        let x = self.base.selected_inputs(features);
+        let mut refined = prev_output.copy();
+        let mut point_indices: Option<Tensor> = None;
+        let mut points: Option<Tensor> = None;
+        let mut fine: Option<Tensor> = None;
+        let mut coarse: Option<Tensor> = None;
+        let mut point_logits: Option<Tensor> = None;
+        for _ in 0..sub.steps {
+            let [_, _, h, w] = refined.size()[..] else {
+                unreachable!("logits are 4-D")
+            };
+            let scaled = |n: i64| (n as f64 * sub.scale_factor).floor() as i64;
+            refined = refined.upsample_bilinear2d(
+                [scaled(h), scaled(w)],
+                ac,
+                Some(sub.scale_factor),
+                Some(sub.scale_factor),
+            );
+            let [batch, channels, height, width] = refined.size()[..] else {
+                unreachable!("logits are 4-D")
+            };
+            let (indices, coords) = self.points_test(&refined, sub.num_points);
+            point_indices = Some(indices);
+            let coords = points.insert(coords);
+            let fine_now = fine.insert(self.fine_features(&x, coords));
+            let coarse_now = coarse.insert(point_sample(prev_output, coords, false, ac));
+            let logits = point_logits.insert(self.point_logits(fine_now, coarse_now, false));
+            let expanded = point_indices
+                .take()
+                .expect("set above")
+                .unsqueeze(1)
+                .expand([-1, channels, -1], false);
+            refined = refined.reshape([batch, channels, height * width]);
+            let _ = refined.scatter_(2, &expanded, logits);
+            point_indices = Some(expanded);
+            refined = refined.view([batch, channels, height, width]);
+        }
+        let resized = resize_bilinear(&refined, size, ac);
+        drop((point_indices, points, fine, coarse, point_logits));
+        resized
     }
 
     /// `get_points_train(seg_logits, calculate_uncertainty, cfg)` (under
@@ -212,10 +363,23 @@ impl PointHead {
 }
 
 impl DecodeHead for PointHead {
-    fn forward(&self, _features: &[Tensor], _prev: Option<&Tensor>, _training: bool) -> Tensor {
-        // The segmentor calls a cascade's last head through `loss` in
-        // training; inference refuses PointHead before building it.
-        unreachable!("PointHead's inference (subdivision) is refused by check_inference")
+    /// The refined logits at their own resolution (the segmentor calls
+    /// a cascade's last head through `loss` in training, `predict` in
+    /// inference).
+    fn forward(&self, features: &[Tensor], prev: Option<&Tensor>, _training: bool) -> Tensor {
+        let prev = prev.expect("PointHead is a cascade head");
+        let mut size = (prev.size()[2], prev.size()[3]);
+        if let Some(sub) = self.subdivision {
+            let scaled = |n: i64| (n as f64 * sub.scale_factor).floor() as i64;
+            for _ in 0..sub.steps {
+                size = (scaled(size.0), scaled(size.1));
+            }
+        }
+        self.subdivide(features, prev, size)
+    }
+
+    fn predict(&self, features: &[Tensor], prev: Option<&Tensor>, size: (i64, i64)) -> Tensor {
+        self.subdivide(features, prev.expect("PointHead is a cascade head"), size)
     }
 
     fn loss(
@@ -229,17 +393,7 @@ impl DecodeHead for PointHead {
         let x = self.base.selected_inputs(features);
         let points = tch::no_grad(|| self.points_train(prev_output));
         let ac = self.base.cfg.align_corners;
-        let fine = {
-            let sampled: Vec<Tensor> = x
-                .iter()
-                .map(|f| point_sample(f, &points, false, ac))
-                .collect();
-            if sampled.len() > 1 {
-                Tensor::cat(&sampled, 1)
-            } else {
-                sampled.into_iter().next().expect("one input at least")
-            }
-        };
+        let fine = self.fine_features(&x, &points);
         let coarse = point_sample(prev_output, &points, false, ac);
         let point_logits = self.point_logits(&fine, &coarse, training);
         // loss_by_feat: the labels sampled (nearest) at the same points.

@@ -43,6 +43,9 @@ pub struct EncoderDecoderCfg<'a> {
     /// `model.train_cfg`, handed to the heads that read it (PointHead's
     /// point sampling) as their `train_cfg` key.
     pub train_cfg: Option<&'a Dict>,
+    /// `model.test_cfg`, handed likewise as `test_cfg` (PointHead's
+    /// subdivision steps in inference).
+    pub test_cfg: Option<&'a Dict>,
 }
 
 /// `model.decode_head`: one dict (`EncoderDecoder`) or the stages of a
@@ -127,8 +130,10 @@ impl<'a> EncoderDecoderCfg<'a> {
         };
         let data_preprocessor = c.value("data_preprocessor").and_then(Value::as_dict);
         let train_cfg = c.dict("train_cfg")?;
-        // `test_cfg` is for inference; `pretrained` and `init_cfg` load weights.
-        c.inert(&["test_cfg", "pretrained", "init_cfg"]);
+        // `test_cfg` is read by inference and by the heads that take it.
+        let test_cfg = c.dict("test_cfg")?;
+        // `pretrained` and `init_cfg` load weights.
+        c.inert(&["pretrained", "init_cfg"]);
         c.finish()?;
         Ok(EncoderDecoderCfg {
             backbone,
@@ -137,6 +142,7 @@ impl<'a> EncoderDecoderCfg<'a> {
             auxiliary_heads,
             data_preprocessor,
             train_cfg,
+            test_cfg,
         })
     }
 }
@@ -190,9 +196,9 @@ pub struct EncoderDecoder {
     pub test_mode: super::inference::TestMode,
 }
 
-/// Heads whose MMSeg `loss` takes the segmentor's `train_cfg`: they read
-/// it as their own `train_cfg` key.
-const HEADS_TAKING_TRAIN_CFG: [&str; 1] = ["PointHead"];
+/// Heads whose MMSeg `loss` and `predict` take the segmentor's
+/// `train_cfg` and `test_cfg`: they read them as their own keys.
+const HEADS_TAKING_RUN_CFGS: [&str; 1] = ["PointHead"];
 
 impl EncoderDecoder {
     /// Builds `cfg.model` (a resolved config) on `device`, in MMSeg's
@@ -233,13 +239,16 @@ impl EncoderDecoder {
                 "decode head",
                 type_of(head_cfg, "decode_head")?,
             )?;
-            let head = if HEADS_TAKING_TRAIN_CFG.contains(&type_of(head_cfg, "decode_head")?) {
-                let mut with_train_cfg = head_cfg.clone();
-                with_train_cfg.insert(
-                    "train_cfg".into(),
-                    Value::Dict(parts.train_cfg.cloned().unwrap_or_default()),
-                );
-                build_head(&mut params.scope(&param_prefix), &with_train_cfg)?
+            let head = if HEADS_TAKING_RUN_CFGS.contains(&type_of(head_cfg, "decode_head")?) {
+                let mut with_run_cfgs = head_cfg.clone();
+                for (key, run_cfg) in [("train_cfg", parts.train_cfg), ("test_cfg", parts.test_cfg)]
+                {
+                    with_run_cfgs.insert(
+                        key.into(),
+                        Value::Dict(run_cfg.cloned().unwrap_or_default()),
+                    );
+                }
+                build_head(&mut params.scope(&param_prefix), &with_run_cfgs)?
             } else {
                 build_head(&mut params.scope(&param_prefix), head_cfg)?
             };

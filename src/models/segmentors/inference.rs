@@ -126,10 +126,22 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
     for head in heads {
         if let Some(ty) = head.get_path("type").and_then(Value::as_str) {
             if ty == "PointHead" {
-                return Err(ModelError::Unsupported(
-                    "inference of PointHead (PointRend's subdivision steps) is not built yet; training is"
-                        .into(),
-                ));
+                // MMSeg reads these as attributes of test_cfg in `predict`.
+                let empty = Dict::new();
+                let test_cfg = model
+                    .get("test_cfg")
+                    .and_then(Value::as_dict)
+                    .unwrap_or(&empty);
+                if crate::models::decode_heads::point_head::Subdivision::from_test_cfg(test_cfg)?
+                    .is_none()
+                {
+                    return Err(ModelError::Config(
+                        "PointHead's inference reads model.test_cfg.subdivision_steps, \
+                         subdivision_num_points and scale_factor; set them (PointRend's configs: \
+                         2, 8196, 2)"
+                            .into(),
+                    ));
+                }
             }
             if HEADS_WITHOUT_LOGIT_PREDICTION.contains(&ty) {
                 return Err(ModelError::Unsupported(format!(
@@ -160,11 +172,10 @@ impl EncoderDecoder {
         for (_, head) in &heads[..heads.len() - 1] {
             prev = Some(head.forward(&features, prev.as_ref(), false));
         }
+        // `out` and `x` are locals of encode_decode: alive through predict.
         let last = &heads[heads.len() - 1].1;
-        let logits = last.forward(&features, prev.as_ref(), false);
-        drop(prev);
         let size = (inputs.size()[2], inputs.size()[3]);
-        resize_bilinear(&logits, size, last.align_corners()) // [B, K, H, W]
+        last.predict(&features, prev.as_ref(), size) // [B, K, H, W]
     }
 
     /// `slide_inference`: crops every `stride`, their logits summed into a
@@ -248,16 +259,23 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn inference_refuses_the_heads_without_a_built_predict_path() {
+    fn inference_refuses_the_heads_without_a_built_predict_path_or_their_settings() {
         let point_rend = dict(json!({
             "type": "CascadeEncoderDecoder",
             "decode_head": [{"type": "FPNHead"}, {"type": "PointHead"}],
         }));
         let err = check_inference(&point_rend).unwrap_err().to_string();
         assert!(
-            err.contains("PointHead") && err.contains("subdivision"),
+            err.contains("PointHead") && err.contains("subdivision_steps"),
             "{err}"
         );
+        let point_rend = dict(json!({
+            "type": "CascadeEncoderDecoder",
+            "decode_head": [{"type": "FPNHead"}, {"type": "PointHead"}],
+            "test_cfg": {"mode": "whole", "subdivision_steps": 2,
+                         "subdivision_num_points": 8196, "scale_factor": 2},
+        }));
+        assert!(check_inference(&point_rend).is_ok());
         let mask2former =
             dict(json!({"type": "EncoderDecoder", "decode_head": {"type": "Mask2FormerHead"}}));
         assert!(check_inference(&mask2former).is_err());
