@@ -1,6 +1,6 @@
 //! Inference: trials against MMSeg's real `test_step` on the CPU
-//! (`tests/fixtures/oracle_cpu_infer.json` and `oracle_cpu_infer_pointrend.json`,
-//! from `scripts/oracle-infer.py`:
+//! (`tests/fixtures/oracle_cpu_infer*.json`: SegFormer-B0, PointRend and
+//! Mask2Former, from `scripts/oracle-infer.py`:
 //! the peak CPU tensor bytes of each step, whole and slide inference, fp32
 //! and bf16, within 2%; bf16 figures depend on the CPU's oneDNN kernels and
 //! are compared on AMX CPUs, where the fixture was measured, only), and
@@ -14,20 +14,25 @@ mod common;
 use assert_cmd::Command;
 use std::path::Path;
 
-/// The records of both inference fixtures: SegFormer-B0 (whole and slide)
-/// and PointRend (its subdivision steps).
+/// The records of the inference fixtures: SegFormer-B0 (whole and slide),
+/// PointRend (its subdivision steps) and Mask2Former (mask classification,
+/// the preprocessor's test padding).
 fn fixture_records() -> Vec<serde_json::Value> {
-    ["oracle_cpu_infer.json", "oracle_cpu_infer_pointrend.json"]
-        .iter()
-        .flat_map(|name| {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(name);
-            let fixture: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-            fixture["records"].as_array().unwrap().clone()
-        })
-        .collect()
+    [
+        "oracle_cpu_infer.json",
+        "oracle_cpu_infer_pointrend.json",
+        "oracle_cpu_infer_mask2former.json",
+    ]
+    .iter()
+    .flat_map(|name| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let fixture: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        fixture["records"].as_array().unwrap().clone()
+    })
+    .collect()
 }
 
 /// `configs/<family>/<name>.py` in the shared MMSeg tree.

@@ -29,9 +29,9 @@ pub fn infer_step(
         counter.set_phase_code(phase_code(step, Phase::Preprocess));
         // `cast_data` copies the labels to the device with the images.
         let labels_on_device: Vec<Tensor> = labels.iter().map(|l| l.to_device(device)).collect();
-        let inputs = model.preprocess_test(&images).map_err(|e| e.to_string())?;
+        let (inputs, paddings) = model.preprocess_test(&images).map_err(|e| e.to_string())?;
         counter.set_phase_code(phase_code(step, Phase::Forward));
-        let predictions = model.predict(&inputs, (h, w));
+        let predictions = model.predict(&inputs, &paddings, (h, w));
         drop(inputs);
         Ok((predictions, labels_on_device))
     })?;

@@ -19,7 +19,9 @@ use super::DecodeHead;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::positional_encoding::SinePositionalEncoding;
-use crate::models::layers::{Conv2d, ConvSpec, Ffn, LayerNorm, Linear, MultiheadAttention};
+use crate::models::layers::{
+    resize_bilinear, Conv2d, ConvSpec, Ffn, LayerNorm, Linear, MultiheadAttention,
+};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 use tch::{Kind, Tensor};
@@ -489,6 +491,22 @@ impl DecodeHead for Mask2FormerHead {
             .slice(-1, 0, -1, 1);
         let masks = masks.last().expect("a layer").sigmoid();
         Tensor::einsum("bqc,bqhw->bchw", &[&scores, &masks], None::<i64>)
+    }
+
+    /// `Mask2FormerHead.predict`: the last layer's masks upsampled to the
+    /// input's `size` first, then `einsum('bqc,bqhw->bchw',
+    /// softmax(cls)[..., :-1], sigmoid(masks))`; every layer's predictions
+    /// stay alive until it returns.
+    fn predict(&self, features: &[Tensor], _prev: Option<&Tensor>, size: (i64, i64)) -> Tensor {
+        let (cls, masks) = self.forward_all(features, false);
+        let mask_pred_results = resize_bilinear(masks.last().expect("a layer"), size, false);
+        let cls_score = cls
+            .last()
+            .expect("a layer")
+            .softmax(-1, None::<Kind>)
+            .slice(-1, 0, -1, 1);
+        let mask_pred = mask_pred_results.sigmoid();
+        Tensor::einsum("bqc,bqhw->bchw", &[&cls_score, &mask_pred], None::<i64>)
     }
 
     fn loss(

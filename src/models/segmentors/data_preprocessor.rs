@@ -19,8 +19,8 @@ pub struct PreprocessorCfg {
     pub size: Option<(i64, i64)>,
     pub pad_val: f64,
     pub seg_pad_val: f64,
-    /// Whether `test_cfg` asks the test path to pad (`size`, `size_divisor`).
-    pub test_pads: bool,
+    /// `test_cfg`'s padding of the test path (`size` or `size_divisor`).
+    pub test_pad: Option<TestPad>,
     /// `type='PixelValues'`: the batch arrives as transformers' Trainer
     /// hands it to the model, one normalised float `pixel_values` tensor
     /// `[B, 3, H, W]` and one `labels` tensor `[B, H, W]`, moved to the
@@ -43,7 +43,7 @@ impl PreprocessorCfg {
                     size: None,
                     pad_val: 0.0,
                     seg_pad_val: 255.0,
-                    test_pads: false,
+                    test_pad: None,
                     pixel_values: true,
                 })
             }
@@ -76,11 +76,10 @@ impl PreprocessorCfg {
         // Training pads to `size` (segtune always sets it: the crop).
         c.unimplemented("size_divisor", &Value::None)?;
         // `test_cfg` is read at inference only.
-        let test_pads = c
-            .value("test_cfg")
-            .and_then(Value::as_dict)
-            .is_some_and(|t| !t.is_empty());
-        c.inert(&["test_cfg"]);
+        let test_pad = match c.value("test_cfg") {
+            Some(Value::Dict(t)) if !t.is_empty() => TestPad::from_test_cfg(t)?,
+            _ => None,
+        };
         let cfg = PreprocessorCfg {
             mean,
             std,
@@ -88,11 +87,66 @@ impl PreprocessorCfg {
             size,
             pad_val: c.float("pad_val", 0.0)?,
             seg_pad_val: c.float("seg_pad_val", 255.0)?,
-            test_pads,
+            test_pad,
             pixel_values: false,
         };
         c.finish()?;
         Ok(cfg)
+    }
+}
+
+/// How `stack_batch` pads the test path's images (`data_preprocessor.test_cfg`):
+/// on the right and bottom, with `pad_val`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TestPad {
+    /// `size=(h, w)`: each image to at least that size.
+    Size(i64, i64),
+    /// `size_divisor=d`: the batch's largest image rounded up to a multiple.
+    Divisor(i64),
+}
+
+impl TestPad {
+    /// `stack_batch(size=test_cfg.get('size'), size_divisor=test_cfg.get('size_divisor'))`;
+    /// `None` when neither is set (MMSeg then only stacks). Other keys are
+    /// not read by MMSeg either.
+    fn from_test_cfg(t: &Dict) -> Result<Option<TestPad>, ModelError> {
+        let get = |key: &str| t.get(key).filter(|v| !matches!(v, Value::None));
+        match (get("size"), get("size_divisor")) {
+            (Some(_), Some(_)) => Err(ModelError::Config(
+                "data_preprocessor.test_cfg: only one of size and size_divisor should be valid \
+                 (MMSeg's stack_batch asserts it)"
+                    .into(),
+            )),
+            (Some(size), None) => match size.as_seq() {
+                Some([h, w]) => match (h.as_i64(), w.as_i64()) {
+                    (Some(h), Some(w)) if h > 0 && w > 0 => Ok(Some(TestPad::Size(h, w))),
+                    _ => Err(ModelError::Config(
+                        "data_preprocessor.test_cfg.size must be (h, w) of positive ints".into(),
+                    )),
+                },
+                _ => Err(ModelError::Config(
+                    "data_preprocessor.test_cfg.size must be (h, w)".into(),
+                )),
+            },
+            (None, Some(divisor)) => match divisor.as_i64() {
+                Some(d) if d > 0 => Ok(Some(TestPad::Divisor(d))),
+                _ => Err(ModelError::Config(
+                    "data_preprocessor.test_cfg.size_divisor must be a positive int".into(),
+                )),
+            },
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// `(right, bottom)` padding of an `h x w` image in a batch whose
+    /// largest image is `max`.
+    fn padding(&self, (h, w): (i64, i64), max: (i64, i64)) -> (i64, i64) {
+        let target = match *self {
+            TestPad::Size(sh, sw) => (sh, sw),
+            TestPad::Divisor(d) if d > 1 => ((max.0 + d - 1) / d * d, (max.1 + d - 1) / d * d),
+            TestPad::Divisor(_) => max,
+        };
+        ((target.1 - w).max(0), (target.0 - h).max(0))
     }
 }
 
@@ -178,20 +232,71 @@ impl SegDataPreProcessor {
         (Tensor::stack(&padded_inputs, 0), padded_labels)
     }
 
-    /// `forward(data, training=False)` without a `test_cfg`: BGR->RGB,
-    /// normalise, stack (every image the same size, as MMSeg asserts).
-    pub fn forward_test(&self, images: &[Tensor], device: Device) -> Result<Tensor, ModelError> {
+    /// `forward(data, training=False)`: BGR->RGB, normalise, and either
+    /// stack (every image the same size, as MMSeg asserts) or, with a
+    /// padding `test_cfg`, `stack_batch`: each image padded on the right
+    /// and bottom (`F.pad`, a copy even when nothing is added). Returns the
+    /// batch and each image's `(right, bottom)` padding (`img_padding_size`).
+    pub fn forward_test(
+        &self,
+        images: &[Tensor],
+        device: Device,
+    ) -> Result<(Tensor, Vec<(i64, i64)>), ModelError> {
         if self.cfg.pixel_values {
             return Err(ModelError::Unsupported(
                 "inference of a Hugging Face model is not built yet".into(),
             ));
         }
-        if self.cfg.test_pads {
-            return Err(ModelError::Unsupported(
-                "data_preprocessor.test_cfg (padding at inference) is not built yet".into(),
-            ));
-        }
         let inputs = self.normalised(images, device);
-        Ok(Tensor::stack(&inputs, 0))
+        let Some(test_pad) = self.cfg.test_pad else {
+            let none = vec![(0, 0); inputs.len()];
+            return Ok((Tensor::stack(&inputs, 0), none));
+        };
+        let sizes: Vec<(i64, i64)> = inputs.iter().map(|x| (x.size()[1], x.size()[2])).collect();
+        let max = sizes
+            .iter()
+            .fold((0, 0), |(mh, mw), &(h, w)| (mh.max(h), mw.max(w)));
+        let mut padded = Vec::with_capacity(inputs.len());
+        let mut paddings = Vec::with_capacity(inputs.len());
+        for (x, &size) in inputs.iter().zip(&sizes) {
+            let (right, bottom) = test_pad.padding(size, max);
+            padded.push(x.pad([0, right, 0, bottom], "constant", self.cfg.pad_val));
+            paddings.push((right, bottom));
+        }
+        // stack_batch stacks while the caller still holds the unpadded list.
+        let batch = Tensor::stack(&padded, 0);
+        drop(padded);
+        drop(inputs);
+        Ok((batch, paddings))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::component_config::test_support::dict;
+    use serde_json::json;
+
+    fn test_pad(test_cfg: serde_json::Value) -> Result<Option<TestPad>, ModelError> {
+        TestPad::from_test_cfg(&dict(test_cfg))
+    }
+
+    #[test]
+    fn test_padding_follows_stack_batch() {
+        // size_divisor: the batch's largest image rounded up, per axis.
+        let by_32 = test_pad(json!({"size_divisor": 32})).unwrap().unwrap();
+        assert_eq!(by_32.padding((250, 250), (250, 250)), (6, 6));
+        assert_eq!(by_32.padding((256, 200), (256, 300)), (120, 0));
+        // size: each image to at least that size, never cropped.
+        let to_512 = test_pad(json!({"size": [512, 1024]})).unwrap().unwrap();
+        assert_eq!(to_512.padding((500, 1100), (500, 1100)), (0, 12));
+        // A divisor of 1 pads to the batch's largest image only.
+        let by_1 = test_pad(json!({"size_divisor": 1})).unwrap().unwrap();
+        assert_eq!(by_1.padding((10, 20), (12, 20)), (0, 2));
+        assert_eq!(test_pad(json!({"size": null})).unwrap(), None);
+        let both = test_pad(json!({"size": [32, 32], "size_divisor": 32})).unwrap_err();
+        assert!(both
+            .to_string()
+            .contains("only one of size and size_divisor"));
     }
 }

@@ -305,7 +305,10 @@ impl EncoderDecoder {
 
     /// The data preprocessor's test path (`training=False`): the batch
     /// tensor, and per image the padding it got (`padding_size`).
-    pub fn preprocess_test(&self, images: &[Tensor]) -> Result<Tensor, ModelError> {
+    pub fn preprocess_test(
+        &self,
+        images: &[Tensor],
+    ) -> Result<(Tensor, Vec<(i64, i64)>), ModelError> {
         self.preprocessor.forward_test(images, self.device)
     }
 

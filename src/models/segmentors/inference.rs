@@ -105,10 +105,6 @@ impl TestMode {
     }
 }
 
-/// Decode heads whose prediction is not per-pixel logits (Mask2Former's
-/// mask classification): their `predict` is not built.
-const HEADS_WITHOUT_LOGIT_PREDICTION: [&str; 1] = ["Mask2FormerHead"];
-
 /// Whether inference is built for a resolved `model` dict: every decode
 /// head (one, or a cascade's stages) predicts per-pixel logits.
 pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
@@ -125,6 +121,25 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
     };
     for head in heads {
         if let Some(ty) = head.get_path("type").and_then(Value::as_str) {
+            let model_value = Value::Dict(model.clone());
+            let slide = model_value
+                .get_path("test_cfg.mode")
+                .and_then(Value::as_str)
+                == Some("slide");
+            let test_pads = model_value
+                .get_path("data_preprocessor.test_cfg")
+                .and_then(Value::as_dict)
+                .is_some_and(|t| !t.is_empty());
+            if ty == "Mask2FormerHead" && slide && test_pads {
+                // Its predict upsamples each crop's masks to the padded
+                // image (`pad_shape`), which slide inference cannot add up.
+                return Err(ModelError::Unsupported(
+                    "slide inference of Mask2FormerHead with a padding data_preprocessor.test_cfg \
+                     (MMSeg upsamples each crop to the whole padded image and fails); use \
+                     model.test_cfg.mode=whole"
+                        .into(),
+                ));
+            }
             if ty == "PointHead" {
                 // MMSeg reads these as attributes of test_cfg in `predict`.
                 let empty = Dict::new();
@@ -142,11 +157,6 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
                             .into(),
                     ));
                 }
-            }
-            if HEADS_WITHOUT_LOGIT_PREDICTION.contains(&ty) {
-                return Err(ModelError::Unsupported(format!(
-                    "inference of {ty} (mask classification) is not built yet; training is"
-                )));
             }
         }
     }
@@ -226,8 +236,14 @@ impl EncoderDecoder {
 
     /// `predict(inputs, data_samples)` (under `torch.no_grad()`, as
     /// MMEngine's test loop runs it): inference, then `postprocess_result`
-    /// for images whose original shape is `ori_shape`.
-    pub fn predict(&self, inputs: &Tensor, ori_shape: (i64, i64)) -> Vec<Prediction> {
+    /// for images whose original shape is `ori_shape`: each image's logits
+    /// without its `(right, bottom)` padding, resized to `ori_shape`.
+    pub fn predict(
+        &self,
+        inputs: &Tensor,
+        paddings: &[(i64, i64)],
+        ori_shape: (i64, i64),
+    ) -> Vec<Prediction> {
         let seg_logits = self.inference(inputs);
         let (b, k) = (seg_logits.size()[0], seg_logits.size()[1]);
         let align_corners = self
@@ -239,7 +255,13 @@ impl EncoderDecoder {
         let _part = scope::enter("postprocess");
         (0..b)
             .map(|i| {
-                let one = seg_logits.narrow(0, i, 1);
+                let (right, bottom) = paddings[i as usize];
+                let (h, w) = (seg_logits.size()[2], seg_logits.size()[3]);
+                let one =
+                    seg_logits
+                        .narrow(0, i, 1)
+                        .narrow(2, 0, h - bottom)
+                        .narrow(3, 0, w - right);
                 let logits = resize_bilinear(&one, ori_shape, align_corners).squeeze_dim(0);
                 let classes = if k > 1 {
                     logits.argmax(0, true)
@@ -278,7 +300,7 @@ mod tests {
         assert!(check_inference(&point_rend).is_ok());
         let mask2former =
             dict(json!({"type": "EncoderDecoder", "decode_head": {"type": "Mask2FormerHead"}}));
-        assert!(check_inference(&mask2former).is_err());
+        assert!(check_inference(&mask2former).is_ok());
         let fpn = dict(json!({"type": "EncoderDecoder", "decode_head": {"type": "FPNHead"}}));
         assert!(check_inference(&fpn).is_ok());
     }
