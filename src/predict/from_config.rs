@@ -56,6 +56,17 @@ pub fn recipe_amp(cfg: &Dict) -> Option<Amp> {
 /// Predicts the GPU memory of the request's training step.
 pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Estimate> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    // Refused before any worker runs, named as the model's error.
+    let model_error = |source| Error::Model {
+        source,
+        config: request.config.clone(),
+    };
+    crate::models::check_supported(&cfg).map_err(model_error)?;
+    if request.mode == RunMode::Infer {
+        if let Some(model) = cfg.get("model").and_then(Value::as_dict) {
+            crate::models::segmentors::inference::check_inference(model).map_err(model_error)?;
+        }
+    }
     let batch = request
         .batch_size
         .or_else(|| recipe_batch_size(&cfg))

@@ -7,6 +7,18 @@ use super::{count_flops, softmax_saved};
 use crate::models::params::ParamScope;
 use tch::{Kind, Tensor};
 
+/// `_in_projection_packed`'s reshape of a packed projection `(..., n * E)`
+/// into a contiguous `(n, ..., E)`. Python rebinds the name: the packed
+/// projection dies once its copy exists, as it does here (moved in).
+fn unpack(packed: Tensor, n: i64, e: i64) -> Tensor {
+    packed
+        .unflatten(-1, [n, e])
+        .unsqueeze(0)
+        .transpose(0, -2)
+        .squeeze_dim(-2)
+        .contiguous()
+}
+
 /// `nn.MultiheadAttention` in training mode with `need_weights=True` (its
 /// default): the explicit `(B*heads, L, S)` attention matrix is computed and
 /// kept for backward, and the head-averaged weights are computed too, as
@@ -60,16 +72,7 @@ impl MultiheadAttention {
                 key_value.linear::<Tensor>(&w[1], None),
             ),
         };
-        // Python rebinds `kv_proj`: the projection dies once its copy exists.
-        let kv = {
-            let packed = kv;
-            packed
-                .unflatten(-1, [2, e])
-                .unsqueeze(0)
-                .transpose(0, -2)
-                .squeeze_dim(-2)
-                .contiguous()
-        };
+        let kv = unpack(kv, 2, e);
         let (k, v) = (kv.select(0, 0), kv.select(0, 1));
         // the in-projections (the out-projection counts itself)
         count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
@@ -82,16 +85,11 @@ impl MultiheadAttention {
     pub fn forward_self(&self, x: &Tensor) -> Tensor {
         let e = self.embed_dims;
         let (len, bsz) = (x.size()[0], x.size()[1]);
-        // Python rebinds `proj`: the projection dies once its copy exists.
-        let proj = {
-            let packed = x.linear(&self.in_proj_weight, self.in_proj_bias.as_ref());
-            packed
-                .unflatten(-1, [3, e])
-                .unsqueeze(0)
-                .transpose(0, -2)
-                .squeeze_dim(-2)
-                .contiguous()
-        };
+        let proj = unpack(
+            x.linear(&self.in_proj_weight, self.in_proj_bias.as_ref()),
+            3,
+            e,
+        );
         count_flops(2.0 * ((len * bsz) * 3 * e * e) as f64);
         let (q, k, v) = (proj.select(0, 0), proj.select(0, 1), proj.select(0, 2));
         drop(proj);
