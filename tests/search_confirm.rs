@@ -94,7 +94,7 @@ fn request(out: &Path) -> SearchRequest {
         trace: segtune::predict::TraceKind::Meta,
         gt_segments: Some(20),
         mode: segtune::trial::RunMode::Train,
-        python_torch: None,
+        ask_python_torch: false,
     }
 }
 

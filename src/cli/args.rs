@@ -534,12 +534,9 @@ impl SearchArgs {
             trace: self.trace,
             gt_segments: self.gt_segments.0,
             mode: self.mode,
-            // The config's `segtune.torch` comes before the environment's.
-            python_torch: if self.torch.is_some() {
-                None
-            } else {
-                detect_python_torch()
-            },
+            // `--torch` and the config's `segtune.torch` come before the
+            // environment's, which is asked only without them.
+            ask_python_torch: self.torch.is_none(),
         }
     }
 }

@@ -42,19 +42,25 @@ pub struct SearchRequest {
     pub gt_segments: Option<i64>,
     /// Search training settings, or inference settings (`super::infer`).
     pub mode: RunMode,
-    /// The torch of the user's Python environment (version, interpreter),
-    /// when the caller found one: predicted for unless the settings name a
-    /// release.
-    pub python_torch: Option<(TorchVersion, String)>,
+    /// Whether to ask the user's Python for its torch (a short child
+    /// process) when neither `--torch` nor the config's `segtune.torch`
+    /// names a release; asked only then.
+    pub ask_python_torch: bool,
 }
 
 impl SearchRequest {
     /// The PyTorch release to predict for and where that choice came from.
     pub fn torch(&self, spec: &SearchSpec) -> (TorchVersion, VersionSource) {
-        match (spec.torch, &self.python_torch) {
-            (Some(v), _) => (v, VersionSource::Given),
-            (None, Some((v, python))) => (*v, VersionSource::Python(python.clone())),
-            (None, None) => (TorchVersion::NEWEST, VersionSource::Newest),
+        if let Some(v) = spec.torch {
+            return (v, VersionSource::Given);
+        }
+        match self
+            .ask_python_torch
+            .then(crate::trial::torch_version::detect_python_torch)
+            .flatten()
+        {
+            Some((v, python)) => (v, VersionSource::Python(python)),
+            None => (TorchVersion::NEWEST, VersionSource::Newest),
         }
     }
 }
