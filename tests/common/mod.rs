@@ -87,8 +87,8 @@ pub fn search_command_on(
 /// with the shared oracle script on an AMX CPU (commands inside each):
 /// one config per CNN head type, Swin-T UPerNet, `with_cp=True` models and
 /// Mask2Former with a lowered `num_points` or `with_cp=True`, the heads of
-/// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`.
-pub const EXTRA_ORACLES: [&str; 6] = [
+/// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2.
+pub const EXTRA_ORACLES: [&str; 7] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -112,6 +112,10 @@ pub const EXTRA_ORACLES: [&str; 6] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_knet_psa.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_mobilenet_v2.json"
     ),
 ];
 

@@ -7,6 +7,7 @@
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod mit;
+pub mod mobilenet_v2;
 pub mod resnet;
 pub mod swin;
 pub mod unet;
@@ -43,6 +44,7 @@ crate::models::registry::registry_table!(
     BACKBONES, BACKBONE_NAMES: BackboneCtor = [
         ("HRNet", hrnet::build),
         ("MixVisionTransformer", mit::build),
+        ("MobileNetV2", mobilenet_v2::build),
         ("ResNet", resnet::build_resnet),
         ("ResNetV1c", resnet::build_resnet_v1c),
         ("ResNetV1d", resnet::build_resnet_v1d),

@@ -1,0 +1,317 @@
+//! `MobileNetV2`, as MMSeg's `mmseg/models/backbones/mobilenet_v2.py` builds
+//! it with `mmseg/models/utils/inverted_residual.py`'s `InvertedResidual`.
+//!
+//! Sandler et al., "MobileNetV2: Inverted Residuals and Linear
+//! Bottlenecks", CVPR 2018, arXiv:1801.04381.
+//!
+//! A 3x3 stride-2 ConvModule stem, then seven layers of inverted residual
+//! blocks (1x1 expansion, 3x3 depthwise with the layer's stride and
+//! dilation on its first block, 1x1 linear projection; an identity shortcut
+//! where stride 1 keeps the channels). Every ConvModule has BN and, but the
+//! projection, mmcv's in-place `ReLU6`. MMSeg's configs make it a D8
+//! backbone with `strides=(1, 2, 2, 1, 1, 1, 1)` and dilations
+//! `(1, 1, 1, 2, 2, 4, 4)`.
+
+use super::Backbone;
+use crate::config::{Dict, Value};
+use crate::models::component_config::{ComponentConfig, NormCfg};
+use crate::models::layers::{ConvModule, ConvSpec};
+use crate::models::params::ParamScope;
+use crate::models::ModelError;
+use tch::Tensor;
+
+const SOURCE: &str = "mmseg/models/backbones/mobilenet_v2.py";
+
+/// `arch_settings`: (expand ratio, channels, blocks) per layer.
+const ARCH: [(i64, i64, i64); 7] = [
+    (1, 16, 1),
+    (6, 24, 2),
+    (6, 32, 3),
+    (6, 64, 4),
+    (6, 96, 3),
+    (6, 160, 3),
+    (6, 320, 1),
+];
+
+/// The registry's constructor (`BACKBONES` row `MobileNetV2`).
+pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbone>, ModelError> {
+    let cfg = MobileNetV2Cfg::from_cfg(cfg)?;
+    Ok(Box::new(MobileNetV2::new(p, &cfg)))
+}
+
+/// `MobileNetV2(widen_factor=1., strides=(1, 2, 2, 2, 1, 2, 1),
+/// dilations=(1,) * 7, out_indices=(1, 2, 4, 6), norm_cfg=dict(type='BN'),
+/// act_cfg=dict(type='ReLU6'))`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MobileNetV2Cfg {
+    pub widen_factor: f64,
+    pub strides: Vec<i64>,
+    pub dilations: Vec<i64>,
+    pub out_indices: Vec<i64>,
+    pub norm: NormCfg,
+}
+
+impl MobileNetV2Cfg {
+    pub fn from_cfg(d: &Dict) -> Result<MobileNetV2Cfg, ModelError> {
+        let mut c = ComponentConfig::new(d, "MobileNetV2", SOURCE);
+        let widen_factor = c.float("widen_factor", 1.0)?;
+        let strides = c.ints("strides", &[1, 2, 2, 2, 1, 2, 1])?;
+        let dilations = c.ints("dilations", &[1; 7])?;
+        let out_indices = c.ints("out_indices", &[1, 2, 4, 6])?;
+        let norm = match c.value("norm_cfg") {
+            None => NormCfg::BN_DEFAULT,
+            Some(_) => c.batch_norm("norm_cfg")?.ok_or_else(|| {
+                c.unsupported(
+                    "norm_cfg",
+                    "None (ConvModule without a norm) is not implemented",
+                )
+            })?,
+        };
+        c.default_activation("act_cfg", "ReLU6")?;
+        c.unimplemented("frozen_stages", &Value::Int(-1))?;
+        c.unimplemented("norm_eval", &Value::Bool(false))?;
+        c.unimplemented("with_cp", &Value::Bool(false))?;
+        c.unimplemented("conv_cfg", &Value::None)?;
+        c.inert(&["pretrained", "init_cfg"]);
+        c.finish()?;
+        // MobileNetV2.__init__'s checks.
+        if strides.len() != 7 || dilations.len() != 7 {
+            return Err(c_error(
+                "strides and dilations need one entry per layer (7)",
+            ));
+        }
+        if strides.iter().any(|s| ![1, 2].contains(s)) {
+            return Err(c_error("InvertedResidual's stride must be 1 or 2"));
+        }
+        if let Some(bad) = out_indices.iter().find(|i| !(0..7).contains(*i)) {
+            return Err(c_error(&format!(
+                "the item in out_indices must in range(0, 7). But received {bad}"
+            )));
+        }
+        if widen_factor <= 0.0 {
+            return Err(c_error("widen_factor must be positive"));
+        }
+        Ok(MobileNetV2Cfg {
+            widen_factor,
+            strides,
+            dilations,
+            out_indices,
+            norm,
+        })
+    }
+}
+
+fn c_error(what: &str) -> ModelError {
+    ModelError::Config(format!("MobileNetV2: {what}"))
+}
+
+/// `make_divisible(value, divisor)` (min_value = divisor, min_ratio 0.9).
+fn make_divisible(value: f64, divisor: i64) -> i64 {
+    let d = divisor as f64;
+    let mut new_value = (divisor).max(((value + d / 2.0) as i64) / divisor * divisor);
+    if (new_value as f64) < 0.9 * value {
+        new_value += divisor;
+    }
+    new_value
+}
+
+/// A ConvModule with BN and, when `relu6`, mmcv's `ReLU6(inplace=True)`
+/// (`hardtanh_(x, 0, 6)`: `relu6_`, whose output autograd saves).
+struct ConvBnAct {
+    conv: ConvModule,
+    relu6: bool,
+}
+
+impl ConvBnAct {
+    fn new(p: &mut ParamScope, spec: ConvSpec, norm: NormCfg, relu6: bool) -> ConvBnAct {
+        ConvBnAct {
+            conv: ConvModule::new(p, spec, Some(norm), false),
+            relu6,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        let mut y = self.conv.forward(x, training);
+        if self.relu6 {
+            let _ = y.relu6_();
+        }
+        y
+    }
+}
+
+/// `InvertedResidual(in, out, stride, expand_ratio, dilation)`:
+/// `conv.0..2` (without the expansion when `expand_ratio == 1`).
+struct InvertedResidual {
+    convs: Vec<ConvBnAct>,
+    use_res_connect: bool,
+}
+
+impl InvertedResidual {
+    fn new(
+        p: &mut ParamScope,
+        (in_channels, out_channels): (i64, i64),
+        stride: i64,
+        expand_ratio: i64,
+        dilation: i64,
+        norm: NormCfg,
+    ) -> InvertedResidual {
+        let hidden = (in_channels as f64 * expand_ratio as f64).round() as i64;
+        let mut cp = p.sub("conv");
+        let mut convs = Vec::new();
+        if expand_ratio != 1 {
+            let spec = ConvSpec::new(in_channels, hidden, 1);
+            convs.push(ConvBnAct::new(
+                &mut cp.sub(convs.len() as i64),
+                spec,
+                norm,
+                true,
+            ));
+        }
+        let depthwise = ConvSpec::new(hidden, hidden, 3)
+            .stride(stride)
+            .padding(dilation)
+            .dilation(dilation)
+            .groups(hidden);
+        convs.push(ConvBnAct::new(
+            &mut cp.sub(convs.len() as i64),
+            depthwise,
+            norm,
+            true,
+        ));
+        let project = ConvSpec::new(hidden, out_channels, 1);
+        convs.push(ConvBnAct::new(
+            &mut cp.sub(convs.len() as i64),
+            project,
+            norm,
+            false,
+        ));
+        InvertedResidual {
+            convs,
+            use_res_connect: stride == 1 && in_channels == out_channels,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        // nn.Sequential: each intermediate dies once the next exists.
+        let mut out = self.convs[0].forward(x, training);
+        for conv in &self.convs[1..] {
+            out = conv.forward(&out, training);
+        }
+        if self.use_res_connect {
+            x + out
+        } else {
+            out
+        }
+    }
+}
+
+pub struct MobileNetV2 {
+    conv1: ConvBnAct,
+    layers: Vec<Vec<InvertedResidual>>,
+    out_indices: Vec<i64>,
+}
+
+impl MobileNetV2 {
+    pub fn new(p: &mut ParamScope, cfg: &MobileNetV2Cfg) -> MobileNetV2 {
+        let mut in_channels = make_divisible(32.0 * cfg.widen_factor, 8);
+        let conv1 = ConvBnAct::new(
+            &mut p.sub("conv1"),
+            ConvSpec::new(3, in_channels, 3).stride(2).padding(1),
+            cfg.norm,
+            true,
+        );
+        let mut layers = Vec::new();
+        for (i, &(expand_ratio, channels, blocks)) in ARCH.iter().enumerate() {
+            let out_channels = make_divisible(channels as f64 * cfg.widen_factor, 8);
+            let mut lp = p.sub(format!("layer{}", i + 1));
+            let layer = (0..blocks)
+                .map(|b| {
+                    let first = b == 0;
+                    let block = InvertedResidual::new(
+                        &mut lp.sub(b),
+                        (in_channels, out_channels),
+                        if first { cfg.strides[i] } else { 1 },
+                        expand_ratio,
+                        if first { cfg.dilations[i] } else { 1 },
+                        cfg.norm,
+                    );
+                    in_channels = out_channels;
+                    block
+                })
+                .collect();
+            layers.push(layer);
+        }
+        MobileNetV2 {
+            conv1,
+            layers,
+            out_indices: cfg.out_indices.clone(),
+        }
+    }
+}
+
+impl Backbone for MobileNetV2 {
+    fn forward(&self, x: &Tensor, training: bool) -> Vec<Tensor> {
+        let mut x = {
+            let _part = crate::models::scope::enter("stem");
+            self.conv1.forward(x, training)
+        };
+        let mut outs = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let _part = crate::models::scope::enter(&format!("layer{}", i + 1));
+            for block in layer {
+                x = block.forward(&x, training);
+            }
+            if self.out_indices.contains(&(i as i64)) {
+                outs.push(x.shallow_clone());
+            }
+        }
+        outs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::component_config::test_support::dict;
+    use crate::models::params::ParamStore;
+    use serde_json::json;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn make_divisible_rounds_as_mmseg() {
+        assert_eq!(make_divisible(32.0, 8), 32);
+        assert_eq!(make_divisible(16.0 * 0.5, 8), 8);
+        assert_eq!(make_divisible(24.0 * 0.75, 8), 24);
+        assert_eq!(make_divisible(320.0 * 1.4, 8), 448);
+    }
+
+    #[test]
+    fn d8_mobilenet_v2_has_mmsegs_parameters_and_strides() {
+        // `model.backbone` of mobilenet_v2/mobilenet-v2-d8_*_cityscapes-512x1024.py.
+        let cfg = dict(json!({
+            "type": "MobileNetV2", "widen_factor": 1.0,
+            "strides": [1, 2, 2, 1, 1, 1, 1], "dilations": [1, 1, 1, 2, 2, 4, 4],
+            "out_indices": [1, 2, 4, 6], "norm_cfg": {"type": "SyncBN", "requires_grad": true},
+        }));
+        let mut store = ParamStore::new(Device::Cpu);
+        let backbone = build(&mut store.scope("backbone"), &cfg).unwrap();
+        // params_all.json, mobilenet_v2/mobilenet-v2-d8_fcn_4xb2-80k_cityscapes-512x1024.py:
+        // by_prefix.backbone.total
+        assert_eq!(store.total(), 1_811_712);
+        let x = Tensor::zeros([2, 3, 64, 64], (Kind::Float, Device::Cpu));
+        let shapes: Vec<Vec<i64>> = backbone
+            .forward(&x, true)
+            .iter()
+            .map(|t| t.size())
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                vec![2, 24, 16, 16],
+                vec![2, 32, 8, 8],
+                vec![2, 96, 8, 8],
+                vec![2, 320, 8, 8]
+            ]
+        );
+    }
+}
