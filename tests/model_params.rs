@@ -155,15 +155,22 @@ fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
     let resolved = on_two_threads(&buildable, |record| resolve(record, &configs));
     // Only `model` goes into a build: configs that differ elsewhere (the
     // schedule, the crop) share one build.
-    let model_key = |cfg: &Dict| format!("{:?}", cfg.get("model"));
-    let mut unique: Vec<(String, &Dict)> = Vec::new();
-    for cfg in resolved.iter().flatten() {
-        let key = model_key(cfg);
-        if !unique.iter().any(|(k, _)| *k == key) {
-            unique.push((key, cfg));
-        }
-    }
-    let built_counts = on_two_threads(&unique, |(_, cfg)| counts(cfg));
+    // Each resolved config's build: the index of the first config with the
+    // same `model` dict.
+    let mut first_with: std::collections::HashMap<String, usize> = Default::default();
+    let mut unique: Vec<&Dict> = Vec::new();
+    let build_of: Vec<Option<usize>> = resolved
+        .iter()
+        .map(|cfg| {
+            let cfg = cfg.as_ref().ok()?;
+            let key = format!("{:?}", cfg.get("model"));
+            Some(*first_with.entry(key).or_insert_with(|| {
+                unique.push(cfg);
+                unique.len() - 1
+            }))
+        })
+        .collect();
+    let built_counts = on_two_threads(&unique, |cfg| counts(cfg));
     println!(
         "{} configs, {} distinct models built",
         buildable.len(),
@@ -172,17 +179,13 @@ fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
     let outcomes: Vec<Outcome> = buildable
         .iter()
         .zip(&resolved)
-        .map(|(record, cfg)| {
-            let cfg = match cfg {
-                Ok(cfg) => cfg,
-                Err(why) => return Outcome::Failed(why.clone()),
-            };
-            let key = model_key(cfg);
-            let at = unique.iter().position(|(k, _)| *k == key).expect("listed");
-            match &built_counts[at] {
+        .zip(build_of)
+        .map(|((record, cfg), at)| match (cfg, at) {
+            (Err(why), _) => Outcome::Failed(why.clone()),
+            (Ok(_), at) => match &built_counts[at.expect("a resolved config has a build")] {
                 Ok(got) => compare(record, got),
                 Err(why) => Outcome::Failed(format!("{}: {why}", record["path"])),
-            }
+            },
         })
         .collect();
     let mut built = 0;

@@ -73,24 +73,22 @@ impl MobileNetV2Cfg {
         c.unimplemented("with_cp", &Value::Bool(false))?;
         c.unimplemented("conv_cfg", &Value::None)?;
         c.inert(&["pretrained", "init_cfg"]);
-        c.finish()?;
         // MobileNetV2.__init__'s checks.
         if strides.len() != 7 || dilations.len() != 7 {
-            return Err(c_error(
-                "strides and dilations need one entry per layer (7)",
-            ));
+            return Err(c.config_error("strides and dilations need one entry per layer (7)"));
         }
         if strides.iter().any(|s| ![1, 2].contains(s)) {
-            return Err(c_error("InvertedResidual's stride must be 1 or 2"));
+            return Err(c.config_error("InvertedResidual's stride must be 1 or 2"));
         }
         if let Some(bad) = out_indices.iter().find(|i| !(0..7).contains(*i)) {
-            return Err(c_error(&format!(
+            return Err(c.config_error(format!(
                 "the item in out_indices must in range(0, 7). But received {bad}"
             )));
         }
         if widen_factor <= 0.0 {
-            return Err(c_error("widen_factor must be positive"));
+            return Err(c.config_error("widen_factor must be positive"));
         }
+        c.finish()?;
         Ok(MobileNetV2Cfg {
             widen_factor,
             strides,
@@ -99,10 +97,6 @@ impl MobileNetV2Cfg {
             norm,
         })
     }
-}
-
-fn c_error(what: &str) -> ModelError {
-    ModelError::Config(format!("MobileNetV2: {what}"))
 }
 
 /// `make_divisible(value, divisor)` (min_value = divisor, min_ratio 0.9).

@@ -80,6 +80,13 @@ impl Subdivision {
         }
         Ok(Some(sub))
     }
+
+    /// The size one step's `F.interpolate(scale_factor=..)` gives: each
+    /// side times the factor, floored.
+    fn upsampled(&self, (h, w): (i64, i64)) -> (i64, i64) {
+        let scaled = |n: i64| (n as f64 * self.scale_factor).floor() as i64;
+        (scaled(h), scaled(w))
+    }
 }
 
 /// `PointHead(num_fcs=3, coarse_pred_each_layer=True,
@@ -278,12 +285,9 @@ impl PointHead {
         let mut coarse: Option<Tensor> = None;
         let mut point_logits: Option<Tensor> = None;
         for _ in 0..sub.steps {
-            let [_, _, h, w] = refined.size()[..] else {
-                unreachable!("logits are 4-D")
-            };
-            let scaled = |n: i64| (n as f64 * sub.scale_factor).floor() as i64;
+            let (h, w) = sub.upsampled((refined.size()[2], refined.size()[3]));
             refined = refined.upsample_bilinear2d(
-                [scaled(h), scaled(w)],
+                [h, w],
                 ac,
                 Some(sub.scale_factor),
                 Some(sub.scale_factor),
@@ -292,19 +296,15 @@ impl PointHead {
                 unreachable!("logits are 4-D")
             };
             let (indices, coords) = self.points_test(&refined, sub.num_points);
-            point_indices = Some(indices);
+            let indices = point_indices.insert(indices);
             let coords = points.insert(coords);
             let fine_now = fine.insert(self.fine_features(&x, coords));
             let coarse_now = coarse.insert(point_sample(prev_output, coords, false, ac));
             let logits = point_logits.insert(self.point_logits(fine_now, coarse_now, false));
-            let expanded = point_indices
-                .take()
-                .expect("set above")
-                .unsqueeze(1)
-                .expand([-1, channels, -1], false);
+            // Python rebinds `point_indices` to this view of the same storage.
+            let expanded = indices.unsqueeze(1).expand([-1, channels, -1], false);
             refined = refined.reshape([batch, channels, height * width]);
             let _ = refined.scatter_(2, &expanded, logits);
-            point_indices = Some(expanded);
             refined = refined.view([batch, channels, height, width]);
         }
         let resized = resize_bilinear(&refined, size, ac);
@@ -370,9 +370,8 @@ impl DecodeHead for PointHead {
         let prev = prev.expect("PointHead is a cascade head");
         let mut size = (prev.size()[2], prev.size()[3]);
         if let Some(sub) = self.subdivision {
-            let scaled = |n: i64| (n as f64 * sub.scale_factor).floor() as i64;
             for _ in 0..sub.steps {
-                size = (scaled(size.0), scaled(size.1));
+                size = sub.upsampled(size);
             }
         }
         self.subdivide(features, prev, size)

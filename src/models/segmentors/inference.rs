@@ -119,17 +119,20 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
         Some(head) => vec![head],
         None => Vec::new(),
     };
+    let empty = Dict::new();
+    let test_cfg = model
+        .get("test_cfg")
+        .and_then(Value::as_dict)
+        .unwrap_or(&empty);
+    let slide = test_cfg.get("mode").and_then(Value::as_str) == Some("slide");
+    let test_pads = model
+        .get("data_preprocessor")
+        .and_then(Value::as_dict)
+        .and_then(|d| d.get("test_cfg"))
+        .and_then(Value::as_dict)
+        .is_some_and(|t| !t.is_empty());
     for head in heads {
         if let Some(ty) = head.get_path("type").and_then(Value::as_str) {
-            let model_value = Value::Dict(model.clone());
-            let slide = model_value
-                .get_path("test_cfg.mode")
-                .and_then(Value::as_str)
-                == Some("slide");
-            let test_pads = model_value
-                .get_path("data_preprocessor.test_cfg")
-                .and_then(Value::as_dict)
-                .is_some_and(|t| !t.is_empty());
             if ty == "Mask2FormerHead" && slide && test_pads {
                 // Its predict upsamples each crop's masks to the padded
                 // image (`pad_shape`), which slide inference cannot add up.
@@ -142,11 +145,6 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
             }
             if ty == "PointHead" {
                 // MMSeg reads these as attributes of test_cfg in `predict`.
-                let empty = Dict::new();
-                let test_cfg = model
-                    .get("test_cfg")
-                    .and_then(Value::as_dict)
-                    .unwrap_or(&empty);
                 if crate::models::decode_heads::point_head::Subdivision::from_test_cfg(test_cfg)?
                     .is_none()
                 {
