@@ -192,6 +192,7 @@ fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
     let mut exact = 0;
     let mut cnn_exact = 0;
     let mut heads_exact = 0;
+    let mut vit_exact = 0;
     let mut failures = Vec::new();
     for (record, outcome) in buildable.iter().zip(outcomes) {
         match outcome {
@@ -209,15 +210,22 @@ fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
                 if has_attention_head(record) {
                     heads_exact += 1;
                 }
+                if is_vit_family(record) {
+                    vit_exact += 1;
+                }
             }
         }
     }
     let heads_total = ok_records.iter().filter(|r| has_attention_head(r)).count();
+    let vit_total = ok_records.iter().filter(|r| is_vit_family(r)).count();
     println!("{exact}/{built} exact");
     println!(
         "{heads_exact}/{heads_total} exact (the attention and context heads on ResNet-V1c: Enc, ANN, CC, DA, GC, ISA, NL, PSA, APC, DM, DNL, EMA, FPN, PointRend; K-Net on ResNet-V1c and Swin)"
     );
     println!("{cnn_exact}/{cnn_total} exact (CNN families: ResNet/ResNetV1c/UNet/HRNet backbones)");
+    println!(
+        "{vit_exact}/{vit_total} exact (ViT family: ViT/DeiT UPerNet with or without MultiLevelNeck, SETR Naive/PUP/MLA, Segmenter)"
+    );
     println!(
         "segtune builds {built} of {} MMSeg model configs",
         ok_records.len()
@@ -227,6 +235,10 @@ fn every_buildable_mmseg_config_has_the_oracles_parameter_counts() {
     assert_eq!(
         cnn_exact, cnn_total,
         "CNN-family configs the registry cannot build yet, or builds inexactly"
+    );
+    assert_eq!(
+        vit_exact, vit_total,
+        "ViT-family configs the registry cannot build yet, or builds inexactly"
     );
     assert_eq!(
         heads_exact, heads_total,
@@ -273,6 +285,24 @@ fn has_attention_head(record: &Value) -> bool {
             .as_str()
             .is_none_or(|a| a == "FCNHead")
         && components["neck"].as_str().is_none_or(|n| n == "FPN")
+}
+
+/// The ViT family by the oracle's component types: a `VisionTransformer`
+/// backbone under an `EncoderDecoder` with the heads of ViT UPerNet, SETR
+/// and Segmenter (DPT's and SAN's heads are not built yet).
+fn is_vit_family(record: &Value) -> bool {
+    const HEADS: [&str; 5] = [
+        "UPerHead",
+        "FCNHead",
+        "SETRUPHead",
+        "SETRMLAHead",
+        "SegmenterMaskTransformerHead",
+    ];
+    record["components"]["backbone"] == "VisionTransformer"
+        && record["model_class"] == "EncoderDecoder"
+        && record["components"]["decode_head"]
+            .as_str()
+            .is_some_and(|h| HEADS.contains(&h))
 }
 
 /// The CNN families of issue 10, by the oracle's component types (not by

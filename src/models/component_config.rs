@@ -169,6 +169,23 @@ impl<'a> ComponentConfig<'a> {
         }
     }
 
+    /// An `act_cfg` that is either a ReLU (`true`) or `None` (`false`, no
+    /// activation), `default` when unset; other activations are not
+    /// implemented.
+    pub fn relu_or_none(&mut self, key: &str, default: bool) -> Result<bool, ModelError> {
+        match self.value(key) {
+            None => Ok(default),
+            Some(Value::None) => Ok(false),
+            Some(Value::Dict(d))
+                if d.get("type").and_then(Value::as_str) == Some("ReLU")
+                    && d.keys().all(|k| k == "type" || k == "inplace") =>
+            {
+                Ok(true)
+            }
+            Some(_) => Err(self.unsupported(key, "only dict(type='ReLU') or None is implemented")),
+        }
+    }
+
     /// Keys that are accepted and cannot change memory or speed (weight
     /// initialisation, checkpoints, inference-only settings).
     pub fn inert(&mut self, keys: &[&str]) {

@@ -87,8 +87,9 @@ pub fn search_command_on(
 /// with the shared oracle script on an AMX CPU (commands inside each):
 /// one config per CNN head type, Swin-T UPerNet, `with_cp=True` models and
 /// Mask2Former with a lowered `num_points` or `with_cp=True`, the heads of
-/// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2.
-pub const EXTRA_ORACLES: [&str; 7] = [
+/// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2;
+/// the ViT family (ViT UPerNet with MultiLevelNeck, SETR, Segmenter).
+pub const EXTRA_ORACLES: [&str; 8] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -116,6 +117,10 @@ pub const EXTRA_ORACLES: [&str; 7] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_mobilenet_v2.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_vit.json"
     ),
 ];
 

@@ -11,6 +11,7 @@ pub mod mobilenet_v2;
 pub mod resnet;
 pub mod swin;
 pub mod unet;
+pub mod vit;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -37,6 +38,7 @@ pub const WITH_CP_BACKBONES: &[&str] = &[
     "ResNetV1c",
     "ResNetV1d",
     "SwinTransformer",
+    "VisionTransformer",
 ];
 
 crate::models::registry::registry_table!(
@@ -51,5 +53,6 @@ crate::models::registry::registry_table!(
         ("SegformerModel", hf_segformer::build),
         ("SwinTransformer", swin::build),
         ("UNet", unet::build),
+        ("VisionTransformer", vit::build),
     ]
 );

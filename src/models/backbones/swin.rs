@@ -23,8 +23,8 @@ use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::from_host;
 use crate::models::layers::{
-    checkpoint_if, count_flops, linspace_drop_path_rates, softmax_saved, Conv2d, ConvSpec,
-    DropPath, Ffn, FfnActivation, LayerNorm, Linear,
+    checkpoint_if, corner_padding, count_flops, linspace_drop_path_rates, softmax_saved, DropPath,
+    Ffn, FfnActivation, LayerNorm, LayerNormCfg, Linear, PatchEmbed, PatchPadding,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -61,47 +61,6 @@ pub struct SwinConfig {
     pub frozen_stages: i64,
     /// Gradient checkpointing of each block (`with_cp`).
     pub with_cp: bool,
-}
-
-/// `norm_cfg=dict(type='LN', ...)`: mmcv's `build_norm_layer` of an
-/// `nn.LayerNorm`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LayerNormCfg {
-    pub eps: f64,
-    pub requires_grad: bool,
-}
-
-impl LayerNormCfg {
-    fn from_cfg(r: &mut ComponentConfig, key: &str) -> Result<LayerNormCfg, ModelError> {
-        let default = LayerNormCfg {
-            eps: 1e-5,
-            requires_grad: true,
-        };
-        match r.value(key) {
-            None => Ok(default),
-            Some(Value::Dict(d)) if d.get("type").and_then(Value::as_str) == Some("LN") => {
-                if let Some(k) = d
-                    .keys()
-                    .find(|k| !matches!(k.as_str(), "type" | "eps" | "requires_grad"))
-                {
-                    return Err(r.unsupported(key, format!("LN setting `{k}` is not implemented")));
-                }
-                Ok(LayerNormCfg {
-                    eps: d.get("eps").and_then(Value::as_f64).unwrap_or(default.eps),
-                    requires_grad: d.get("requires_grad").map(Value::truthy).unwrap_or(true),
-                })
-            }
-            Some(_) => Err(r.unsupported(key, "only dict(type='LN') is implemented")),
-        }
-    }
-
-    fn build(&self, p: &mut ParamScope, dims: i64) -> LayerNorm {
-        let norm = LayerNorm::new(p, dims, self.eps);
-        if !self.requires_grad {
-            p.freeze_last(2);
-        }
-        norm
-    }
 }
 
 impl SwinConfig {
@@ -148,7 +107,7 @@ impl SwinConfig {
             drop_rate: r.float("drop_rate", 0.0)?,
             drop_path_rate: r.float("drop_path_rate", 0.1)?,
             use_abs_pos_embed: r.flag("use_abs_pos_embed", false),
-            norm: LayerNormCfg::from_cfg(&mut r, "norm_cfg")?,
+            norm: LayerNormCfg::from_cfg(&mut r, "norm_cfg", LayerNormCfg::DEFAULT)?,
             frozen_stages: r.int("frozen_stages", -1)?,
             with_cp: r.flag("with_cp", false),
         };
@@ -188,43 +147,6 @@ impl SwinConfig {
             )));
         }
         Ok(c)
-    }
-}
-
-/// mmseg's `AdaptivePadding` in `corner` mode: zero padding at the bottom
-/// and right so that a `kernel`/`stride` window covers the whole input
-/// (`None`: no padding needed).
-fn corner_padding(hw: (i64, i64), kernel: i64, stride: i64) -> Option<(i64, i64)> {
-    let pad = |size: i64| {
-        let out = (size + stride - 1) / stride;
-        ((out - 1) * stride + kernel - size).max(0)
-    };
-    let (pad_h, pad_w) = (pad(hw.0), pad(hw.1));
-    (pad_h > 0 || pad_w > 0).then_some((pad_h, pad_w))
-}
-
-/// `PatchEmbed` (`mmseg/models/utils/embed.py`) with a `corner` padding.
-struct PatchEmbed {
-    projection: Conv2d,
-    norm: Option<LayerNorm>,
-    patch_size: i64,
-}
-
-impl PatchEmbed {
-    /// `x`: `[B, C, H, W]`; returns `[B, h * w, C']` and `(h, w)`.
-    fn forward(&self, x: &Tensor) -> (Tensor, (i64, i64)) {
-        let (h, w) = (x.size()[2], x.size()[3]);
-        let mut x = x.shallow_clone();
-        if let Some((pad_h, pad_w)) = corner_padding((h, w), self.patch_size, self.patch_size) {
-            x = x.pad([0, pad_w, 0, pad_h], "constant", None);
-        }
-        x = self.projection.forward(&x);
-        let out_size = (x.size()[2], x.size()[3]);
-        x = x.flatten(2, -1).transpose(1, 2);
-        if let Some(norm) = &self.norm {
-            x = norm.forward(&x);
-        }
-        (x, out_size)
     }
 }
 
@@ -556,21 +478,16 @@ impl SwinTransformer {
                 (c.pretrain_img_size.0 / c.patch_size) * (c.pretrain_img_size.1 / c.patch_size);
             p.param_zeros("absolute_pos_embed", &[1, patches, c.embed_dims])
         });
-        let patch_embed = {
-            let mut pp = p.sub("patch_embed");
-            let projection = Conv2d::new(
-                &mut pp.sub("projection"),
-                ConvSpec::new(c.in_channels, c.embed_dims, c.patch_size).stride(c.strides[0]),
-            );
-            let norm = c
-                .patch_norm
-                .then(|| c.norm.build(&mut pp.sub("norm"), c.embed_dims));
-            PatchEmbed {
-                projection,
-                norm,
-                patch_size: c.patch_size,
-            }
-        };
+        let patch_embed = PatchEmbed::new(
+            &mut p.sub("patch_embed"),
+            c.in_channels,
+            c.embed_dims,
+            c.patch_size,
+            c.strides[0],
+            PatchPadding::Corner,
+            true,
+            c.patch_norm.then_some(c.norm),
+        );
         if c.frozen_stages >= 0 {
             p.freeze_since(start);
         }

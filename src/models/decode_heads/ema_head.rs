@@ -14,7 +14,7 @@ use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
-use crate::models::layers::{ConvModule, ConvSpec};
+use crate::models::layers::{normalize, ConvModule, ConvSpec};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 use std::cell::RefCell;
@@ -65,14 +65,6 @@ impl EmaHeadCfg {
             momentum,
         })
     }
-}
-
-/// `F.normalize(x, dim=dim, p=p)`: `x / norm(x).clamp_min(1e-12)`.
-fn normalize(x: &Tensor, p: f64, dim: i64) -> Tensor {
-    let denom = x
-        .linalg_norm(p, &[dim][..], true, None::<Kind>) // dispatches to linalg_vector_norm
-        .clamp_min(1e-12);
-    x / denom.expand_as(x)
 }
 
 /// `EMAModule(channels, num_bases, num_stages, momentum)`.

@@ -30,7 +30,10 @@ pub mod point_head;
 pub mod psa_head;
 pub mod psp_head;
 pub mod segformer_head;
+pub mod segmenter_mask_head;
 pub mod sep_aspp_head;
+pub mod setr_mla_head;
+pub mod setr_up_head;
 pub mod uper_head;
 
 use super::params::ParamScope;
@@ -117,6 +120,9 @@ crate::models::registry::registry_table!(
         ("PSPHead", psp_head::build),
         ("SegformerDecodeHead", hf_segformer_head::build),
         ("SegformerHead", segformer_head::build),
+        ("SegmenterMaskTransformerHead", segmenter_mask_head::build),
+        ("SETRMLAHead", setr_mla_head::build),
+        ("SETRUPHead", setr_up_head::build),
         ("UPerHead", uper_head::build),
     ]
 );

@@ -7,7 +7,7 @@
 //! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
 //! `MultiScaleDeformableAttention`), [`positional_encoding`] (mmdet's sine
 //! encoding), [`self_attention_block`] (MMSeg's `SelfAttentionBlock`),
-//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
+//! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`embed`] (mmseg's `PatchEmbed`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
 //! (`torch.utils.checkpoint`), [`shape`]
 //! (mmseg's `nlc_to_nchw`/`nchw_to_nlc` and `resize`), [`host`] (tensors
 //! from host data), [`ops`] (ATen ops through the shim). This file holds what
@@ -17,6 +17,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod conv;
 pub mod drop;
+pub mod embed;
 pub mod ffn;
 pub mod host;
 pub mod linear;
@@ -31,10 +32,11 @@ pub use attention::MultiheadAttention;
 pub use checkpoint::{checkpoint, checkpoint_if, checkpoint_inputs};
 pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 pub use drop::{dropout, linspace_drop_path_rates, DropPath};
+pub use embed::{corner_padding, PatchEmbed, PatchPadding};
 pub use ffn::{Ffn, FfnActivation};
 pub use linear::Linear;
-pub use norm::{BatchNorm2d, ConvNorm, GroupNorm, LayerNorm};
-pub use shape::{nchw_to_nlc, nlc_to_nchw, resize_bilinear};
+pub use norm::{normalize, BatchNorm2d, ConvNorm, GroupNorm, LayerNorm, LayerNormCfg};
+pub use shape::{channel_layer_norm, nchw_to_nlc, nlc_to_nchw, resize_bilinear};
 
 use std::cell::Cell;
 use std::sync::OnceLock;

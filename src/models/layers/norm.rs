@@ -1,7 +1,9 @@
 //! `nn.LayerNorm`, `nn.BatchNorm2d` and `nn.GroupNorm`.
 
+use crate::config::Value;
+use crate::models::component_config::ComponentConfig;
 use crate::models::params::ParamScope;
-use crate::models::NormCfg;
+use crate::models::{ModelError, NormCfg};
 use tch::{Kind, Tensor};
 
 /// `nn.LayerNorm` over the last dimension.
@@ -179,3 +181,65 @@ pub fn one_value_per_channel(size: &[i64]) -> String {
 
 /// The start of [`one_value_per_channel`]'s message, to recognise it.
 pub const ONE_VALUE_PER_CHANNEL: &str = "Expected more than 1 value per channel when training";
+
+/// `norm_cfg=dict(type='LN', ...)`: mmcv's `build_norm_layer` of an
+/// `nn.LayerNorm` (the transformer backbones' and heads' norms).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormCfg {
+    pub eps: f64,
+    pub requires_grad: bool,
+}
+
+impl LayerNormCfg {
+    /// `nn.LayerNorm`'s own defaults (`eps=1e-5`).
+    pub const DEFAULT: LayerNormCfg = LayerNormCfg {
+        eps: 1e-5,
+        requires_grad: true,
+    };
+
+    /// The LN dict at `key`, `DEFAULT` when absent; any other norm type is
+    /// refused naming the key.
+    pub fn from_cfg(
+        r: &mut ComponentConfig,
+        key: &str,
+        default: LayerNormCfg,
+    ) -> Result<LayerNormCfg, ModelError> {
+        match r.value(key) {
+            None => Ok(default),
+            Some(Value::Dict(d)) if d.get("type").and_then(Value::as_str) == Some("LN") => {
+                if let Some(k) = d
+                    .keys()
+                    .find(|k| !matches!(k.as_str(), "type" | "eps" | "requires_grad"))
+                {
+                    return Err(r.unsupported(key, format!("LN setting `{k}` is not implemented")));
+                }
+                Ok(LayerNormCfg {
+                    eps: d
+                        .get("eps")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(Self::DEFAULT.eps),
+                    requires_grad: d.get("requires_grad").map(Value::truthy).unwrap_or(true),
+                })
+            }
+            Some(_) => Err(r.unsupported(key, "only dict(type='LN') is implemented")),
+        }
+    }
+
+    /// An `nn.LayerNorm(dims)` registered in `p` (frozen without
+    /// `requires_grad`).
+    pub fn build(&self, p: &mut ParamScope, dims: i64) -> LayerNorm {
+        let norm = LayerNorm::new(p, dims, self.eps);
+        if !self.requires_grad {
+            p.freeze_last(2);
+        }
+        norm
+    }
+}
+
+/// `F.normalize(x, dim=dim, p=p)`: `x / norm(x).clamp_min(1e-12)`.
+pub fn normalize(x: &Tensor, p: f64, dim: i64) -> Tensor {
+    let denom = x
+        .linalg_norm(p, &[dim][..], true, None::<Kind>) // dispatches to linalg_vector_norm
+        .clamp_min(1e-12);
+    x / denom.expand_as(x)
+}

@@ -1,7 +1,8 @@
 //! Layout changes and resizing: mmseg's `nlc_to_nchw` / `nchw_to_nlc`
-//! (`mmseg/models/utils/shape_convert.py`) and `resize`
-//! (`mmseg/models/utils/wrappers.py`).
+//! (`mmseg/models/utils/shape_convert.py`), `resize`
+//! (`mmseg/models/utils/wrappers.py`), and SETR's LayerNorm over channels.
 
+use super::LayerNorm;
 use tch::Tensor;
 
 /// mmseg's `nlc_to_nchw`: `x.transpose(1, 2).reshape(B, C, H, W)` (a copy).
@@ -18,4 +19,15 @@ pub fn nchw_to_nlc(x: &Tensor) -> Tensor {
 /// mmseg's `resize` (F.interpolate, bilinear, to a size).
 pub fn resize_bilinear(x: &Tensor, size: (i64, i64), align_corners: bool) -> Tensor {
     x.upsample_bilinear2d([size.0, size.1], align_corners, None, None)
+}
+
+/// A LayerNorm over a `[N, C, H, W]` map's channels, as SETR writes it:
+/// `reshape(n, c, h*w).transpose(2, 1).contiguous()`, the norm, then
+/// `transpose(1, 2).reshape(n, c, h, w).contiguous()` (a copy each way).
+pub fn channel_layer_norm(norm: &LayerNorm, x: &Tensor) -> Tensor {
+    let s = x.size();
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    let tokens = x.reshape([n, c, h * w]).transpose(2, 1).contiguous();
+    let tokens = norm.forward(&tokens);
+    tokens.transpose(1, 2).reshape([n, c, h, w]).contiguous()
 }

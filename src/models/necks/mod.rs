@@ -2,11 +2,12 @@
 //! table from MMSeg's `type` name to a constructor. `EncoderDecoder` applies
 //! `model.neck` to the backbone's features in `extract_feat`.
 //!
-//! Adding one (`MultiLevelNeck`): its own file here following the
-//! pattern of `jpu.rs`, plus its `mod` line and its table row below.
+//! Adding one: its own file here following the pattern of `jpu.rs`, plus its `mod` line and its table row below.
 
 pub mod fpn;
 pub mod jpu;
+pub mod mla_neck;
+pub mod multilevel_neck;
 
 use super::params::ParamScope;
 use super::ModelError;
@@ -28,5 +29,10 @@ pub type NeckCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Neck>, ModelErr
 
 crate::models::registry::registry_table!(
     /// Neck types (`model.neck.type`).
-    NECKS, NECK_NAMES: NeckCtor = [("FPN", fpn::build), ("JPU", jpu::build)]
+    NECKS, NECK_NAMES: NeckCtor = [
+        ("FPN", fpn::build),
+        ("JPU", jpu::build),
+        ("MLANeck", mla_neck::build),
+        ("MultiLevelNeck", multilevel_neck::build),
+    ]
 );

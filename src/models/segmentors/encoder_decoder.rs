@@ -542,17 +542,16 @@ mod tests {
         let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
         model.insert(
             "neck".into(),
-            crate::models::component_config::test_support::to_value(
-                &json!({"type": "MultiLevelNeck"}),
-            ),
+            crate::models::component_config::test_support::to_value(&json!({"type": "ICNeck"})),
         );
         // Every unknown type is named, each table listed once.
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         assert_eq!(
             err.to_string(),
             format!(
-                "unknown component types: neck `MultiLevelNeck`, auxiliary head `LRASPPHead`\n  \
-                 necks segtune supports: FPN, JPU\n  heads segtune supports: {heads}"
+                "unknown component types: neck `ICNeck`, auxiliary head `LRASPPHead`\n  \
+                 necks segtune supports: {necks}\n  heads segtune supports: {heads}",
+                necks = crate::models::necks::NECK_NAMES.join(", ")
             )
         );
     }
