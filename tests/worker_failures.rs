@@ -140,8 +140,10 @@ fn a_worker_at_its_data_memory_limit_reports_host_out_of_memory() {
 }
 
 /// A step that needs more host RAM than there is (here: told so through
-/// `SEGTUNE_HOST_MEMORY`) stops at the host cap with what it needed,
-/// for `trial` and for `estimate`'s traced step alike: exit 2, one line.
+/// `SEGTUNE_HOST_MEMORY`) stops at the host cap with what it needed, for
+/// `trial` and for `estimate`'s CPU-traced step alike: exit 2, one line.
+/// `estimate`'s default meta trace allocates no host memory for tensors:
+/// the same prediction goes through on the same host.
 #[test]
 fn a_step_beyond_the_hosts_ram_stops_at_the_cap_and_says_what_it_needs() {
     let Some(shared) = common::require_shared(
@@ -158,6 +160,8 @@ fn a_step_beyond_the_hosts_ram_stops_at_the_cap_and_says_what_it_needs() {
         "256x256",
         "--vram",
         "8G",
+        "--trace",
+        "cpu",
     ];
     for args in [&trial[..], &estimate[..]] {
         let out = Command::cargo_bin("segtune")
@@ -185,4 +189,20 @@ fn a_step_beyond_the_hosts_ram_stops_at_the_cap_and_says_what_it_needs() {
         assert!(err.contains("this host had 0.1 GB"), "{args:?}: {err}");
         assert!(err.lines().count() <= 3, "{args:?}: {err}");
     }
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .env("SEGTUNE_HOST_MEMORY", "600000000")
+        .arg("estimate")
+        .arg(b0(&shared))
+        .args(&estimate[1..7])
+        .args(["--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "meta trace: {err}");
+    let estimate: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        estimate["cpu_trace_peak_bytes"].as_u64().unwrap() > 100_000_000,
+        "the meta trace holds more than the 0.1 GB the CPU trace was refused at: {estimate}"
+    );
 }

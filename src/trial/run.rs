@@ -19,7 +19,8 @@ use tch::{Device, Kind, Tensor};
 /// A CPU trial without `--cpu-cap` runs under a cap of the host's available
 /// RAM (less a reserve): a step that needs more fails as `host_oom`, saying
 /// how much it needed, instead of growing until the kernel kills it (and
-/// perhaps other processes with it).
+/// perhaps other processes with it). A meta trace's tensors take no host
+/// memory and are not capped so.
 ///
 /// The same trial runs under an OS limit on its data memory
 /// (`RLIMIT_DATA`: the heap and private writable mappings, what tensors and
@@ -32,7 +33,12 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
     let host = (device == Device::Cpu && request.cpu_cap_bytes.is_none())
         .then(host_available)
         .flatten();
-    let host_budget = host.map(host_tensor_budget);
+    // A meta trace counts the storages its ops would allocate, which take
+    // no host memory: that ledger is not capped by the host's RAM (the data
+    // limit below still bounds what the worker really allocates).
+    let host_budget = host
+        .filter(|_| request.op_trace != memory::OpTrace::Meta)
+        .map(host_tensor_budget);
     let data_limit = host.map(|available| {
         std::env::var("SEGTUNE_WORKER_DATA_LIMIT")
             .ok()
@@ -43,8 +49,9 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
         limit_data_memory(extra);
     }
     let report = run_capped(cfg, request, device, host_budget);
-    match host_budget {
-        Some(budget) if report.status == TrialStatus::Oom => {
+    match host {
+        Some(available) if report.status == TrialStatus::Oom => {
+            let budget = host_budget.unwrap_or(available);
             let doing = if request.trace_out.is_some() {
                 "while tracing"
             } else {
