@@ -88,8 +88,9 @@ pub fn search_command_on(
 /// one config per CNN head type, Swin-T UPerNet, `with_cp=True` models and
 /// Mask2Former with a lowered `num_points` or `with_cp=True`, the heads of
 /// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2;
-/// the ViT family (ViT UPerNet with MultiLevelNeck, SETR, Segmenter).
-pub const EXTRA_ORACLES: [&str; 8] = [
+/// the ViT family (ViT UPerNet with MultiLevelNeck, SETR, Segmenter); ICNet
+/// and BiSeNetV1.
+pub const EXTRA_ORACLES: [&str; 9] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -121,6 +122,10 @@ pub const EXTRA_ORACLES: [&str; 8] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_vit.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_icnet_bisenet.json"
     ),
 ];
 

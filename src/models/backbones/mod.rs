@@ -4,8 +4,10 @@
 //! Adding a backbone: its own file here (see `mit.rs` for the pattern),
 //! plus its `mod` line and its table row below.
 
+pub mod bisenetv1;
 pub mod hf_segformer;
 pub mod hrnet;
+pub mod icnet;
 pub mod mit;
 pub mod mobilenet_v2;
 pub mod resnet;
@@ -44,7 +46,9 @@ pub const WITH_CP_BACKBONES: &[&str] = &[
 crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_NAMES: BackboneCtor = [
+        ("BiSeNetV1", bisenetv1::build),
         ("HRNet", hrnet::build),
+        ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build),
         ("MobileNetV2", mobilenet_v2::build),
         ("ResNet", resnet::build_resnet),

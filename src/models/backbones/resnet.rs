@@ -640,16 +640,38 @@ impl ResNet {
     }
 }
 
-impl Backbone for ResNet {
-    /// One `[B, base_channels * 2^i * expansion, H / s_i, W / s_i]` map per
-    /// output stage (`s_i`: 4 times the product of the strides so far).
-    fn forward(&self, x: &Tensor, training: bool) -> Vec<Tensor> {
-        let bn_training = |frozen: bool| training && !self.norm_eval && !frozen;
-        let stem_training = bn_training(self.frozen_stages >= 0);
-        let stem_part = crate::models::scope::enter("stem");
-        let mut x = match &self.stem {
+impl Variant {
+    /// The variant a `type` names, for a module that builds a ResNet from
+    /// its own `backbone_cfg` (ICNet).
+    pub fn from_type(name: &str) -> Option<Variant> {
+        match name {
+            "ResNet" => Some(Variant::ResNet),
+            "ResNetV1c" => Some(Variant::V1c),
+            "ResNetV1d" => Some(Variant::V1d),
+            _ => None,
+        }
+    }
+}
+
+impl ResNet {
+    /// Whether BN runs in training mode in a part (`frozen`: a frozen stage).
+    fn bn_training(&self, training: bool, frozen: bool) -> bool {
+        training && !self.norm_eval && !frozen
+    }
+
+    /// Whether the stem is the V1c/V1d deep stem (the `stem` module that
+    /// ICNet calls by name).
+    pub fn has_deep_stem(&self) -> bool {
+        matches!(self.stem, Stem::Deep(_))
+    }
+
+    /// The stem without the max pool: `[B, stem_channels, H/2, W/2]`.
+    pub fn stem_forward(&self, x: &Tensor, training: bool) -> Tensor {
+        let _part = crate::models::scope::enter("stem");
+        let stem_training = self.bn_training(training, self.frozen_stages >= 0);
+        match &self.stem {
             Stem::Plain { conv1, bn1 } => {
-                let y = conv1.forward(x); // [B, stem, H/2, W/2]
+                let y = conv1.forward(x);
                 let mut y = bn1.forward(&y, stem_training);
                 let _ = y.relu_();
                 y
@@ -661,16 +683,37 @@ impl Backbone for ResNet {
                     y = bn.forward(&z, stem_training);
                     let _ = y.relu_();
                 }
-                y // [B, stem, H/2, W/2]
+                y
             }
-        };
+        }
+    }
+
+    /// `layer{i + 1}` on `x`.
+    pub fn layer_forward(&self, i: usize, x: &Tensor, training: bool) -> Tensor {
+        let _part = crate::models::scope::enter(&format!("layer{}", i + 1));
+        let frozen = (i as i64) < self.frozen_stages;
+        self.layers[i].forward(x, self.bn_training(training, frozen))
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}
+
+impl Backbone for ResNet {
+    /// One `[B, base_channels * 2^i * expansion, H / s_i, W / s_i]` map per
+    /// output stage (`s_i`: 4 times the product of the strides so far).
+    fn forward(&self, x: &Tensor, training: bool) -> Vec<Tensor> {
+        let stem = self.stem_forward(x, training);
         // nn.MaxPool2d(3, 2, 1)
-        x = x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false); // [B, stem, H/4, W/4]
-        drop(stem_part);
+        let mut x = {
+            let _part = crate::models::scope::enter("stem");
+            stem.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false) // [B, stem, H/4, W/4]
+        };
+        drop(stem);
         let mut outs = Vec::with_capacity(self.out_indices.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let _part = crate::models::scope::enter(&format!("layer{}", i + 1));
-            x = layer.forward(&x, bn_training((i as i64) < self.frozen_stages));
+        for i in 0..self.layers.len() {
+            x = self.layer_forward(i, &x, training);
             if self.out_indices.contains(&(i as i64)) {
                 outs.push(x.shallow_clone());
             }
@@ -680,92 +723,5 @@ impl Backbone for ResNet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::models::component_config::test_support::dict;
-    use crate::models::params::ParamStore;
-    use serde_json::json;
-    use tch::{Device, Kind};
-
-    fn backbone(extra: serde_json::Value) -> Dict {
-        let mut d = json!({
-            "type": "ResNetV1c", "depth": 50, "num_stages": 4, "out_indices": [0, 1, 2, 3],
-            "dilations": [1, 1, 2, 4], "strides": [1, 2, 1, 1],
-            "norm_cfg": {"type": "SyncBN", "requires_grad": true},
-            "norm_eval": false, "style": "pytorch", "contract_dilation": true,
-        });
-        d.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        dict(d)
-    }
-
-    fn count(variant: Variant, d: &Dict) -> (ParamStore, ResNet) {
-        let mut store = ParamStore::new(Device::Cpu);
-        let cfg = ResNetCfg::from_cfg(d, variant).unwrap();
-        let net = ResNet::new(&mut store.scope("backbone"), &cfg);
-        (store, net)
-    }
-
-    #[test]
-    fn the_backbones_have_mmsegs_parameter_counts() {
-        // params_all.json, by_prefix.backbone.total of
-        // fcn/fcn_r50-d8_4xb2-40k_cityscapes-512x1024.py (ResNetV1c-50),
-        // deeplabv3plus/deeplabv3plus_r101-d8_4xb2-40k_cityscapes-512x1024.py
-        // (ResNetV1c-101) and deeplabv3plus_r18-d8_4xb2-80k_cityscapes-512x1024.py
-        // (ResNetV1c-18).
-        for (depth, want) in [(50, 23_527_264), (101, 42_519_392), (18, 11_195_744)] {
-            let (store, _) = count(Variant::V1c, &backbone(json!({"depth": depth})));
-            assert_eq!(store.total(), want, "ResNetV1c-{depth}");
-        }
-    }
-
-    #[test]
-    fn a_d8_resnet50_keeps_an_eighth_of_the_resolution() {
-        let (_, net) = count(Variant::V1c, &backbone(json!({})));
-        let x = Tensor::zeros([2, 3, 64, 64], (Kind::Float, Device::Cpu));
-        let shapes: Vec<Vec<i64>> = net.forward(&x, true).iter().map(|t| t.size()).collect();
-        assert_eq!(
-            shapes,
-            [
-                vec![2, 256, 16, 16],
-                vec![2, 512, 8, 8],
-                vec![2, 1024, 8, 8],
-                vec![2, 2048, 8, 8]
-            ]
-        );
-    }
-
-    #[test]
-    fn frozen_stages_freeze_the_stem_and_the_first_stages() {
-        let (store, _) = count(
-            Variant::ResNet,
-            &backbone(json!({"type": "ResNet", "frozen_stages": 1})),
-        );
-        let frozen: Vec<&str> = store
-            .params
-            .iter()
-            .filter(|p| !p.trainable())
-            .map(|p| p.name.as_str())
-            .collect();
-        assert!(frozen.contains(&"backbone.conv1.weight"));
-        assert!(frozen.contains(&"backbone.layer1.2.bn3.bias"));
-        assert!(!frozen.iter().any(|n| n.starts_with("backbone.layer2")));
-    }
-
-    #[test]
-    fn v1c_refuses_a_deep_stem_setting_and_unknown_keys() {
-        let err = ResNetCfg::from_cfg(&backbone(json!({"deep_stem": false})), Variant::V1c)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("ResNetV1c: sets `deep_stem` itself"), "{err}");
-        let err = ResNetCfg::from_cfg(&backbone(json!({"dcn": {"type": "DCN"}})), Variant::V1c)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`dcn`"), "{err}");
-        let err = ResNetCfg::from_cfg(&backbone(json!({"depth": 42})), Variant::V1c)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("invalid depth 42"), "{err}");
-    }
-}
+#[path = "resnet_tests.rs"]
+mod tests;

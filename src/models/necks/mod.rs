@@ -5,6 +5,7 @@
 //! Adding one: its own file here following the pattern of `jpu.rs`, plus its `mod` line and its table row below.
 
 pub mod fpn;
+pub mod ic_neck;
 pub mod jpu;
 pub mod mla_neck;
 pub mod multilevel_neck;
@@ -31,6 +32,7 @@ crate::models::registry::registry_table!(
     /// Neck types (`model.neck.type`).
     NECKS, NECK_NAMES: NeckCtor = [
         ("FPN", fpn::build),
+        ("ICNeck", ic_neck::build),
         ("JPU", jpu::build),
         ("MLANeck", mla_neck::build),
         ("MultiLevelNeck", multilevel_neck::build),

@@ -549,7 +549,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "unknown component types: neck `ICNeck`, auxiliary head `LRASPPHead`\n  \
+                "unknown component types: neck `Feature2Pyramid`, auxiliary head `LRASPPHead`\n  \
                  necks segtune supports: {necks}\n  heads segtune supports: {heads}",
                 necks = crate::models::necks::NECK_NAMES.join(", ")
             )
