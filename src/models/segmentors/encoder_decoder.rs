@@ -542,7 +542,9 @@ mod tests {
         let model = cfg.get_mut("model").unwrap().as_dict_mut().unwrap();
         model.insert(
             "neck".into(),
-            crate::models::component_config::test_support::to_value(&json!({"type": "ICNeck"})),
+            crate::models::component_config::test_support::to_value(
+                &json!({"type": "Feature2Pyramid"}),
+            ),
         );
         // Every unknown type is named, each table listed once.
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
