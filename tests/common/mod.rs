@@ -89,8 +89,8 @@ pub fn search_command_on(
 /// Mask2Former with a lowered `num_points` or `with_cp=True`, the heads of
 /// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2;
 /// the ViT family (ViT UPerNet with MultiLevelNeck, SETR, Segmenter); ICNet
-/// and BiSeNetV1.
-pub const EXTRA_ORACLES: [&str; 9] = [
+/// and BiSeNetV1; Twins (PCPVT, SVT); ResNeSt.
+pub const EXTRA_ORACLES: [&str; 11] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -126,6 +126,14 @@ pub const EXTRA_ORACLES: [&str; 9] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_icnet_bisenet.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_twins.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_resnest.json"
     ),
 ];
 

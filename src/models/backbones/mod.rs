@@ -10,8 +10,10 @@ pub mod hrnet;
 pub mod icnet;
 pub mod mit;
 pub mod mobilenet_v2;
+pub mod resnest;
 pub mod resnet;
 pub mod swin;
+pub mod twins;
 pub mod unet;
 pub mod vit;
 
@@ -51,9 +53,12 @@ crate::models::registry::registry_table!(
         ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build),
         ("MobileNetV2", mobilenet_v2::build),
+        ("PCPVT", twins::build_pcpvt),
+        ("ResNeSt", resnet::build_resnest),
         ("ResNet", resnet::build_resnet),
         ("ResNetV1c", resnet::build_resnet_v1c),
         ("ResNetV1d", resnet::build_resnet_v1d),
+        ("SVT", twins::build_svt),
         ("SegformerModel", hf_segformer::build),
         ("SwinTransformer", swin::build),
         ("UNet", unet::build),

@@ -16,6 +16,7 @@
 //! first stages (no gradients, BN in eval mode), `norm_eval` puts every BN
 //! in eval mode.
 
+use super::resnest::{SplitBottleneck, SplitSettings};
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
@@ -44,6 +45,12 @@ pub fn build_resnet_v1d(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbo
     Ok(Box::new(ResNet::new(p, &cfg)))
 }
 
+/// The registry's constructor for `ResNeSt` (split-attention blocks).
+pub fn build_resnest(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbone>, ModelError> {
+    let cfg = ResNetCfg::from_cfg(cfg, Variant::ResNeSt)?;
+    Ok(Box::new(ResNet::new(p, &cfg)))
+}
+
 /// Which class the config names: the V1c/V1d subclasses fix `deep_stem`
 /// (and `avg_down`) themselves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +58,8 @@ pub enum Variant {
     ResNet,
     V1c,
     V1d,
+    /// `ResNeSt`: a ResNetV1d of split-attention bottlenecks (`resnest.rs`).
+    ResNeSt,
 }
 
 impl Variant {
@@ -59,6 +68,14 @@ impl Variant {
             Variant::ResNet => "ResNet",
             Variant::V1c => "ResNetV1c",
             Variant::V1d => "ResNetV1d",
+            Variant::ResNeSt => "ResNeSt",
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            Variant::ResNeSt => "mmseg/models/backbones/resnest.py",
+            _ => SOURCE,
         }
     }
 }
@@ -68,6 +85,8 @@ impl Variant {
 pub enum BlockKind {
     Basic,
     Bottleneck,
+    /// ResNeSt's split-attention bottleneck.
+    Split(SplitSettings),
 }
 
 impl BlockKind {
@@ -75,7 +94,7 @@ impl BlockKind {
     pub fn expansion(self) -> i64 {
         match self {
             BlockKind::Basic => 1,
-            BlockKind::Bottleneck => 4,
+            BlockKind::Bottleneck | BlockKind::Split(_) => 4,
         }
     }
 }
@@ -115,19 +134,44 @@ pub struct ResNetCfg {
 
 impl ResNetCfg {
     pub fn from_cfg(d: &Dict, variant: Variant) -> Result<ResNetCfg, ModelError> {
-        let mut c = ComponentConfig::new(d, variant.class_name(), SOURCE);
+        let mut c = ComponentConfig::new(d, variant.class_name(), variant.source());
         let depth = match c.value("depth") {
             Some(Value::Int(depth)) => *depth,
             Some(_) => return Err(c.config_error("`depth` must be an int")),
             None => return Err(c.config_error("lacks `depth` (18, 34, 50, 101 or 152)")),
         };
-        let (block, blocks): (BlockKind, &[i64]) = match depth {
-            18 => (BlockKind::Basic, &[2, 2, 2, 2]),
-            34 => (BlockKind::Basic, &[3, 4, 6, 3]),
-            50 => (BlockKind::Bottleneck, &[3, 4, 6, 3]),
-            101 => (BlockKind::Bottleneck, &[3, 4, 23, 3]),
-            152 => (BlockKind::Bottleneck, &[3, 8, 36, 3]),
-            other => {
+        let (block, blocks): (BlockKind, &[i64]) = match (variant, depth) {
+            (Variant::ResNeSt, _) => {
+                let blocks: &[i64] = match depth {
+                    50 => &[3, 4, 6, 3],
+                    101 => &[3, 4, 23, 3],
+                    152 => &[3, 8, 36, 3],
+                    200 => &[3, 24, 36, 3],
+                    other => {
+                        return Err(c.config_error(format!(
+                            "invalid depth {other} for resnest (50, 101, 152 or 200)"
+                        )))
+                    }
+                };
+                let settings = SplitSettings {
+                    groups: c.int("groups", 1)?,
+                    base_width: c.int("base_width", 4)?,
+                    base_channels: c.int("base_channels", 64)?,
+                    radix: c.int("radix", 2)?,
+                    reduction_factor: c.int("reduction_factor", 4)?,
+                    avg_down_stride: c.flag("avg_down_stride", true),
+                };
+                if settings.groups < 1 || settings.radix < 1 || settings.reduction_factor < 1 {
+                    return Err(c.config_error("groups, radix and reduction_factor must be >= 1"));
+                }
+                (BlockKind::Split(settings), blocks)
+            }
+            (_, 18) => (BlockKind::Basic, &[2, 2, 2, 2]),
+            (_, 34) => (BlockKind::Basic, &[3, 4, 6, 3]),
+            (_, 50) => (BlockKind::Bottleneck, &[3, 4, 6, 3]),
+            (_, 101) => (BlockKind::Bottleneck, &[3, 4, 23, 3]),
+            (_, 152) => (BlockKind::Bottleneck, &[3, 8, 36, 3]),
+            (_, other) => {
                 return Err(c.config_error(format!(
                     "invalid depth {other} for resnet (18, 34, 50, 101 or 152)"
                 )))
@@ -177,7 +221,7 @@ impl ResNetCfg {
                 fixed(&mut c, "deep_stem", true)?,
                 fixed(&mut c, "avg_down", false)?,
             ),
-            Variant::V1d => (
+            Variant::V1d | Variant::ResNeSt => (
                 fixed(&mut c, "deep_stem", true)?,
                 fixed(&mut c, "avg_down", true)?,
             ),
@@ -269,7 +313,7 @@ pub struct Downsample {
 }
 
 impl Downsample {
-    fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
+    pub(super) fn forward(&self, x: &Tensor, bn_training: bool) -> Tensor {
         let pooled;
         let input = match self.avg_pool_stride {
             Some(s) => {
@@ -288,6 +332,7 @@ impl Downsample {
 pub enum ResBlock {
     Basic(BasicBlock),
     Bottleneck(Bottleneck),
+    Split(Box<SplitBottleneck>),
 }
 
 /// A block's shape: `BasicBlock(inplanes, planes, stride, dilation,
@@ -319,6 +364,17 @@ impl ResBlock {
             ..
         } = spec;
         match spec.kind {
+            BlockKind::Split(settings) => ResBlock::Split(Box::new(SplitBottleneck::new(
+                p,
+                spec,
+                &settings,
+                norm,
+                |p: &mut ParamScope| {
+                    downsample.map(|(stride, avg)| {
+                        Downsample::new(p, inplanes, planes * 4, stride, avg, norm)
+                    })
+                },
+            ))),
             BlockKind::Basic => {
                 let conv1 = conv(
                     p,
@@ -419,6 +475,7 @@ impl ResBlock {
                 out = b.conv3.forward(&out);
                 (b.bn3.forward(&out, bn_training), &b.downsample)
             }
+            ResBlock::Split(b) => (b.residual(x, bn_training), &b.downsample),
         };
         match downsample {
             Some(d) => {
@@ -434,7 +491,7 @@ impl ResBlock {
 }
 
 impl Downsample {
-    fn new(
+    pub(super) fn new(
         p: &mut ParamScope,
         inplanes: i64,
         out_channels: i64,

@@ -55,6 +55,20 @@ impl Ffn {
 
     /// `identity + dropout_layer(layers(x))`.
     pub fn forward(&self, x: &Tensor, identity: &Tensor, training: bool) -> Tensor {
+        let (out, dropped) = self.layers_and_drop(x, training);
+        // Python's `out` lives until forward returns, past the add.
+        let sum = identity + dropped;
+        drop(out);
+        sum
+    }
+
+    /// `FFN(add_identity=False)`: `dropout_layer(layers(x))`.
+    pub fn forward_no_identity(&self, x: &Tensor, training: bool) -> Tensor {
+        self.layers_and_drop(x, training).1
+    }
+
+    /// `layers(x)` and `dropout_layer` of it.
+    fn layers_and_drop(&self, x: &Tensor, training: bool) -> (Tensor, Tensor) {
         // nn.Sequential keeps only the latest output.
         let mut out = self.fc1.forward(x);
         out = match self.activation {
@@ -67,6 +81,7 @@ impl Ffn {
         out = out.dropout(self.drop, training);
         out = self.fc2.forward(&out);
         out = out.dropout(self.drop, training);
-        identity + self.drop_path.forward(&out, training)
+        let dropped = self.drop_path.forward(&out, training);
+        (out, dropped)
     }
 }
