@@ -89,8 +89,9 @@ pub fn search_command_on(
 /// Mask2Former with a lowered `num_points` or `with_cp=True`, the heads of
 /// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2;
 /// the ViT family (ViT UPerNet with MultiLevelNeck, SETR, Segmenter); ICNet
-/// and BiSeNetV1; Twins (PCPVT, SVT); ResNeSt.
-pub const EXTRA_ORACLES: [&str; 11] = [
+/// and BiSeNetV1; Twins (PCPVT, SVT); ResNeSt; mmpretrain's ConvNeXt and
+/// PoolFormer.
+pub const EXTRA_ORACLES: [&str; 12] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -134,6 +135,10 @@ pub const EXTRA_ORACLES: [&str; 11] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_resnest.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_mmpretrain.json"
     ),
 ];
 

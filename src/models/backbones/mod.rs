@@ -5,11 +5,13 @@
 //! plus its `mod` line and its table row below.
 
 pub mod bisenetv1;
+pub mod convnext;
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod icnet;
 pub mod mit;
 pub mod mobilenet_v2;
+pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
 pub mod swin;
@@ -62,6 +64,8 @@ crate::models::registry::registry_table!(
         ("SegformerModel", hf_segformer::build),
         ("SwinTransformer", swin::build),
         ("UNet", unet::build),
+        ("mmpretrain.ConvNeXt", convnext::build),
+        ("mmpretrain.PoolFormer", poolformer::build),
         ("VisionTransformer", vit::build),
     ]
 );
