@@ -5,7 +5,11 @@
 //! models segtune cannot build yet are listed with the missing component.
 //! The table (run, logged, predicted, error) is printed and kept in
 //! `docs/prediction.md`; the median |error| must stay within 10%, and no
-//! row may be off by more than 10% without a named mechanism.
+//! row may be off by more than 10% without a named mechanism. Rows whose
+//! source says they were measured with `cudnn_benchmark=True` include cuDNN's
+//! algorithm-search workspace (PyTorch's `Conv_v7.cpp` allocates it through
+//! the caching allocator, up to the free memory), which segtune does not
+//! predict: they are printed with that reason and kept out of both checks.
 
 mod common;
 
@@ -17,6 +21,8 @@ struct Run {
     gpus: String,
     logged_gb: f64,
     quality: String,
+    /// The source says the figure was collected with `cudnn_benchmark=True`.
+    cudnn_benchmark: bool,
 }
 
 fn runs() -> Vec<Run> {
@@ -35,6 +41,7 @@ fn runs() -> Vec<Run> {
                 gpus: cells[col("gpus")].into(),
                 logged_gb: cells[col("logged_gb")].parse().unwrap(),
                 quality: cells[col("quality")].into(),
+                cudnn_benchmark: cells[col("cudnn_benchmark")] == "yes",
             }
         })
         .collect()
@@ -99,14 +106,21 @@ fn public_fp16_runs_are_predicted_within_10_percent() {
         let predicted =
             report["predicted_peak_allocated_bytes"].as_f64().unwrap() / (1u64 << 30) as f64;
         let error = predicted / r.logged_gb - 1.0;
+        let note = if r.cudnn_benchmark {
+            " (measured with cudnn_benchmark=True: includes cuDNN's algorithm-search workspace, not predicted; not checked)"
+        } else {
+            ""
+        };
         println!(
-            "| {} | {} | {} | {predicted:.3} | {:+.1}% |",
+            "| {} | {} | {} | {predicted:.3} | {:+.1}%{note} |",
             r.run,
             r.quality,
             r.logged_gb,
             100.0 * error
         );
-        errors.push((r.run, error));
+        if !r.cudnn_benchmark {
+            errors.push((r.run, error));
+        }
     }
     assert!(
         errors.len() >= 4,

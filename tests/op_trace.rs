@@ -115,8 +115,9 @@ fn main() {
     .expect("results.json is JSON");
     let configs = shared.join("mmseg-configs/configs");
     // (name, config, batch, crop, cfg_options, from a fixture, long: over
-    // 2.5 s per MMSeg step at that shape)
-    type ShapeRow = (String, PathBuf, i64, i64, Vec<String>, bool, bool);
+    // 2.5 s per MMSeg step at that shape, sweep only: a fixture model marked
+    // `sweep_only`, a large one traced in the sweep alone)
+    type ShapeRow = (String, PathBuf, i64, i64, Vec<String>, bool, bool, bool);
     let mut shapes: Vec<ShapeRow> = Vec::new();
     let fixtures = common::EXTRA_ORACLES.iter().map(|path| {
         serde_json::from_str::<Value>(&std::fs::read_to_string(path).expect("an oracle fixture"))
@@ -133,18 +134,28 @@ fn main() {
             let batch = record["batch"].as_i64().expect("batch");
             let crop = record["crop"][0].as_i64().expect("crop");
             let long = record["time_steps2_3_mean_s"].as_f64().unwrap_or(0.0) > 2.5;
+            let sweep_only = oracle["models"][&name]["sweep_only"] == true;
             if !shapes
                 .iter()
                 .any(|s| s.0 == name && s.2 == batch && s.3 == crop)
             {
                 let cfg_options = common::fixture_cfg_options(&oracle["models"][&name]);
-                shapes.push((name, path, batch, crop, cfg_options, index > 0, long));
+                shapes.push((
+                    name,
+                    path,
+                    batch,
+                    crop,
+                    cfg_options,
+                    index > 0,
+                    long,
+                    sweep_only,
+                ));
             }
         }
     }
     let mut trials = Vec::new();
     let mut fixture_models = Vec::new();
-    for (name, path, batch, crop, cfg_options, from_fixture, long) in shapes {
+    for (name, path, batch, crop, cfg_options, from_fixture, long, sweep_only) in shapes {
         // The fixtures' models take turns over the precisions in CI (one
         // each, fp32, fp16, bf16, fp32, ...): every precision stays covered
         // on several heads, and the suite stays within CI's time.
@@ -175,6 +186,7 @@ fn main() {
                     fixture_turn.map(|turn| PRECISIONS[turn % PRECISIONS.len()].0);
                 let in_ci = crop == 128
                     && batch == 2
+                    && !sweep_only
                     && !(from_fixture && stack == "zoo-2021")
                     && fixture_precision.is_none_or(|p| long || p == precision)
                     && !(stack == "zoo-2021" && precision != "fp32")

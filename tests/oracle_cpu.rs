@@ -316,9 +316,16 @@ fn oracle_trials(
         let want = model["params"].clone();
         let path = config.clone();
         let options = cfg_options.clone();
-        trials.push(skip(Trial::test(format!("params::{name}"), move || {
+        let params = skip(Trial::test(format!("params::{name}"), move || {
             params_test(path, options, want)
-        })));
+        }));
+        // tests/model_params.rs counts a sweep_only model's parameters in CI.
+        let sweep_only = model["sweep_only"] == true && !sweep_all();
+        trials.push(if sweep_only {
+            params.with_ignored_flag(true)
+        } else {
+            params
+        });
         for rec in oracle["records"]
             .as_array()
             .expect("records")
@@ -358,6 +365,15 @@ fn oracle_trials(
                      MMSeg), compared by scripts/oracle-sweep"
                     ))
                 }
+                w => w,
+            };
+            // A fixture model marked `sweep_only` (a large one) is compared
+            // by the sweep alone.
+            let want = match want {
+                Ok(_) if model["sweep_only"] == true && !sweep_all() => Err(
+                    "a large fixture model (sweep_only), compared by scripts/oracle-sweep"
+                        .to_string(),
+                ),
                 w => w,
             };
             // A fixture may keep one record per config in the suite (the

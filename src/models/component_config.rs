@@ -152,6 +152,15 @@ impl<'a> ComponentConfig<'a> {
         NormCfg::from_cfg(self.value(key))
     }
 
+    /// A BN `norm_cfg` whose constructor default is `dict(type='BN')`: that
+    /// when unset, no norm when `None`.
+    pub fn batch_norm_or_bn(&mut self, key: &str) -> Result<Option<NormCfg>, ModelError> {
+        match self.value(key) {
+            None => Ok(Some(NormCfg::BN_DEFAULT)),
+            v => NormCfg::from_cfg(v),
+        }
+    }
+
     /// An activation `act_cfg` that must be MMSeg's default `dict(type=expected)`
     /// (mmcv's `inplace` flag aside): other activations are not implemented.
     pub fn default_activation(&mut self, key: &str, expected: &str) -> Result<(), ModelError> {

@@ -79,11 +79,7 @@ impl IcNetCfg {
             [a, b, d] => [a, b, d],
             _ => return Err(c.config_error("`out_channels` must be three ints")),
         };
-        let norm = match c.value("norm_cfg") {
-            None => Some(NormCfg::BN_DEFAULT),
-            Some(Value::None) => None,
-            Some(v) => NormCfg::from_cfg(Some(v))?,
-        };
+        let norm = c.batch_norm_or_bn("norm_cfg")?;
         let cfg = IcNetCfg {
             backbone,
             in_channels: c.int("in_channels", 3)?,

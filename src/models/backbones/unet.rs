@@ -197,12 +197,7 @@ impl UNetCfg {
         if num_stages < 1 {
             return Err(r.config_error("num_stages must be at least 1"));
         }
-        let norm = if r.has("norm_cfg") {
-            r.batch_norm("norm_cfg")?
-        } else {
-            // dict(type='BN')
-            Some(NormCfg::BN_DEFAULT)
-        };
+        let norm = r.batch_norm_or_bn("norm_cfg")?;
         let c = UNetCfg {
             in_channels: r.int("in_channels", 3)?,
             base_channels: r.int("base_channels", 64)?,

@@ -43,11 +43,7 @@ impl IcNeckCfg {
             [a, b, d] => [a, b, d],
             _ => return Err(c.config_error("Length of input channels must be 3!")),
         };
-        let norm = match c.value("norm_cfg") {
-            None => Some(NormCfg::BN_DEFAULT),
-            Some(Value::None) => None,
-            Some(v) => NormCfg::from_cfg(Some(v))?,
-        };
+        let norm = c.batch_norm_or_bn("norm_cfg")?;
         let cfg = IcNeckCfg {
             in_channels,
             out_channels: c.int("out_channels", 128)?,

@@ -56,12 +56,7 @@ impl JpuCfg {
                 in_channels.len()
             )));
         }
-        let norm = match c.value("norm_cfg") {
-            // JPU's own default, dict(type='BN').
-            None => Some(NormCfg::BN_DEFAULT),
-            Some(Value::None) => None,
-            Some(v) => NormCfg::from_cfg(Some(v))?,
-        };
+        let norm = c.batch_norm_or_bn("norm_cfg")?;
         c.unimplemented("conv_cfg", &Value::None)?;
         c.default_activation("act_cfg", "ReLU")?;
         c.inert(&["init_cfg"]);
