@@ -434,10 +434,11 @@ fn oracle_trials(
                 .unwrap_or(error)
                 .to_string();
             let path = config.clone();
-            trials.push(skip(Trial::test(
+            let infeasible = skip(Trial::test(
                 format!("infeasible::{name}::b{batch}_{crop}_{precision}"),
                 move || infeasible_test(&path, batch, crop, &precision, &want),
-            )));
+            ));
+            trials.push(infeasible.with_ignored_flag(sweep_only || why_not.is_some()));
         }
         if let Some(reason) = &why_not {
             println!(
