@@ -1,5 +1,5 @@
 //! Compiles the memory shim (src/trial/shim.cpp, shim_checkpoint.cpp,
-//! shim_meta_rules.cpp, shim_psamask.cpp) against the libtorch that
+//! shim_meta_rules.cpp, shim_psamask.cpp, shim_kernel_calls.cpp) against the libtorch that
 //! torch-sys found, and gives the torch-linked binaries an rpath to it so
 //! they run without LD_LIBRARY_PATH.
 
@@ -11,6 +11,7 @@ fn main() {
         "shim_checkpoint.cpp",
         "shim_meta_rules.cpp",
         "shim_psamask.cpp",
+        "shim_kernel_calls.cpp",
         "shim.h",
     ] {
         println!("cargo:rerun-if-changed=src/trial/{file}");
@@ -36,7 +37,9 @@ fn main() {
         .file("src/trial/shim_checkpoint.cpp")
         .file("src/trial/shim_meta_rules.cpp")
         .file("src/trial/shim_psamask.cpp")
+        .file("src/trial/shim_kernel_calls.cpp")
         .compile("segtune_shim");
+    cudnn_tables();
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     // tch references nothing in libtorch_cuda, so --as-needed would drop it
     // and CUDA would silently be unavailable to trials.
@@ -45,4 +48,38 @@ fn main() {
             "cargo:rustc-link-arg-bin=segtune-torch=-Wl,--no-as-needed,-ltorch_cuda,--as-needed"
         );
     }
+}
+
+/// The measured cuDNN workspace tables (`tests/fixtures/cudnn_workspace_*.csv`,
+/// written by scripts/gpu-validate.sh on a real GPU), compiled in as
+/// `TABLES: &[(name, text)]` for `predict::kernels::workspace_table`.
+fn cudnn_tables() {
+    let dir = PathBuf::from("tests/fixtures");
+    println!("cargo:rerun-if-changed=tests/fixtures");
+    let mut tables: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter_map(|p| {
+                    let name = p.file_name()?.to_str()?.to_string();
+                    let stem = name
+                        .strip_prefix("cudnn_workspace_")?
+                        .strip_suffix(".csv")?;
+                    Some((stem.to_string(), p.clone()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    tables.sort();
+    let mut code = String::from("/// The compiled-in tables: (`sm<XY>_<cudnn>`, CSV text).\npub const TABLES: &[(&str, &str)] = &[\n");
+    for (name, path) in &tables {
+        let abs = std::fs::canonicalize(path).expect("table path");
+        code.push_str(&format!(
+            "    ({name:?}, include_str!({:?})),\n",
+            abs.display().to_string()
+        ));
+    }
+    code.push_str("];\n");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("cudnn_tables.rs");
+    std::fs::write(out, code).expect("write cudnn_tables.rs");
 }

@@ -95,6 +95,7 @@ fn request(out: &Path) -> SearchRequest {
         gt_segments: Some(20),
         mode: segtune::trial::RunMode::Train,
         ask_python_torch: false,
+        cudnn_benchmark: None,
     }
 }
 

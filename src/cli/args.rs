@@ -91,6 +91,15 @@ fn segments(s: &str) -> std::result::Result<Segments, String> {
     }
 }
 
+/// `on` or `off` (also `true`/`false`, `1`/`0`).
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s.trim() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("`{s}` is neither `on` nor `off`")),
+    }
+}
+
 fn fraction(max: f64) -> impl Fn(&str) -> std::result::Result<f64, String> + Clone {
     move |s: &str| {
         let v: f64 = s
@@ -258,6 +267,11 @@ pub struct TrialArgs {
     /// whole or slide inference).
     #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
     pub mode: RunMode,
+    /// torch.backends.cudnn.benchmark: on or off (default: the config's
+    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
+    /// under randomness.deterministic).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub cudnn_benchmark: Option<bool>,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -286,6 +300,7 @@ impl TrialArgs {
             as_cuda: self.as_cuda,
             op_trace: self.op_trace,
             mode: self.mode,
+            cudnn_benchmark: self.cudnn_benchmark,
         }
     }
 }
@@ -393,6 +408,11 @@ pub struct EstimateArgs {
     /// the test batch, --crop the image size, model.test_cfg whole or slide.
     #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
     pub mode: RunMode,
+    /// torch.backends.cudnn.benchmark: on or off (default: the config's
+    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
+    /// under randomness.deterministic).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub cudnn_benchmark: Option<bool>,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -420,6 +440,7 @@ impl EstimateArgs {
             trace: self.trace,
             alloc_conf: self.alloc_conf,
             mode: self.mode,
+            cudnn_benchmark: self.cudnn_benchmark,
         })
     }
 }
@@ -464,6 +485,11 @@ pub struct SearchArgs {
     /// Also list the infeasible candidates with their reason.
     #[arg(long)]
     pub all: bool,
+    /// torch.backends.cudnn.benchmark: on or off (default: the config's
+    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
+    /// under randomness.deterministic).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub cudnn_benchmark: Option<bool>,
     #[arg(long)]
     pub json: bool,
     /// No progress bar.
@@ -537,6 +563,7 @@ impl SearchArgs {
             // `--torch` and the config's `segtune.torch` come before the
             // environment's, which is asked only without them.
             ask_python_torch: self.torch.is_none(),
+            cudnn_benchmark: self.cudnn_benchmark,
         }
     }
 }
@@ -609,6 +636,7 @@ mod tests {
                 torch: TorchVersion::ZOO_2021,
             },
             as_cuda: true,
+            cudnn_benchmark: Some(false),
             ..TrialRequest::new("cfg.rhai")
         };
         assert_eq!(parse(full.to_argv()), full);

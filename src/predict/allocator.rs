@@ -217,6 +217,28 @@ impl Allocator {
             Allocator::Expandable(a) => a.reset_peaks(),
         }
     }
+
+    /// `emptyCache()`: every cached segment (or free page) goes back to the
+    /// device.
+    pub fn empty_cache(&mut self) {
+        match self {
+            Allocator::Segments(a) => a.release_all_cached_segments(),
+            Allocator::Expandable(a) => a.release_cached(),
+        }
+    }
+
+    /// `cacheInfo`'s largest block, as cuDNN's benchmark bounds its
+    /// workspace with: the device's free memory (`cudaMemGetInfo`, what the
+    /// capacity leaves beyond the reserved bytes), or the largest cached
+    /// free block if that is larger. Unlimited without a capacity.
+    pub fn max_block_size(&self) -> u64 {
+        let (capacity, largest) = match self {
+            Allocator::Segments(a) => (a.capacity, a.largest_free_block()),
+            Allocator::Expandable(a) => (a.capacity(), a.largest_free_block()),
+        };
+        let device_free = capacity.map_or(u64::MAX, |c| c.saturating_sub(self.stats().reserved));
+        device_free.max(largest)
+    }
 }
 
 /// The allocator state.
@@ -400,6 +422,15 @@ impl CachingAllocator {
         Ok(base)
     }
 
+    /// The largest free (cached) block of either pool.
+    pub fn largest_free_block(&self) -> u64 {
+        self.free
+            .values()
+            .filter_map(|set| set.iter().map(|(size, _)| *size).max())
+            .max()
+            .unwrap_or(0)
+    }
+
     fn fits(&self, segment: u64) -> bool {
         self.capacity
             .is_none_or(|c| self.stats.reserved + segment <= c)
@@ -451,7 +482,7 @@ impl CachingAllocator {
     }
 
     /// `release_cached_blocks`: every whole cached segment.
-    fn release_all_cached_segments(&mut self) {
+    pub fn release_all_cached_segments(&mut self) {
         for (s, a, p) in self.cached_segments() {
             self.release(s, a, p);
         }

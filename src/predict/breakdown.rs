@@ -6,7 +6,8 @@
 //! `decode_head.loss`: what autograd saved and the outputs still held), this
 //! step's backward (the parameters' gradients, which live into the
 //! optimizer step, and the gradients in flight, which do not), the input
-//! batch and the cuBLAS workspace; then the allocator's rounding, the
+//! batch, the cuBLAS workspace, the cuDNN workspace and the CUDA kernels'
+//! scratch of the call running at the peak; then the allocator's rounding, the
 //! reserved-but-free memory (fragmentation and cached blocks) and the CUDA
 //! context. The parts add up to the predicted device total.
 
@@ -118,6 +119,16 @@ pub fn breakdown(
             "cuBLAS workspace".into(),
             round_size(inputs.cublas_workspace),
         );
+    }
+    // The kernels' scratch at their calls (a replay with kernel calls).
+    for (name, bytes) in [
+        ("cuBLAS workspace", replayed.cublas_at_peak),
+        ("cuDNN workspace", replayed.cudnn_workspace_at_peak),
+        ("CUDA kernels' scratch", replayed.kernel_scratch_at_peak),
+    ] {
+        if bytes > 0 {
+            add(name.into(), round_size(bytes));
+        }
     }
     by_part.retain(|(_, bytes)| *bytes > 0);
     by_part.sort_by_key(|p| std::cmp::Reverse(p.1));

@@ -3,6 +3,7 @@
 //! the margin, of which the CUDA context takes its share first).
 
 use super::estimate::cuda_context_bytes;
+use super::kernels::cudnn_speed::GpuMath;
 use crate::config::{presets, Dict, Value};
 use crate::error::{Error, Result};
 
@@ -21,6 +22,11 @@ pub struct Gpu {
     pub fp32_tflops: f64,
     pub fp16_tflops: f64,
     pub bf16_tflops: f64,
+    /// TF32 tensor cores (0: none); fp32 convolutions use them where
+    /// `torch.backends.cudnn.allow_tf32` (True by default).
+    pub tf32_tflops: f64,
+    /// Streaming multiprocessors.
+    pub sms: i64,
     pub bandwidth_gbs: f64,
 }
 
@@ -31,16 +37,20 @@ impl Gpu {
         let num =
             |d: &Dict, k: &str, default: f64| d.get(k).and_then(Value::as_f64).unwrap_or(default);
         let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
+        let compute_capability = text("compute_capability").unwrap_or_else(|| "8.6".into());
+        let typical = GpuMath::of_compute_capability(&compute_capability);
         Ok(Gpu {
             name: text("preset").unwrap_or_else(|| name.to_string()),
             description: text("name"),
             vram_bytes: presets::vram_bytes(&p)
                 .ok_or_else(|| Error::Input(format!("GPU preset `{name}` has no vram_mib")))?,
-            compute_capability: text("compute_capability").unwrap_or_else(|| "8.6".into()),
             bf16: p.get("bf16").is_some_and(Value::truthy),
             fp32_tflops: num(&p, "fp32_tflops", 10.0),
             fp16_tflops: num(&p, "fp16_tflops", 40.0),
             bf16_tflops: num(&p, "bf16_tflops", 40.0),
+            tf32_tflops: num(&p, "tf32_tflops", typical.tf32),
+            sms: p.get("sms").and_then(Value::as_i64).unwrap_or(typical.sms),
+            compute_capability,
             bandwidth_gbs: num(&p, "memory_bandwidth_gbs", 500.0),
         })
     }
@@ -54,6 +64,7 @@ impl Gpu {
             .next()
             .and_then(|m| m.parse::<u32>().ok())
             .is_some_and(|major| major >= 8);
+        let typical = GpuMath::of_compute_capability(compute_capability);
         Ok(Gpu {
             name: "custom".into(),
             description: None,
@@ -63,6 +74,8 @@ impl Gpu {
             fp32_tflops: 10.0,
             fp16_tflops: 40.0,
             bf16_tflops: if bf16 { 40.0 } else { 0.0 },
+            tf32_tflops: typical.tf32,
+            sms: typical.sms,
             bandwidth_gbs: 500.0,
         })
     }
@@ -79,6 +92,24 @@ impl Gpu {
             (None, None) => Err(Error::Input(
                 "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into(),
             )),
+        }
+    }
+
+    /// The rates cuDNN's algorithm choice depends on: the card's own where
+    /// known; a card known only by its compute capability takes a typical
+    /// card's (`GpuMath::of_compute_capability`), its ratios being what matter.
+    pub fn conv_math(&self) -> GpuMath {
+        let typical = GpuMath::of_compute_capability(&self.compute_capability);
+        if self.name == "custom" {
+            return typical;
+        }
+        GpuMath {
+            fp32: self.fp32_tflops,
+            tf32: self.tf32_tflops,
+            fp16: self.fp16_tflops,
+            bf16: self.bf16_tflops,
+            sms: self.sms,
+            max_threads_per_sm: typical.max_threads_per_sm,
         }
     }
 
@@ -101,6 +132,12 @@ pub struct Budget {
     pub fp16_tflops: f64,
     pub fp32_tflops: f64,
     pub bf16_tflops: f64,
+    /// TF32 tensor cores (0: none).
+    #[serde(default)]
+    pub tf32_tflops: f64,
+    /// Streaming multiprocessors (0: a typical card's for the compute capability).
+    #[serde(default)]
+    pub sms: i64,
     pub bandwidth_gbs: f64,
     pub margin: f64,
     pub cuda_context_bytes: u64,
@@ -109,6 +146,22 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// The rates cuDNN's algorithm choice depends on (see [`Gpu::conv_math`]).
+    pub fn conv_math(&self) -> GpuMath {
+        let typical = GpuMath::of_compute_capability(&self.compute_capability);
+        if self.gpu == "custom" || self.sms == 0 {
+            return typical;
+        }
+        GpuMath {
+            fp32: self.fp32_tflops,
+            tf32: self.tf32_tflops,
+            fp16: self.fp16_tflops,
+            bf16: self.bf16_tflops,
+            sms: self.sms,
+            max_threads_per_sm: typical.max_threads_per_sm,
+        }
+    }
+
     /// `gpu` with a fraction `margin` of its VRAM kept free.
     pub fn new(gpu: &Gpu, margin: f64) -> Result<Budget> {
         if !(0.0..0.9).contains(&margin) {
@@ -135,6 +188,8 @@ impl Budget {
             fp16_tflops: gpu.fp16_tflops,
             fp32_tflops: gpu.fp32_tflops,
             bf16_tflops: gpu.bf16_tflops,
+            tf32_tflops: gpu.tf32_tflops,
+            sms: gpu.sms,
             bandwidth_gbs: gpu.bandwidth_gbs,
             margin,
             cuda_context_bytes: context,

@@ -5,10 +5,15 @@
 use super::allocator::AllocatorSettings;
 use super::breakdown::{breakdown, PeakBreakdown};
 use super::budget::Gpu;
-use super::replay::{replay, ReplayInputs, ReplayResult};
+use super::kernels::cudnn::{CudnnSettings, Figure};
+use super::kernels::cudnn_speed::GpuMath;
+use super::kernels::workspace_table::WorkspaceTable;
+use super::kernels::{KernelModel, ScratchSummary};
+use super::replay::{replay_kernels, Kernels, ReplayInputs, ReplayResult};
 use crate::config::{Dict, Value};
+use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::TraceEvent;
-use crate::trial::{Amp, RunMode};
+use crate::trial::{Amp, RunMode, Switch, TorchVersion};
 
 /// One fixed term of the estimate and where its figure comes from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -45,6 +50,56 @@ pub fn cuda_context_bytes(compute_capability: &str) -> u64 {
     mib << 20
 }
 
+/// How the predicted run drives the GPU's kernels: the PyTorch release
+/// (cuDNN's API, cuBLAS's workspace), the precision and cuDNN's flags.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelSetup {
+    pub torch: TorchVersion,
+    pub amp: Amp,
+    /// `torch.backends.cudnn.benchmark` (`env_cfg.cudnn_benchmark`).
+    pub cudnn_benchmark: bool,
+    /// `torch.backends.cudnn.deterministic` (`randomness.deterministic`).
+    pub cudnn_deterministic: bool,
+}
+
+impl KernelSetup {
+    /// The model of a GPU's kernels (its compute capability and rates)
+    /// that a replay for `figure` uses.
+    pub fn model(&self, compute_capability: &str, math: GpuMath, figure: Figure) -> KernelModel {
+        KernelModel {
+            cudnn: CudnnSettings {
+                benchmark: self.cudnn_benchmark,
+                deterministic: self.cudnn_deterministic,
+                allow_tf32: true,
+                v8_api: self.torch.has(Switch::CudnnV8Api),
+                gpu: math,
+                table: WorkspaceTable::for_compute_capability(compute_capability),
+            },
+            figure,
+            half_is_fp16: self.amp == Amp::Fp16,
+            cublas_workspace: self.cublas_workspace(compute_capability),
+        }
+    }
+
+    /// cuBLAS's workspace per handle in the caching allocator (0 before 1.13).
+    pub fn cublas_workspace(&self, compute_capability: &str) -> u64 {
+        if self.torch.has(Switch::CublasWorkspaceInAllocator) {
+            cublas_workspace_bytes(compute_capability)
+        } else {
+            0
+        }
+    }
+
+    /// `cudnn v7` or `cudnn v8`, for the output.
+    pub fn cudnn_api(&self) -> &'static str {
+        if self.torch.has(Switch::CudnnV8Api) {
+            "v8"
+        } else {
+            "v7"
+        }
+    }
+}
+
 /// The estimate's result.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Estimate {
@@ -54,8 +109,23 @@ pub struct Estimate {
     pub crop: [i64; 2],
     pub amp: Amp,
     pub cudnn_benchmark: bool,
-    /// What `torch.cuda.max_memory_allocated()` would report (predicted).
+    pub cudnn_deterministic: bool,
+    /// The cuDNN API the PyTorch release uses (`v7`, `v8`).
+    pub cudnn_api: &'static str,
+    /// The least the step needs (every tensor, the kernels' scratch, the
+    /// smallest workspace each convolution can run with): what decides an
+    /// out-of-memory; the same on every card (predicted).
+    pub predicted_min_peak_allocated_bytes: u64,
+    /// What `torch.cuda.max_memory_allocated()` would report on this card
+    /// after the first log interval, the likeliest figure (predicted).
     pub predicted_peak_allocated_bytes: u64,
+    /// The range of it where cuDNN picks algorithms by timing or by
+    /// heuristics the model cannot settle (predicted).
+    pub predicted_peak_allocated_low_bytes: u64,
+    pub predicted_peak_allocated_high_bytes: u64,
+    /// The first step's peak (with benchmark on: its algorithm searches,
+    /// what MMEngine's first log line shows; predicted).
+    pub predicted_first_interval_peak_allocated_bytes: u64,
     /// What `torch.cuda.max_memory_reserved()` would report (predicted).
     pub predicted_peak_reserved_bytes: u64,
     /// Reserved + CUDA context: what nvidia-smi would show at the peak (predicted).
@@ -63,6 +133,10 @@ pub struct Estimate {
     pub predicted_peak_phase: String,
     pub fixed_terms: Vec<FixedTerm>,
     pub fits: bool,
+    /// What the kernels' calls did in the likeliest replay (none for a
+    /// trace without kernel calls).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<ScratchSummary>,
     /// The traced CPU step's peak (absent when the batch was extrapolated).
     pub cpu_trace_peak_bytes: Option<i64>,
     /// `PYTORCH_CUDA_ALLOC_CONF` the prediction assumes (empty: defaults).
@@ -74,43 +148,87 @@ pub struct Estimate {
     pub breakdown: PeakBreakdown,
 }
 
-/// Predicts from a trace of a trial (`trace`: from the model build through
-/// a warm-up and a measured step).
+/// A traced step to predict from.
+#[derive(Debug, Clone, Copy)]
+pub struct TracedInput<'a> {
+    /// From the model build through a warm-up and a measured step.
+    pub events: &'a [TraceEvent],
+    /// The kernel calls recorded with it (empty for a trace without them).
+    pub calls: &'a [KernelCall],
+    pub model_scopes: &'a [String],
+    /// The traced CPU step's peak.
+    pub cpu_trace_peak_bytes: Option<i64>,
+}
+
+/// The likeliest replay and its two ends, on a card's capacity.
+struct CardFigures {
+    likely: ReplayResult,
+    low: ReplayResult,
+    high: ReplayResult,
+}
+
+/// Predicts from a trace of a trial.
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
-    trace: &[TraceEvent],
-    model_scopes: &[String],
+    traced: TracedInput,
     target: &Gpu,
     batch_size: i64,
     crop: (i64, i64),
-    amp: Amp,
-    cudnn_benchmark: bool,
-    cpu_trace_peak_bytes: Option<i64>,
+    kernels: KernelSetup,
     alloc_conf: AllocatorSettings,
     batch: &DeviceBatch,
 ) -> Estimate {
     let (h, w) = crop;
+    let trace = traced.events;
+    let amp = kernels.amp;
     let batch_copies = batch.tensors.clone();
-    let workspace = cublas_workspace_bytes(&target.compute_capability);
+    let with_calls = !traced.calls.is_empty();
+    // Without kernel calls (a trace of every CPU allocation) cuBLAS's
+    // workspace is placed at the step's start.
+    let per_handle = kernels.cublas_workspace(&target.compute_capability);
+    let injected_workspace = if with_calls { 0 } else { per_handle };
     let context = cuda_context_bytes(&target.compute_capability);
-    let unlimited_inputs = ReplayInputs {
-        batch_copies: batch_copies.clone(),
-        cublas_workspace: workspace,
-        capacity: None,
-        settings: alloc_conf,
-    };
-    let unlimited = replay(trace, &unlimited_inputs);
-    let breakdown = breakdown(trace, model_scopes, &unlimited_inputs, &unlimited, context);
     let capacity = target.vram_bytes.saturating_sub(context);
-    let limited: ReplayResult = replay(
+    let inputs = |capacity: Option<u64>, settings: AllocatorSettings| ReplayInputs {
+        batch_copies: batch_copies.clone(),
+        cublas_workspace: injected_workspace,
+        capacity,
+        settings,
+    };
+    let run = |capacity: Option<u64>, settings: AllocatorSettings, figure: Figure| {
+        let model = kernels.model(&target.compute_capability, target.conv_math(), figure);
+        replay_kernels(
+            trace,
+            &inputs(capacity, settings),
+            with_calls.then_some(Kernels {
+                calls: traced.calls,
+                model: &model,
+            }),
+        )
+    };
+    let least = run(None, alloc_conf, Figure::Least);
+    let least_on_card = run(Some(capacity), alloc_conf, Figure::Least);
+    let card = CardFigures {
+        likely: run(Some(capacity), alloc_conf, Figure::Likely),
+        low: run(Some(capacity), alloc_conf, Figure::Low),
+        high: run(Some(capacity), alloc_conf, Figure::High),
+    };
+    // A card too small for the likeliest workspaces still shows the least.
+    let on_card = |r: &ReplayResult| if r.out_of_memory { least } else { *r };
+    let likely = on_card(&card.likely);
+    let (low, high) = (on_card(&card.low), on_card(&card.high));
+    let breakdown = breakdown(
         trace,
-        &ReplayInputs {
-            batch_copies,
-            cublas_workspace: workspace,
-            capacity: Some(capacity),
-            settings: alloc_conf,
-        },
+        traced.model_scopes,
+        &inputs(Some(capacity), alloc_conf),
+        &likely,
+        context,
     );
+    let cublas_kept = if with_calls {
+        likely.cublas_at_peak
+    } else {
+        injected_workspace
+    };
     let fixed_terms = vec![
         FixedTerm {
             name: "cuda_context",
@@ -120,19 +238,31 @@ pub fn estimate(
         },
         FixedTerm {
             name: "cublas_workspace",
-            bytes: workspace,
+            bytes: cublas_kept,
             in_allocated: true,
-            source: "PyTorch CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), taken from the caching allocator",
+            source: if per_handle == 0 {
+                "before PyTorch 1.13 cuBLAS kept its workspace itself, outside the caching allocator (pytorch/pytorch#83461)"
+            } else if with_calls {
+                "one per thread that runs a matrix product (the forward's, autograd's backward thread's): CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), from the caching allocator, kept"
+            } else {
+                "PyTorch CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), taken from the caching allocator"
+            },
         },
         FixedTerm {
             name: "cudnn_workspace",
-            bytes: 0,
+            bytes: likely.cudnn_workspace_at_peak,
             in_allocated: true,
-            source: if cudnn_benchmark {
-                "cudnn_benchmark=True: algorithm search may briefly take workspace up to the free memory; not predicted"
-            } else {
-                "cudnn_benchmark=False: heuristic algorithms; their transient workspaces are not predicted"
+            source: match (with_calls, kernels.cudnn_benchmark) {
+                (false, _) => "not predicted: this trace has no kernel calls (use --trace meta or cpu)",
+                (true, true) => "at the peak: the workspace of the convolution running then, its algorithm the fastest of a benchmark search that fit the free memory (modelled)",
+                (true, false) => "at the peak: the workspace of the convolution running then, its algorithm cuDNN's heuristic choice (modelled as the fastest that fits)",
             },
+        },
+        FixedTerm {
+            name: "kernel_scratch",
+            bytes: likely.kernel_scratch_at_peak,
+            in_allocated: true,
+            source: "at the peak: ATen CUDA kernels' own temporaries (reduction staging buffers, softmax backward)",
         },
         FixedTerm {
             name: "batch_on_device",
@@ -144,38 +274,50 @@ pub fn estimate(
     let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
     if amp != Amp::Off {
         notes.push(format!(
-            "amp={amp}: the traced step casts by CUDA's autocast rules (which ops run in half precision, which in fp32, the cached half copies of weights{}); half precision is held as bf16 on the CPU (the same two bytes). Not in the trace: temporaries inside CUDA's half-precision kernels",
+            "amp={amp}: the traced step casts by CUDA's autocast rules (which ops run in half precision, which in fp32, the cached half copies of weights{}); half precision is held as bf16 on the CPU (the same two bytes)",
             if amp == Amp::Fp16 { ", fp16's GradScaler" } else { "" }
         ));
     }
-    let predicted_device_bytes = limited
-        .peak_reserved
-        .max(unlimited.peak_reserved.min(capacity))
-        + context;
+    if let Some(k) = likely.kernels {
+        if k.squeezed > 0 {
+            notes.push(format!(
+                "{} of {} convolutions cannot have their fastest algorithm's workspace on this card and run a slower one: convolutions about {:.2}x slower (modelled)",
+                k.squeezed, k.conv_runs, k.conv_slowdown
+            ));
+        }
+        if card.likely.out_of_memory && !least_on_card.out_of_memory {
+            notes.push("the likeliest workspaces do not fit this card; cuDNN falls back to smaller ones (the least figure)".into());
+        }
+    }
+    // What nvidia-smi shows is the run's own (the likeliest workspaces),
+    // within the card.
+    let predicted_device_bytes = likely.peak_reserved.min(capacity) + context;
     Estimate {
         gpu: target.name.clone(),
         vram_bytes: target.vram_bytes,
         batch_size,
         crop: [h, w],
         amp,
-        cudnn_benchmark,
-        predicted_peak_allocated_bytes: unlimited.peak_allocated,
-        predicted_peak_reserved_bytes: unlimited.peak_reserved,
+        cudnn_benchmark: kernels.cudnn_benchmark,
+        cudnn_deterministic: kernels.cudnn_deterministic,
+        cudnn_api: kernels.cudnn_api(),
+        predicted_min_peak_allocated_bytes: least.peak_allocated,
+        predicted_peak_allocated_bytes: likely.peak_allocated,
+        predicted_peak_allocated_low_bytes: low.peak_allocated.min(likely.peak_allocated),
+        predicted_peak_allocated_high_bytes: high.peak_allocated.max(likely.peak_allocated),
+        predicted_first_interval_peak_allocated_bytes: likely
+            .first_step_peak_allocated
+            .max(likely.peak_allocated),
+        predicted_peak_reserved_bytes: likely.peak_reserved,
         predicted_device_bytes,
-        predicted_peak_phase: format!("{:?}", unlimited.peak_phase).to_lowercase(),
+        predicted_peak_phase: format!("{:?}", likely.peak_phase).to_lowercase(),
         fixed_terms,
-        fits: !limited.out_of_memory,
-        cpu_trace_peak_bytes,
+        fits: !least_on_card.out_of_memory,
+        kernels: likely.kernels,
+        cpu_trace_peak_bytes: traced.cpu_trace_peak_bytes,
         alloc_conf: alloc_conf.env_value(),
         default_peak_reserved_bytes: (alloc_conf != AllocatorSettings::default()).then(|| {
-            replay(
-                trace,
-                &ReplayInputs {
-                    settings: AllocatorSettings::default(),
-                    ..unlimited_inputs.clone()
-                },
-            )
-            .peak_reserved
+            run(Some(capacity), AllocatorSettings::default(), Figure::Likely).peak_reserved
         }),
         notes,
         breakdown,
@@ -302,9 +444,4 @@ pub fn recipe_crop(cfg: &Dict) -> Option<(i64, i64)> {
         .and_then(pair)
 }
 
-/// `env_cfg.cudnn_benchmark` (MMSeg's default runtime sets True).
-pub fn cudnn_benchmark(cfg: &Dict) -> bool {
-    cfg.get("env_cfg")
-        .and_then(|e| e.get_path("cudnn_benchmark"))
-        .is_some_and(Value::truthy)
-}
+pub use crate::trial::setup::{cudnn_benchmark, cudnn_deterministic};

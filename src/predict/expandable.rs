@@ -302,8 +302,21 @@ impl ExpandableAllocator {
         Some(candidate)
     }
 
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    /// The largest free mapped block.
+    pub fn largest_free_block(&self) -> u64 {
+        self.free
+            .values()
+            .filter_map(|set| set.iter().map(|(size, _)| *size).max())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// `unmap_block` on every free mapped block: the whole pages inside it.
-    fn release_cached(&mut self) {
+    pub fn release_cached(&mut self) {
         let free: Vec<(u64, u64)> = self
             .free
             .values()

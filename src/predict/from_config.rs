@@ -4,7 +4,10 @@
 
 use super::allocator::AllocatorSettings;
 use super::budget::Gpu;
-use super::estimate::{self, cudnn_benchmark, recipe_batch_size, recipe_crop, Estimate};
+use super::estimate::{
+    self, cudnn_benchmark, cudnn_deterministic, recipe_batch_size, recipe_crop, Estimate,
+    KernelSetup, TracedInput,
+};
 use super::extrapolate::{extrapolate, TRACED_BATCHES};
 use super::step_trace::{trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
@@ -38,6 +41,9 @@ pub struct EstimateRequest {
     pub alloc_conf: AllocatorSettings,
     /// A training step, or an inference (test) step.
     pub mode: RunMode,
+    /// `--cudnn-benchmark on|off` (default: the config's
+    /// `env_cfg.cudnn_benchmark`).
+    pub cudnn_benchmark: Option<bool>,
 }
 
 /// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
@@ -106,28 +112,45 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         )
     };
     // Op-level traces cost little: any batch is traced as it is.
-    let (events, cpu_peak, scopes) = if batch <= 3 || request.trace != TraceKind::CpuAllocator {
-        let step = trace(batch)?;
-        (step.events, Some(step.cpu_peak_bytes), step.model_scopes)
-    } else {
-        let (ba, bb) = TRACED_BATCHES;
-        let one = trace(ba)?;
-        let two = trace(bb)?;
-        (
-            extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
-            None,
-            Vec::new(),
-        )
+    let (events, calls, cpu_peak, scopes) =
+        if batch <= 3 || request.trace != TraceKind::CpuAllocator {
+            let step = trace(batch)?;
+            (
+                step.events,
+                step.kernel_calls,
+                Some(step.cpu_peak_bytes),
+                step.model_scopes,
+            )
+        } else {
+            let (ba, bb) = TRACED_BATCHES;
+            let one = trace(ba)?;
+            let two = trace(bb)?;
+            (
+                extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
+                Vec::new(),
+                None,
+                Vec::new(),
+            )
+        };
+    let kernels = KernelSetup {
+        torch,
+        amp,
+        cudnn_benchmark: request
+            .cudnn_benchmark
+            .unwrap_or_else(|| cudnn_benchmark(&cfg)),
+        cudnn_deterministic: cudnn_deterministic(&cfg),
     };
     let mut e = estimate::estimate(
-        &events,
-        &scopes,
+        TracedInput {
+            events: &events,
+            calls: &calls,
+            model_scopes: &scopes,
+            cpu_trace_peak_bytes: cpu_peak,
+        },
         &request.gpu,
         batch,
         crop,
-        amp,
-        cudnn_benchmark(&cfg),
-        cpu_peak,
+        kernels,
         request.alloc_conf,
         &estimate::BatchLayout::of(&cfg).device_batch(batch, crop, request.mode),
     );

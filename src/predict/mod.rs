@@ -8,6 +8,8 @@
 //! - `extrapolate.rs`: larger batches from traces at batch 2 and 3.
 //! - `allocator.rs`, `expandable.rs`, `replay.rs`: the caching allocator
 //!   model (default and expandable segments, `max_split_size_mb`) and the replay.
+//! - `kernels/`: what CUDA kernels allocate at their calls (cuDNN's
+//!   convolution workspaces, ATen kernels' scratch, cuBLAS workspaces).
 //! - `breakdown.rs`: the predicted peak split into what it holds.
 //! - `estimate.rs`: the estimate with its fixed terms; `from_config.rs`:
 //!   `segtune estimate` as a library call.
@@ -19,6 +21,7 @@ pub mod estimate;
 pub mod expandable;
 pub mod extrapolate;
 pub mod from_config;
+pub mod kernels;
 pub mod replay;
 pub mod step_trace;
 

@@ -4,6 +4,8 @@
 //! PyTorch takes from the caching allocator on the first matmul is added.
 
 use super::allocator::{Allocator, AllocatorSettings, Stats};
+use super::kernels::{KernelModel, KernelScratch, ScratchSummary};
+use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
 
 /// What to add to the CPU trace.
@@ -27,6 +29,17 @@ pub struct ReplayInputs {
 /// The replay's result for the last step of the trace.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct ReplayResult {
+    /// `max_memory_allocated()` during the first step (with a benchmark's
+    /// searches: what MMEngine's first log line shows).
+    pub first_step_peak_allocated: u64,
+    /// The kernels' scratch live at the last step's peak: cuDNN's
+    /// workspace (or its benchmark search's), other kernels' transient
+    /// scratch, cuBLAS's kept workspaces.
+    pub cudnn_workspace_at_peak: u64,
+    pub kernel_scratch_at_peak: u64,
+    pub cublas_at_peak: u64,
+    /// What the kernel calls did (none without kernel calls).
+    pub kernels: Option<ScratchSummary>,
     /// `max_memory_allocated()` during the last step.
     pub peak_allocated: u64,
     /// `max_memory_reserved()` during the last step.
@@ -48,34 +61,86 @@ const INJECTED: u64 = 1 << 62;
 
 /// Replays `events`; peaks are those of the trace's last step.
 pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
+    replay_kernels(events, inputs, None)
+}
+
+/// What a GPU's kernels add at their calls: the calls recorded with the
+/// trace and the model of what they allocate.
+#[derive(Clone, Copy)]
+pub struct Kernels<'a> {
+    pub calls: &'a [KernelCall],
+    pub model: &'a KernelModel,
+}
+
+/// Scratch live at an instant: (cuDNN, other kernels, cuBLAS) bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct ScratchLive {
+    cudnn: u64,
+    kernel: u64,
+    cublas: u64,
+}
+
+/// [`replay`] with the kernels' allocations at their calls.
+pub fn replay_kernels(
+    events: &[TraceEvent],
+    inputs: &ReplayInputs,
+    kernels: Option<Kernels>,
+) -> ReplayResult {
     let last_step = events
         .iter()
         .map(|e| phase_of(e.phase).0)
         .max()
         .unwrap_or(0);
     let mut alloc = Allocator::new(inputs.capacity, inputs.settings);
+    let mut scratch = kernels.map(|k| KernelScratch::new(k.model, last_step));
+    let calls: &[KernelCall] = kernels.map_or(&[], |k| k.calls);
+    let mut next_call = 0usize;
     let mut current_step = 0usize;
     let mut injected_for_step: Vec<u64> = Vec::new();
     let mut next_injected = INJECTED;
     let mut workspace_done = inputs.cublas_workspace == 0;
     let mut out_of_memory = false;
-    let mut peak_phase = Phase::Setup;
     let mut best = 0u64;
+    let mut first_step_peak = 0u64;
     let mut skipped: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut peak_after_events = 0usize;
-    let track = |alloc: &Allocator,
-                 (phase, replayed): (Phase, usize),
-                 measuring: bool,
-                 best: &mut u64,
-                 peak: &mut (Phase, usize)| {
-        if measuring && alloc.stats().allocated > *best {
-            *best = alloc.stats().allocated;
-            *peak = (phase, replayed);
-        }
+    let mut peak = (Phase::Setup, 0usize, ScratchLive::default());
+    let persistent_cublas = |scratch: &Option<KernelScratch>| {
+        scratch
+            .as_ref()
+            .map_or(0, |s| s.persistent().iter().map(|p| p.1).sum::<u64>())
     };
-    let mut peak = (peak_phase, peak_after_events);
     for (i, e) in events.iter().enumerate() {
         let (step, phase) = phase_of(e.phase);
+        // The kernel calls that ran before this event.
+        while next_call < calls.len() && calls[next_call].at <= i {
+            let call = &calls[next_call];
+            next_call += 1;
+            let Some(s) = scratch.as_mut() else { break };
+            let call_step = phase_of(call.phase).0;
+            let measuring = call_step == last_step && current_step == last_step;
+            let in_first = call_step == 1;
+            let mut track = |a: &Allocator, live: &[(&'static str, u64)]| {
+                let allocated = a.stats().allocated;
+                if in_first {
+                    first_step_peak = first_step_peak.max(allocated);
+                }
+                if measuring && allocated > best {
+                    best = allocated;
+                    let mut l = ScratchLive::default();
+                    for (what, bytes) in live {
+                        if what.starts_with("cuDNN") {
+                            l.cudnn += bytes;
+                        } else {
+                            l.kernel += bytes;
+                        }
+                    }
+                    peak = (phase_of(call.phase).1, i, l);
+                }
+            };
+            if s.at_call(call, &mut alloc, &mut track).is_err() {
+                out_of_memory = true;
+            }
+        }
         if phase == Phase::Data || phase == Phase::Preprocess {
             if e.bytes > 0 {
                 skipped.insert(e.id);
@@ -91,7 +156,7 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
             if step == last_step {
                 alloc.reset_peaks();
                 best = alloc.stats().allocated;
-                peak = (phase, i);
+                peak = (phase, i, ScratchLive::default());
             }
             for bytes in &inputs.batch_copies {
                 out_of_memory |= alloc.malloc(next_injected, *bytes).is_err();
@@ -105,17 +170,24 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
                 next_injected += 1;
                 workspace_done = true;
             }
-            track(&alloc, (phase, i), step == last_step, &mut best, &mut peak);
+            if step == 1 {
+                first_step_peak = first_step_peak.max(alloc.stats().allocated);
+            }
+            if step == last_step && alloc.stats().allocated > best {
+                best = alloc.stats().allocated;
+                peak = (phase, i, ScratchLive::default());
+            }
         }
         if e.bytes > 0 {
             out_of_memory |= alloc.malloc(e.id, e.bytes as u64).is_err();
-            track(
-                &alloc,
-                (phase, i + 1),
-                current_step == last_step && step == last_step,
-                &mut best,
-                &mut peak,
-            );
+            let allocated = alloc.stats().allocated;
+            if step == 1 && current_step == 1 {
+                first_step_peak = first_step_peak.max(allocated);
+            }
+            if current_step == last_step && step == last_step && allocated > best {
+                best = allocated;
+                peak = (phase, i + 1, ScratchLive::default());
+            }
         } else if !skipped.contains(&e.id) {
             alloc.free(e.id);
         }
@@ -123,7 +195,8 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
     for id in injected_for_step {
         alloc.free(id);
     }
-    (peak_phase, peak_after_events) = peak;
+    let (peak_phase, peak_after_events, mut live) = peak;
+    live.cublas = persistent_cublas(&scratch);
     let s: Stats = alloc.stats();
     ReplayResult {
         peak_allocated: s.allocated_peak,
@@ -133,6 +206,11 @@ pub fn replay(events: &[TraceEvent], inputs: &ReplayInputs) -> ReplayResult {
         out_of_memory,
         num_alloc_retries: s.num_alloc_retries,
         peak_after_events,
+        first_step_peak_allocated: first_step_peak,
+        cudnn_workspace_at_peak: live.cudnn,
+        kernel_scratch_at_peak: live.kernel,
+        cublas_at_peak: live.cublas,
+        kernels: scratch.map(|s| s.summary()),
     }
 }
 

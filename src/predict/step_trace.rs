@@ -4,6 +4,7 @@
 //! every allocation and free to a temporary file read back here.
 
 use crate::error::{Error, Result};
+use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::{self, TraceEvent};
 use crate::trial::worker::Worker;
 use crate::trial::{Amp, OpTrace, RunMode, TrainingSetup, TrialRequest, TrialStatus};
@@ -13,6 +14,9 @@ use std::path::Path;
 pub struct TracedStep {
     /// Every CPU allocation and free from the model build on.
     pub events: Vec<TraceEvent>,
+    /// The calls among them whose CUDA kernels take scratch memory or choose
+    /// an algorithm (op-level traces only).
+    pub kernel_calls: Vec<KernelCall>,
     /// The counting allocator's peak over the measured step.
     pub cpu_peak_bytes: i64,
     /// Forward FLOPs of the step.
@@ -111,6 +115,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         .map_err(|e| Error::Environment(format!("no trace from the worker: {e}")))?;
     Ok(TracedStep {
         events: trace::from_text(&text).map_err(Error::Trial)?,
+        kernel_calls: trace::calls_from_text(&text).map_err(Error::Trial)?,
         cpu_peak_bytes: report.peak_bytes.unwrap_or(0),
         forward_flops: report.forward_flops,
         recompute_flops: report.recompute_flops,

@@ -21,10 +21,24 @@ pub fn estimate(e: &Estimate) -> String {
         e.amp,
         e.cudnn_benchmark
     );
+    out.push_str(&format!("  {}\n", in_words(e)));
     let peaks = [
         [
+            "predicted least needed (decides an OOM):".to_string(),
+            gib3(e.predicted_min_peak_allocated_bytes),
+        ],
+        [
             "predicted peak allocated (max_memory_allocated):".to_string(),
-            gib3(e.predicted_peak_allocated_bytes),
+            format!(
+                "{} (range {} to {}; steady state, as MMEngine's log after its first line)",
+                gib3(e.predicted_peak_allocated_bytes),
+                gib2(e.predicted_peak_allocated_low_bytes),
+                gib2(e.predicted_peak_allocated_high_bytes)
+            ),
+        ],
+        [
+            "predicted first log interval:".to_string(),
+            gib3(e.predicted_first_interval_peak_allocated_bytes),
         ],
         [
             "predicted peak reserved  (max_memory_reserved):".to_string(),
@@ -73,6 +87,58 @@ pub fn estimate(e: &Estimate) -> String {
         out.push_str(&format!("  note: {n}\n"));
     }
     out
+}
+
+fn gib2(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The two figures in one sentence: what the step needs, and what the
+/// user's log will show on this card (with its range and, when cuDNN's
+/// workspaces make the difference, why).
+pub fn in_words(e: &Estimate) -> String {
+    let card = format!(
+        "{} ({:.0} GB)",
+        e.gpu,
+        e.vram_bytes as f64 / (1u64 << 30) as f64
+    );
+    let mut s = format!(
+        "needs {} GiB; on the {card} your log will show about {} GiB",
+        gib2(e.predicted_min_peak_allocated_bytes),
+        gib2(e.predicted_peak_allocated_bytes)
+    );
+    let (low, high) = (
+        e.predicted_peak_allocated_low_bytes,
+        e.predicted_peak_allocated_high_bytes,
+    );
+    if gib2(high) != gib2(e.predicted_peak_allocated_bytes) || gib2(low) != gib2(high) {
+        s.push_str(&format!(" ({} to {})", gib2(low), gib2(high)));
+    }
+    let workspace_share = e
+        .predicted_peak_allocated_bytes
+        .saturating_sub(e.predicted_min_peak_allocated_bytes);
+    if workspace_share > (16 << 20) {
+        s.push_str(if e.cudnn_benchmark {
+            ": cuDNN takes free memory for faster convolutions"
+        } else {
+            ": cuDNN's heuristic algorithms take workspace where it is free"
+        });
+    }
+    if e.predicted_first_interval_peak_allocated_bytes
+        > e.predicted_peak_allocated_bytes + (16 << 20)
+    {
+        s.push_str(&format!(
+            "; the first log line, {}, about {} GiB",
+            if e.cudnn_benchmark {
+                "with cudnn_benchmark's algorithm search"
+            } else {
+                "the first step"
+            },
+            gib2(e.predicted_first_interval_peak_allocated_bytes)
+        ));
+    }
+    s.push_str(" (predicted)");
+    s
 }
 
 /// Every line indented by two spaces (tabled's blank style pads one more).

@@ -37,6 +37,8 @@ pub fn explain(e: &Estimate) -> String {
         out.push_str(torch);
         out.push('\n');
     }
+    out.push_str(&super::estimate::in_words(e));
+    out.push('\n');
     out.push_str(&format!(
         "at the peak of the step (in the {} phase) the device holds:\n",
         e.predicted_peak_phase

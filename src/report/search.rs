@@ -7,7 +7,7 @@ use crate::search::{Mode, SearchResult, Step};
 
 /// The feasible table's columns (`--all`); [`SHORT_COLUMNS`] without it.
 /// `points` only where the search lowered Mask2Former's point count.
-const FEASIBLE_COLUMNS: [&str; 15] = [
+const FEASIBLE_COLUMNS: [&str; 16] = [
     "rank",
     "batch",
     "crop",
@@ -17,6 +17,7 @@ const FEASIBLE_COLUMNS: [&str; 15] = [
     "with_cp",
     "points",
     "allocated GiB",
+    "first line GiB",
     "reserved GiB",
     "device GiB",
     "predicted GiB",
@@ -25,15 +26,20 @@ const FEASIBLE_COLUMNS: [&str; 15] = [
     "how",
 ];
 
-/// The columns shown without `--all`: the device total, not allocated and reserved.
-const SHORT_COLUMNS: [usize; 13] = [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14];
+/// The columns shown without `--all`: the device total, not allocated and
+/// reserved (a measured first step's peak where there is one).
+const SHORT_COLUMNS: [usize; 14] = [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13, 14, 15];
 
 /// The column of [`FEASIBLE_COLUMNS`] that shows the point count.
 const POINTS_COLUMN: usize = 7;
 
 /// The column of [`FEASIBLE_COLUMNS`] that shows a measured candidate's
 /// prediction.
-const PREDICTED_COLUMN: usize = 11;
+const PREDICTED_COLUMN: usize = 12;
+
+/// The column of [`FEASIBLE_COLUMNS`] that shows a measured trial's first
+/// step (its cuDNN searches).
+const FIRST_LINE_COLUMN: usize = 9;
 
 /// Whether some candidate was predicted and then measured (then the table
 /// shows the prediction beside the measurement).
@@ -134,7 +140,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     if r.feasible.is_empty() {
         out.push_str("no candidate fits this budget.\n");
     } else {
-        let rows: Vec<[String; 15]> = r
+        let rows: Vec<[String; 16]> = r
             .feasible
             .iter()
             .enumerate()
@@ -151,6 +157,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
                     with_cp_cell(c.checkpoint, o.record.checkpoint_cost),
                     points_cell(c.num_points),
                     gib_or_dash(o.record.peak_allocated_bytes),
+                    gib_or_dash(o.record.first_interval_allocated_bytes),
                     gib_or_dash(o.record.peak_reserved_bytes),
                     gib_or_dash(o.record.device_bytes),
                     gib_or_dash(o.record.predicted.and_then(|p| p.device_bytes)),
@@ -174,6 +181,12 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         .into_iter()
         .filter(|k| lowered_points(r) || *k != POINTS_COLUMN)
         .filter(|k| confirmed_predictions(r) || *k != PREDICTED_COLUMN)
+        .filter(|k| {
+            *k != FIRST_LINE_COLUMN
+                || r.feasible
+                    .iter()
+                    .any(|o| o.record.first_interval_allocated_bytes.is_some())
+        })
         .collect();
         let header: Vec<&str> = shown.iter().map(|k| FEASIBLE_COLUMNS[*k]).collect();
         out.push_str(&table_of(
@@ -187,7 +200,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
             gib(r.budget.cuda_context_bytes),
             gib(r.budget.usable_bytes),
             if all {
-                "; allocated GiB: torch.cuda.max_memory_allocated(); reserved GiB: max_memory_reserved()"
+                "; allocated GiB: torch.cuda.max_memory_allocated() after the first step (MMEngine's later log lines); first line GiB: the first step's, with cudnn_benchmark's searches; reserved GiB: max_memory_reserved()"
             } else {
                 " (--all adds the allocated and reserved peaks)"
             }

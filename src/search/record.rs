@@ -85,6 +85,11 @@ pub struct TrialRecord {
     /// (predicted: it does not fit with the allocator's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc_conf: Option<String>,
+    /// Measured on CUDA: `max_memory_allocated` of the first step (with
+    /// cudnn_benchmark, its algorithm searches: MMEngine's first log line),
+    /// beside `peak_allocated_bytes`, the steady state after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_interval_allocated_bytes: Option<u64>,
 }
 
 /// What was predicted for a candidate that was then measured.
@@ -114,6 +119,7 @@ impl TrialRecord {
             checkpoint_cost: None,
             predicted: None,
             alloc_conf: None,
+            first_interval_allocated_bytes: None,
         }
     }
 

@@ -13,7 +13,7 @@ use super::spec::{DeviceSetting, SearchSpec};
 use super::strategy::{rank, run_search, Explored, Progress, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
-use crate::predict::estimate::BatchLayout;
+use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
 use crate::trial::torch_version::VersionSource;
 use crate::trial::worker::Worker;
@@ -46,6 +46,9 @@ pub struct SearchRequest {
     /// process) when neither `--torch` nor the config's `segtune.torch`
     /// names a release; asked only then.
     pub ask_python_torch: bool,
+    /// `--cudnn-benchmark on|off` (default: the config's
+    /// `env_cfg.cudnn_benchmark`).
+    pub cudnn_benchmark: Option<bool>,
 }
 
 impl SearchRequest {
@@ -111,6 +114,7 @@ impl RealTrials for CudaTrials<'_> {
             gpus,
             gt_segments: self.request.gt_segments,
             mode: self.request.mode,
+            cudnn_benchmark: self.request.cudnn_benchmark,
         })
     }
 }
@@ -420,12 +424,24 @@ pub fn predictor(
             )
         },
     );
+    // The flags MMEngine sets from the config decide cuDNN's workspaces.
+    let cfg = crate::config::resolve(&request.config, &request.cfg_options).ok();
+    let flag = |f: fn(&crate::config::Dict) -> bool| cfg.as_ref().is_some_and(f);
+    let kernels = KernelSetup {
+        torch: setup.torch,
+        amp: Amp::Off,
+        cudnn_benchmark: request
+            .cudnn_benchmark
+            .unwrap_or_else(|| flag(crate::trial::setup::cudnn_benchmark)),
+        cudnn_deterministic: flag(crate::trial::setup::cudnn_deterministic),
+    };
     let evaluator = PredictedEvaluator::new(
         budget.clone(),
         tracer,
         request.trace != TraceKind::CpuAllocator,
         layout,
-    );
+    )
+    .with_kernels(kernels);
     let evaluator = if setup.torch.has(Switch::ExpandableSegments) {
         evaluator
     } else {

@@ -134,6 +134,7 @@ pub fn breakdown_of(
         trace: TraceKind::Meta,
         alloc_conf,
         mode: r.run_mode,
+        cudnn_benchmark: None,
     };
     Ok(estimate_config(&request, worker)?.breakdown)
 }

@@ -42,6 +42,7 @@ extern "C" {
     fn segtune_autocast_enter(device_type: c_int, dtype: c_int) -> c_int;
     fn segtune_autocast_exit(device_type: c_int) -> c_int;
     fn segtune_op_trace(mode: c_int) -> c_int;
+    fn segtune_cudnn_set_flags(benchmark: bool, deterministic: bool) -> c_int;
     fn segtune_op_trace_stand_ins() -> i64;
     fn segtune_op_trace_unsupported() -> *const c_char;
 }
@@ -74,6 +75,12 @@ pub fn set_op_trace(mode: OpTrace) -> Result<(), String> {
     };
     // SAFETY: plain call into the shim.
     check(unsafe { segtune_op_trace(code) })
+}
+
+/// Sets `torch.backends.cudnn.benchmark` and `.deterministic`.
+pub fn set_cudnn_flags(benchmark: bool, deterministic: bool) -> Result<(), String> {
+    // SAFETY: plain call into the shim.
+    check(unsafe { segtune_cudnn_set_flags(benchmark, deterministic) })
 }
 
 /// How many data-dependent values (`.item()`) a meta trace stood in for.

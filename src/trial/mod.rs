@@ -21,7 +21,9 @@
 //!   reproduces;
 //!   `infer.rs`: its step in inference mode.
 //! - `optim/`, `amp.rs`, `ddp.rs`: what the optimizer wrapper and DDP hold.
-//! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory.
+//! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory;
+//!   `kernel_calls.rs` + `shim_kernel_calls.cpp`: the calls whose CUDA
+//!   kernels take scratch memory, recorded with a trace.
 
 pub mod amp;
 pub mod autocast_lists;
@@ -29,6 +31,7 @@ pub mod batch;
 pub mod ddp;
 pub mod execute;
 pub mod infer;
+pub mod kernel_calls;
 pub mod memory;
 pub mod optim;
 pub mod report;

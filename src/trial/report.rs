@@ -105,6 +105,17 @@ pub struct TrialReport {
     pub cuda_peak_allocated_bytes: Option<i64>,
     /// CUDA: `max_memory_reserved` over the measured steps.
     pub cuda_peak_reserved_bytes: Option<i64>,
+    /// CUDA: `max_memory_allocated` of the first step (with cudnn_benchmark:
+    /// its algorithm searches; what MMEngine's first log line holds), while
+    /// `cuda_peak_allocated_bytes` is the steady state after it (its later
+    /// lines: MMEngine resets the peak at each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_first_step_peak_allocated_bytes: Option<i64>,
+    /// The cuDNN flags the trial ran with on CUDA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn_benchmark: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn_deterministic: Option<bool>,
     pub optimizer_state_bytes: i64,
     /// Forward FLOPs of one step (convolutions, linear layers, attention);
     /// a training step is about three times this.
@@ -118,6 +129,9 @@ pub struct TrialReport {
     pub steps: Vec<StepRecord>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub trace: Option<Vec<TraceEvent>>,
+    /// The kernel calls recorded with an op-level trace (written with it).
+    #[serde(skip)]
+    pub kernel_calls: Vec<super::kernel_calls::KernelCall>,
     /// The model parts a trace's events name (`TraceEvent::scope` ids).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub model_scopes: Vec<String>,
@@ -159,6 +173,9 @@ impl TrialReport {
             peak_bytes: None,
             cuda_peak_allocated_bytes: None,
             cuda_peak_reserved_bytes: None,
+            cuda_first_step_peak_allocated_bytes: None,
+            cudnn_benchmark: None,
+            cudnn_deterministic: None,
             optimizer_state_bytes: 0,
             forward_flops: 0.0,
             recompute_flops: 0.0,
@@ -166,6 +183,7 @@ impl TrialReport {
             images_per_s: None,
             steps: Vec::new(),
             trace: None,
+            kernel_calls: Vec::new(),
             model_scopes: Vec::new(),
             op_trace: request.op_trace,
             meta_ops_on_cpu: Vec::new(),
@@ -222,6 +240,10 @@ impl TrialReport {
 
     /// Aggregates the measured steps.
     pub fn finish(&mut self) {
+        self.cuda_first_step_peak_allocated_bytes = self
+            .steps
+            .first()
+            .and_then(|s| s.cuda.map(|c| c.allocated_peak));
         let measured: Vec<&StepRecord> = self.steps.iter().filter(|s| s.measured).collect();
         if measured.is_empty() {
             return;

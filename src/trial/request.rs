@@ -109,6 +109,18 @@ pub struct TrialRequest {
     /// Training or inference steps (inference: `batch_size` is the test
     /// batch, `crop` the image size, `accumulative_counts` unused).
     pub mode: RunMode,
+    /// `torch.backends.cudnn.benchmark` on CUDA (default: the config's
+    /// `env_cfg.cudnn_benchmark`, off when `randomness.deterministic`).
+    pub cudnn_benchmark: Option<bool>,
+}
+
+/// `on` or `off`, as `--cudnn-benchmark` takes it.
+pub fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 fn flag_after(name: &str, value: String, argv: &mut Vec<OsString>) {
@@ -148,6 +160,7 @@ impl TrialRequest {
             as_cuda: false,
             op_trace: super::memory::OpTrace::Off,
             mode: RunMode::Train,
+            cudnn_benchmark: None,
         }
     }
 
@@ -194,6 +207,9 @@ impl TrialRequest {
         }
         if self.mode != RunMode::Train {
             flag_after("mode", self.mode.to_string(), &mut argv);
+        }
+        if let Some(on) = self.cudnn_benchmark {
+            flag_after("cudnn-benchmark", on_off(on).into(), &mut argv);
         }
         argv.push("--json".into());
         if !self.cfg_options.is_empty() {

@@ -175,6 +175,11 @@ fn run_capped(
         if let Err(e) = memory::set_op_trace(request.op_trace) {
             return report.failed(TrialStatus::Error, e);
         }
+        if request.trace_out.is_some() {
+            if let Err(e) = super::kernel_calls::record(true) {
+                return report.failed(TrialStatus::Error, e);
+            }
+        }
     }
     let base = counter.current();
     if let Some(budget) = host_budget {
@@ -264,6 +269,18 @@ fn run_capped(
         Device::Cuda(i) => Some(i),
         _ => None,
     };
+    if cuda_index.is_some() {
+        // MMEngine sets these from env_cfg and randomness before training.
+        let deterministic = super::setup::cudnn_deterministic(cfg);
+        let benchmark = request
+            .cudnn_benchmark
+            .unwrap_or_else(|| super::setup::cudnn_benchmark(cfg));
+        if let Err(e) = memory::set_cudnn_flags(benchmark, deterministic) {
+            return report.failed(TrialStatus::Error, e);
+        }
+        report.cudnn_benchmark = Some(benchmark);
+        report.cudnn_deterministic = Some(deterministic);
+    }
     let total_steps = request.warmup_steps + request.measured_steps;
     if request.op_trace == memory::OpTrace::Meta {
         let classes = request
@@ -374,6 +391,13 @@ fn run_capped(
     if request.trace_out.is_some() {
         counter.trace(false);
         trace.extend(counter.take_trace());
+        if request.op_trace != memory::OpTrace::Off {
+            match super::kernel_calls::take() {
+                Ok(calls) => report.kernel_calls = calls,
+                Err(e) => return report.failed(TrialStatus::Error, e),
+            }
+            let _ = super::kernel_calls::record(false);
+        }
     }
     report.optimizer_state_bytes = optimizer.state_bytes();
     if request.trace_out.is_some() {

@@ -55,6 +55,9 @@ uint32_t g_phase = 0;
 uint32_t g_scope = 0;  // the model part running (models::scope ids)
 bool g_tracing = false;
 std::vector<TraceEvent> g_trace;
+// Events traced since tracing was switched on (taken or not): a kernel
+// call's place among them (shim_kernel_calls.cpp).
+uint64_t g_trace_index = 0;
 bool g_installed = false;
 // Op-level tracing (see the section below): 0 off, 1 CPU kernels, 2 meta kernels.
 std::atomic<int> g_op_mode{0};
@@ -73,7 +76,10 @@ void count_allocation(void* p, size_t n) {
   g_live[p] = {n, id};
   g_current += static_cast<int64_t>(n);
   if (g_current > g_peak) g_peak = g_current;
-  if (g_tracing) g_trace.push_back({id, static_cast<int64_t>(n), g_phase, g_scope});
+  if (g_tracing) {
+    g_trace.push_back({id, static_cast<int64_t>(n), g_phase, g_scope});
+    g_trace_index++;
+  }
 }
 
 // Uncounts (and traces the free of) the storage at `p`, counted or pending,
@@ -85,7 +91,10 @@ std::vector<at::Tensor> forget(void* p) {
   auto it = g_live.find(p);
   if (it != g_live.end()) {
     g_current -= static_cast<int64_t>(it->second.bytes);
-    if (g_tracing) g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, g_scope});
+    if (g_tracing) {
+      g_trace.push_back({it->second.id, -static_cast<int64_t>(it->second.bytes), g_phase, g_scope});
+      g_trace_index++;
+    }
     g_live.erase(it);
   } else {
     g_pending.erase(p);
@@ -167,6 +176,7 @@ void segtune_cpu_alloc_set_phase(uint32_t phase) { std::lock_guard<std::mutex> l
 void segtune_cpu_alloc_set_scope(uint32_t scope) { std::lock_guard<std::mutex> lk(g_mu); g_scope = scope; }
 void segtune_cpu_alloc_trace(bool on) {
   std::lock_guard<std::mutex> lk(g_mu);
+  if (on && !g_tracing) g_trace_index = g_trace.size();
   g_tracing = on;
 }
 // Moves up to `capacity` trace events into `out` (oldest first); returns how many.
@@ -224,6 +234,15 @@ int segtune_device_empty_cache() {
 }
 int segtune_device_synchronize(int device) {
   return guarded([&] { at::accelerator::synchronizeDevice(static_cast<c10::DeviceIndex>(device)); });
+}
+
+// torch.backends.cudnn.benchmark / .deterministic, as MMEngine's env_cfg
+// and randomness set them.
+int segtune_cudnn_set_flags(bool benchmark, bool deterministic) {
+  return guarded([&] {
+    at::globalContext().setBenchmarkCuDNN(benchmark);
+    at::globalContext().setDeterministicCuDNN(deterministic);
+  });
 }
 
 // Autocast as torch.autocast(device_type, dtype) enters and leaves it.
@@ -754,8 +773,26 @@ void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
       });
     }
   }
+  // A kernel call the predictor models is recorded after the op's outputs
+  // exist, where the CUDA kernel's scratch would be taken.
+  std::string call;
+  if (segtune_shim::kernel_call_recorded(op)) call = segtune_shim::describe_kernel_call(op, *stack);
+  auto record = [&call] {
+    if (call.empty()) return;
+    uint64_t at;
+    uint32_t phase, scope;
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      if (!g_tracing) return;
+      at = g_trace_index;
+      phase = g_phase;
+      scope = g_scope;
+    }
+    segtune_shim::record_kernel_call(at, phase, scope, call);
+  };
   if (g_op_mode.load() == 2) {
     run_on_meta(op, stack);
+    record();
     return;
   }
   {
@@ -763,6 +800,7 @@ void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
     op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
   }
   claim_outputs(stack, op.schema().returns().size());
+  record();
 }
 
 }  // namespace

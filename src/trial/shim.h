@@ -2,7 +2,10 @@
 // shim_meta_rules.cpp) share.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+
+#include <cstdint>
 
 #include <cstddef>
 #include <exception>
@@ -29,5 +32,11 @@ int guarded(F f) {
 // (shim_meta_rules.cpp), replacing its arguments from `first` on the stack;
 // false for an op without a rule.
 bool meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first);
+
+// Kernel calls (shim_kernel_calls.cpp): whether `op` is one to record, its
+// arguments as one line (before the op runs), and the record itself.
+bool kernel_call_recorded(const c10::OperatorHandle& op);
+std::string describe_kernel_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+void record_kernel_call(uint64_t at_event, uint32_t phase, uint32_t scope, const std::string& call);
 
 }  // namespace segtune_shim

@@ -127,6 +127,13 @@ pub enum Switch {
     ForeachOptimizersOnCuda,
     /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` exists.
     ExpandableSegments,
+    /// cuBLAS's workspace comes from the caching allocator (counted in
+    /// `max_memory_allocated`), one per (handle, stream).
+    CublasWorkspaceInAllocator,
+    /// Convolutions go through cuDNN's v8 (frontend) API: heuristics mode
+    /// INSTANT, benchmark searches that halve their workspace on an
+    /// out-of-memory and free it before `emptyCache`.
+    CudnnV8Api,
 }
 
 /// One switch's table row: where it is on and where that comes from.
@@ -175,6 +182,22 @@ pub const SWITCHES: &[SwitchSpec] = &[
         until: None,
         what: "the caching allocator's expandable_segments:True setting exists",
         source: "pytorch/pytorch#96995 (\"Expandable blocks in allocator\", merged 2023-04, first in 2.1)",
+    },
+    SwitchSpec {
+        switch: Switch::CublasWorkspaceInAllocator,
+        name: "cublas-workspace-in-allocator",
+        from: TorchVersion::new(1, 13),
+        until: None,
+        what: "cuBLAS's workspace is taken from the caching allocator and kept, one per (handle, stream)",
+        source: "pytorch/pytorch#83461 (CublasHandlePool.cpp getNewWorkspace; 1.10's headers have no workspace API)",
+    },
+    SwitchSpec {
+        switch: Switch::CudnnV8Api,
+        name: "cudnn-v8-api",
+        from: TorchVersion::new(2, 0),
+        until: None,
+        what: "convolutions use cuDNN's v8 API (Conv_v8.cpp) instead of the v7 one (Conv_v7.cpp)",
+        source: "pytorch/pytorch#91117 (\"cuDNN V8 API on by default\", merged 2022-12-20)",
     },
 ];
 

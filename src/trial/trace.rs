@@ -1,7 +1,9 @@
 //! Allocation traces of a training trial: every CPU tensor allocation and
 //! free, in order, tagged with the step and phase it happened in, and a
-//! compact text form to pass them between processes.
+//! compact text form to pass them (and the kernel calls recorded with them,
+//! `kernel_calls.rs`) between processes.
 
+use super::kernel_calls::KernelCall;
 use std::fmt::Write as _;
 
 /// One allocator event: an allocation (`bytes > 0`) or a free (`bytes < 0`)
@@ -53,28 +55,55 @@ pub fn phase_of(code: u32) -> (usize, Phase) {
 
 const HEADER_V1: &str = "# segtune trace v1: id bytes phase";
 const HEADER_V2: &str = "# segtune trace v2: id bytes phase scope";
+const HEADER_V3: &str =
+    "# segtune trace v3: id bytes phase scope; kernel calls: k at phase scope op args";
 
 /// Writes events as text: a header line, then `id bytes phase scope` per line.
 pub fn to_text(events: &[TraceEvent]) -> String {
-    let mut out = String::with_capacity(events.len() * 26 + 48);
-    out.push_str(HEADER_V2);
+    to_text_with_calls(events, &[])
+}
+
+/// Writes events and the kernel calls recorded with them: the events as
+/// [`to_text`] does, then one `k ...` line per call ([`KernelCall::to_line`]).
+pub fn to_text_with_calls(events: &[TraceEvent], calls: &[KernelCall]) -> String {
+    let mut out = String::with_capacity(events.len() * 26 + calls.len() * 80 + 96);
+    out.push_str(if calls.is_empty() {
+        HEADER_V2
+    } else {
+        HEADER_V3
+    });
     out.push('\n');
     for e in events {
         let _ = writeln!(out, "{} {} {} {}", e.id, e.bytes, e.phase, e.scope);
     }
+    for c in calls {
+        out.push_str(&c.to_line());
+        out.push('\n');
+    }
     out
 }
 
-/// Parses [`to_text`]'s output (and v1 traces, without scopes).
+/// The kernel calls of a v3 trace (none in v1 and v2).
+pub fn calls_from_text(text: &str) -> Result<Vec<KernelCall>, String> {
+    text.lines()
+        .skip(1)
+        .filter(|l| l.starts_with("k "))
+        .map(KernelCall::from_line)
+        .collect()
+}
+
+/// Parses [`to_text`]'s output (and v1 traces, without scopes); the kernel
+/// calls of a v3 trace are left out (see [`calls_from_text`]).
 pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, String> {
     let mut lines = text.lines();
     let scoped = match lines.next() {
-        Some(HEADER_V2) => true,
+        Some(HEADER_V2 | HEADER_V3) => true,
         Some(HEADER_V1) => false,
-        _ => return Err("not a segtune trace (v1 or v2)".into()),
+        _ => return Err("not a segtune trace (v1, v2 or v3)".into()),
     };
     lines
         .enumerate()
+        .filter(|(_, line)| !line.starts_with("k "))
         .map(|(i, line)| {
             let mut parts = line.split_ascii_whitespace();
             let mut next = || {
@@ -174,6 +203,12 @@ mod tests {
         assert_eq!(from_text(&to_text(&events)).unwrap(), events);
         assert_eq!(phase_of(phase_code(1, Phase::Forward)), (1, Phase::Forward));
         assert_eq!(phase_of(phase_code(2, Phase::Data)), (2, Phase::Data));
+        let call =
+            KernelCall::from_line("k 1 5 3 aten::sum.dim_IntList t:f32:4x4 l:1 b:0 -").unwrap();
+        let text = to_text_with_calls(&events, std::slice::from_ref(&call));
+        assert_eq!(from_text(&text).unwrap(), events);
+        assert_eq!(calls_from_text(&text).unwrap(), vec![call]);
+        assert!(calls_from_text(&to_text(&events)).unwrap().is_empty());
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct MeasuredEvaluator {
     pub gt_segments: Option<i64>,
     /// Training or inference trials.
     pub mode: crate::trial::RunMode,
+    /// `--cudnn-benchmark` (default: the config's).
+    pub cudnn_benchmark: Option<bool>,
 }
 
 /// The candidate status of a trial that did not end `ok`.
@@ -60,6 +62,7 @@ impl Evaluator for MeasuredEvaluator {
             },
             gt_segments: self.gt_segments,
             mode: self.mode,
+            cudnn_benchmark: self.cudnn_benchmark,
             ..TrialRequest::new(&self.config)
         };
         let report = match self.worker.trial(&request, Some(self.timeout)) {
@@ -88,6 +91,9 @@ impl Evaluator for MeasuredEvaluator {
             checkpoint_cost: None,
             predicted: None,
             alloc_conf: None,
+            first_interval_allocated_bytes: report
+                .cuda_first_step_peak_allocated_bytes
+                .map(|b| b.max(0) as u64),
         };
         if device > self.budget.usable_bytes {
             record.status = CandidateStatus::Oom;

@@ -9,12 +9,14 @@ use super::Evaluator;
 use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::allocator::AllocatorSettings;
-use crate::predict::estimate::{cublas_workspace_bytes, BatchLayout};
+use crate::predict::estimate::{cublas_workspace_bytes, BatchLayout, KernelSetup};
 use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
-use crate::predict::replay::{replay, ReplayInputs};
+use crate::predict::kernels::cudnn::Figure;
+use crate::predict::replay::{replay_kernels, Kernels, ReplayInputs, ReplayResult};
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
+use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
 use crate::trial::RunMode;
 use std::borrow::Cow;
@@ -78,6 +80,9 @@ pub struct PredictedEvaluator {
     /// Whether the predicted PyTorch has `expandable_segments` to offer
     /// where the default allocator does not fit.
     expandable_segments: bool,
+    /// The PyTorch release and cuDNN flags the GPU's kernels follow (the
+    /// candidate's precision set per replay).
+    kernels: KernelSetup,
 }
 
 /// What every replay of one evaluator shares besides the candidate.
@@ -86,11 +91,13 @@ struct ReplayContext {
     mode: RunMode,
     layout: BatchLayout,
     expandable_segments: bool,
+    kernels: KernelSetup,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
 struct SmallTrace {
     events: Vec<TraceEvent>,
+    calls: Vec<KernelCall>,
     flops: f64,
     recompute_flops: f64,
     step_bytes: f64,
@@ -116,7 +123,20 @@ impl PredictedEvaluator {
             mode: RunMode::Train,
             layout,
             expandable_segments: true,
+            kernels: KernelSetup {
+                torch: crate::trial::TorchVersion::NEWEST,
+                amp: Amp::Off,
+                cudnn_benchmark: false,
+                cudnn_deterministic: false,
+            },
         }
+    }
+
+    /// Predicts for this PyTorch release and these cuDNN flags (the
+    /// candidate's precision is its own).
+    pub fn with_kernels(mut self, kernels: KernelSetup) -> PredictedEvaluator {
+        self.kernels = kernels;
+        self
     }
 
     /// Predicts for a PyTorch release without `expandable_segments` (< 2.1):
@@ -186,6 +206,7 @@ impl PredictedEvaluator {
                     flops: s.forward_flops,
                     recompute_flops: s.recompute_flops,
                     events: s.events,
+                    calls: s.kernel_calls,
                 })
                 .map_err(|e| e.to_string());
             self.small.insert(key, step);
@@ -233,22 +254,29 @@ impl Evaluator for PredictedEvaluator {
             mode: self.mode,
             layout: self.layout,
             expandable_segments: self.expandable_segments,
+            kernels: self.kernels,
         };
         let failed =
             |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
-            let (events, flops, bytes) = match self.small(c.batch_size, c.crop, c.amp, c.knobs()) {
-                Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
-                    return TrialRecord::failed(
-                        CandidateStatus::Infeasible,
-                        format!("cannot train at batch {}: {e}", c.batch_size),
-                        Mode::Predicted,
-                    )
-                }
-                Err(e) => return failed(e.clone()),
-                Ok(s) => (s.events.clone(), (s.flops, s.recompute_flops), s.step_bytes),
-            };
-            return replay_against_budget(&budget, c, &events, flops, bytes, mode);
+            let (events, calls, flops, bytes) =
+                match self.small(c.batch_size, c.crop, c.amp, c.knobs()) {
+                    Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
+                        return TrialRecord::failed(
+                            CandidateStatus::Infeasible,
+                            format!("cannot train at batch {}: {e}", c.batch_size),
+                            Mode::Predicted,
+                        )
+                    }
+                    Err(e) => return failed(e.clone()),
+                    Ok(s) => (
+                        s.events.clone(),
+                        s.calls.clone(),
+                        (s.flops, s.recompute_flops),
+                        s.step_bytes,
+                    ),
+                };
+            return replay_against_budget(&budget, c, (&events, &calls), flops, bytes, mode);
         }
         let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs()) {
             Err(e) => return failed(e.clone()),
@@ -276,7 +304,7 @@ impl Evaluator for PredictedEvaluator {
             Ok(e) => e,
             Err(e) => return failed(e),
         };
-        replay_against_budget(&budget, c, &events, flops, bytes, mode)
+        replay_against_budget(&budget, c, (&events, &[]), flops, bytes, mode)
     }
 }
 
@@ -287,12 +315,12 @@ impl Evaluator for PredictedEvaluator {
 fn replay_against_budget(
     budget: &Budget,
     c: &Candidate,
-    events: &[TraceEvent],
+    traced: (&[TraceEvent], &[KernelCall]),
     flops: (f64, f64),
     bytes: f64,
     cx: ReplayContext,
 ) -> TrialRecord {
-    let replay_with = |settings| replay_with(budget, c, events, (flops, bytes), settings, cx);
+    let replay_with = |settings| replay_with(budget, c, traced, (flops, bytes), settings, cx);
     let record = replay_with(AllocatorSettings::default());
     if record.fits() || !cx.expandable_segments {
         return record;
@@ -312,39 +340,76 @@ fn replay_against_budget(
     }
 }
 
-/// Replays one step's events for `c` under `settings` against the budget.
+/// Replays one step's events for `c` under `settings` against the budget:
+/// the least the step needs decides whether it fits (cuDNN falls back to
+/// smaller workspaces where memory is short); the figures shown are the
+/// likeliest (the workspaces cuDNN takes on this card), and where the card
+/// forces slower convolutions the images/s says so.
 fn replay_with(
     budget: &Budget,
     c: &Candidate,
-    events: &[TraceEvent],
+    (events, calls): (&[TraceEvent], &[KernelCall]),
     (flops, bytes): ((f64, f64), f64),
     settings: AllocatorSettings,
     cx: ReplayContext,
 ) -> TrialRecord {
     let mode = cx.mode;
+    let kernels = KernelSetup {
+        amp: c.amp,
+        ..cx.kernels
+    };
+    let with_calls = !calls.is_empty();
     let inputs = ReplayInputs {
         batch_copies: cx.layout.tensors(c.batch_size, c.crop, mode),
-        cublas_workspace: cublas_workspace_bytes(&budget.compute_capability),
+        cublas_workspace: if with_calls {
+            0
+        } else if kernels.cublas_workspace(&budget.compute_capability) > 0 {
+            cublas_workspace_bytes(&budget.compute_capability)
+        } else {
+            0
+        },
         capacity: Some(budget.allocator_capacity()),
         settings,
     };
-    let r = replay(events, &inputs);
-    let device = r.peak_reserved + budget.cuda_context_bytes;
+    let run = |figure: Figure| -> ReplayResult {
+        let model = kernels.model(&budget.compute_capability, budget.conv_math(), figure);
+        replay_kernels(
+            events,
+            &inputs,
+            with_calls.then_some(Kernels {
+                calls,
+                model: &model,
+            }),
+        )
+    };
+    let least = run(Figure::Least);
+    let likely = if with_calls {
+        run(Figure::Likely)
+    } else {
+        least
+    };
+    let shown = if likely.out_of_memory { least } else { likely };
+    let device = least.peak_reserved + budget.cuda_context_bytes;
+    let passes = if mode == RunMode::Infer { 1.0 } else { 3.0 };
+    let slowdown = shown
+        .kernels
+        .map_or(1.0, |k| k.step_slowdown(passes * flops.0 + flops.1));
     let mut record = TrialRecord {
         status: CandidateStatus::Fits,
         reason: None,
-        peak_allocated_bytes: Some(r.peak_allocated),
-        peak_reserved_bytes: Some(r.peak_reserved),
+        peak_allocated_bytes: Some(shown.peak_allocated),
+        peak_reserved_bytes: Some(shown.peak_reserved),
         device_bytes: Some(device),
-        images_per_s: Some(PredictedEvaluator::images_per_s(
-            budget, c, flops, bytes, mode,
-        )),
+        images_per_s: Some(
+            PredictedEvaluator::images_per_s(budget, c, flops, bytes, mode) / slowdown,
+        ),
         mode: Mode::Predicted,
         checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
         predicted: None,
         alloc_conf: None,
+        first_interval_allocated_bytes: None,
     };
-    if r.out_of_memory || device > budget.usable_bytes {
+    if least.out_of_memory || device > budget.usable_bytes {
         record.status = CandidateStatus::Oom;
         record.reason = Some(format!(
             "predicted out of memory: needs more than the usable {:.2} GiB",
@@ -395,17 +460,23 @@ mod tests {
             mode: RunMode::Train,
             layout: BatchLayout::MmSeg,
             expandable_segments: true,
+            kernels: KernelSetup {
+                torch: crate::trial::TorchVersion::NEWEST,
+                amp: Amp::Off,
+                cudnn_benchmark: false,
+                cudnn_deterministic: false,
+            },
         };
         let default = replay_with(
             &budget,
             &c,
-            &events,
+            (&events, &[]),
             (flops, 1.0),
             AllocatorSettings::default(),
             training,
         );
         assert!(!default.fits(), "{default:?}");
-        let record = replay_against_budget(&budget, &c, &events, flops, 1.0, training);
+        let record = replay_against_budget(&budget, &c, (&events, &[]), flops, 1.0, training);
         assert!(record.fits(), "{record:?}");
         assert_eq!(
             record.alloc_conf.as_deref(),
@@ -417,7 +488,81 @@ mod tests {
             expandable_segments: false,
             ..training
         };
-        let record = replay_against_budget(&budget, &c, &events, flops, 1.0, without);
+        let record = replay_against_budget(&budget, &c, (&events, &[]), flops, 1.0, without);
         assert!(!record.fits() && record.alloc_conf.is_none(), "{record:?}");
+    }
+
+    /// A convolution whose fastest algorithm wants a large workspace: the
+    /// search's verdict follows the least the step needs (cuDNN falls back
+    /// to a smaller workspace where memory is short), never the workspace
+    /// cuDNN would take on a roomy card.
+    #[test]
+    fn feasibility_follows_the_least_figure_not_the_workspaces_cudnn_would_take() {
+        let event = |id: u64, bytes: i64| TraceEvent {
+            id,
+            bytes,
+            phase: phase_code(1, Phase::Forward),
+            scope: 0,
+        };
+        // PSPNet's bottleneck at 256x256, batch 8 (4096 -> 512 channels, 3x3).
+        let events = vec![event(1, 512 * MIB), event(2, 16 * MIB), event(2, -16 * MIB)];
+        let calls = vec![KernelCall::from_line(
+            "k 1 9 0 aten::convolution t:f32:8x4096x32x32 t:f32:512x4096x3x3 - l:1,1 l:1,1 l:1,1 b:0 l:0,0 i:1",
+        )
+        .unwrap()];
+        let c = Candidate {
+            batch_size: 8,
+            crop: (64, 64),
+            amp: Amp::Off,
+            accumulation: 1,
+            checkpoint: false,
+            num_points: None,
+            test_mode: None,
+        };
+        let cx = ReplayContext {
+            mode: RunMode::Train,
+            layout: BatchLayout::MmSeg,
+            expandable_segments: false,
+            kernels: KernelSetup {
+                torch: crate::trial::TorchVersion::NEWEST,
+                amp: Amp::Off,
+                cudnn_benchmark: false,
+                cudnn_deterministic: false,
+            },
+        };
+        let record = |vram_mib: u64| {
+            // sm 7.0 (no TF32): Winograd's transforms win fp32 3x3 convolutions.
+            let gpu = Gpu::choose(None, Some(&format!("{vram_mib}M")), "7.0").unwrap();
+            let budget = Budget::new(&gpu, 0.0).unwrap();
+            let r = replay_with(
+                &budget,
+                &c,
+                (&events, &calls),
+                ((1.0, 0.0), 1.0),
+                AllocatorSettings::default(),
+                cx,
+            );
+            (budget, r)
+        };
+        // On a roomy card the shown peak holds the fastest algorithm's workspace.
+        let (budget, roomy) = record(80 << 10);
+        let roomy_peak = roomy.peak_allocated_bytes.unwrap();
+        let least_device = roomy.device_bytes.unwrap() - budget.cuda_context_bytes;
+        assert!(
+            roomy_peak > least_device + 32 * MIB as u64,
+            "the fastest algorithm takes a workspace: shown {roomy_peak}, least {least_device}"
+        );
+        // A card whose allocator has room for the least but not for that
+        // workspace: the candidate fits, with a smaller workspace.
+        let tight = (1..4096)
+            .map(|extra| record(budget.cuda_context_bytes / MIB as u64 + 500 + extra))
+            .find(|(b, _)| b.allocator_capacity() > least_device + 2 * MIB as u64)
+            .unwrap();
+        assert!(
+            tight.0.allocator_capacity() < roomy_peak,
+            "the card is tight"
+        );
+        assert!(tight.1.fits(), "{:?}", tight.1);
+        assert!(tight.1.peak_allocated_bytes.unwrap() <= tight.0.allocator_capacity());
     }
 }

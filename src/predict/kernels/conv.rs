@@ -1,0 +1,327 @@
+//! A convolution of the trace as CUDA would run it: its shape (from the
+//! recorded `aten::convolution` / `aten::convolution_backward` call), the
+//! directions it runs (forward; backward data and backward filter as
+//! autograd asks for them), and the backend PyTorch picks for it on CUDA
+//! (`_select_conv_backend` in `aten/src/ATen/native/Convolution.cpp`): cuDNN,
+//! or the native depthwise kernels, which take no workspace.
+
+use crate::trial::kernel_calls::{KernelCall, Layout};
+
+/// The element type of a convolution's tensors on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum DataType {
+    F32,
+    F16,
+    Bf16,
+    F64,
+}
+
+impl DataType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            DataType::F32 => 4,
+            DataType::F16 | DataType::Bf16 => 2,
+            DataType::F64 => 8,
+        }
+    }
+
+    /// The GPU type of a traced dtype. A trace standing in for CUDA holds
+    /// half precision as bf16 (the same two bytes): under `--amp fp16` a
+    /// bf16 tensor of the trace is an fp16 tensor on the GPU.
+    pub fn of_traced(dtype: &str, half_is_fp16: bool) -> Option<DataType> {
+        Some(match dtype {
+            "f32" => DataType::F32,
+            "f16" => DataType::F16,
+            "bf16" if half_is_fp16 => DataType::F16,
+            "bf16" => DataType::Bf16,
+            "f64" => DataType::F64,
+            _ => return None,
+        })
+    }
+}
+
+/// One of the three computations of a convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Direction {
+    Forward,
+    /// The gradient of the input (`cudnnConvolutionBackwardData`).
+    BackwardData,
+    /// The gradient of the weight (`cudnnConvolutionBackwardFilter`).
+    BackwardFilter,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Forward => "forward",
+            Direction::BackwardData => "backward data",
+            Direction::BackwardFilter => "backward filter",
+        }
+    }
+}
+
+/// A 2-d convolution as cuDNN sees it: `x` [n, c, h, w], `w` [k, c/groups,
+/// r, s], `y` [n, k, ho, wo]. A transposed convolution is described by its
+/// equivalent convolution (its output is `x`, its input `y`): its forward
+/// is that convolution's backward data, and the other way round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct ConvProblem {
+    pub n: i64,
+    pub c: i64,
+    pub h: i64,
+    pub w: i64,
+    pub k: i64,
+    pub r: i64,
+    pub s: i64,
+    pub ho: i64,
+    pub wo: i64,
+    pub stride: [i64; 2],
+    pub pad: [i64; 2],
+    pub dilation: [i64; 2],
+    pub groups: i64,
+    pub dtype: DataType,
+    pub channels_last: bool,
+}
+
+impl ConvProblem {
+    /// Multiply-adds x 2 of one direction (the same for all three).
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.n * self.k * (self.c / self.groups) * self.r * self.s * self.ho * self.wo)
+            as f64
+    }
+    pub fn is_depthwise(&self) -> bool {
+        self.groups > 1 && self.groups == self.c && self.k % self.c == 0
+    }
+    pub fn is_dilated(&self) -> bool {
+        self.dilation.iter().any(|&d| d != 1)
+    }
+    pub fn is_strided(&self) -> bool {
+        self.stride.iter().any(|&d| d != 1)
+    }
+}
+
+/// Which implementation PyTorch runs a CUDA convolution with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ConvBackend {
+    Cudnn,
+    /// `CudaDepthwise2d` (`DepthwiseConv2d.cu`): direct kernels, no workspace.
+    CudaDepthwise2d,
+}
+
+/// `_select_conv_backend` for a CUDA 2-d convolution with cuDNN enabled:
+/// a depthwise convolution runs cuDNN only when channels-last, or in fp16
+/// NCHW undilated with at least 32 channels (`use_cudnn_depthwise`; its
+/// shape check `check_cudnn_depthwise_workload` is taken as passing); fp32
+/// and bf16 NCHW depthwise convolutions run `CudaDepthwise2d`. Everything
+/// else runs cuDNN.
+pub fn backend(p: &ConvProblem) -> ConvBackend {
+    if !p.is_depthwise() {
+        return ConvBackend::Cudnn;
+    }
+    let fp16_cudnn = p.dtype == DataType::F16 && !p.is_dilated() && p.c >= 32;
+    if p.channels_last || fp16_cudnn {
+        ConvBackend::Cudnn
+    } else {
+        ConvBackend::CudaDepthwise2d
+    }
+}
+
+/// A recorded convolution call: its problem and the directions it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvCall {
+    pub problem: ConvProblem,
+    pub directions: Vec<Direction>,
+    pub backend: ConvBackend,
+}
+
+fn dims4<'a>(t: Option<(&'a str, &[i64], Layout)>) -> Option<([i64; 4], &'a str, Layout)> {
+    let (dtype, sizes, layout) = t?;
+    (sizes.len() == 4).then(|| ([sizes[0], sizes[1], sizes[2], sizes[3]], dtype, layout))
+}
+
+fn pair(v: Option<&[i64]>) -> Option<[i64; 2]> {
+    match v? {
+        [a] => Some([*a, *a]),
+        [a, b] => Some([*a, *b]),
+        _ => None,
+    }
+}
+
+/// The convolution of a recorded `aten::convolution` or
+/// `aten::convolution_backward` call (`None` for another op, a 1-d/3-d
+/// convolution, or arguments it cannot read).
+pub fn conv_call(call: &KernelCall, half_is_fp16: bool) -> Option<ConvCall> {
+    // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    // convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    //                      transposed, output_padding, groups, output_mask)
+    let (x_at, w_at, first_scalar, backward) = match call.op.as_str() {
+        "aten::convolution" => (0, 1, 3, false),
+        "aten::convolution_backward" => (1, 2, 4, true),
+        _ => return None,
+    };
+    let (x, dtype, layout) = dims4(call.tensor(x_at))?;
+    let (w, _, w_layout) = dims4(call.tensor(w_at))?;
+    let stride = pair(call.ints(first_scalar))?;
+    let pad = pair(call.ints(first_scalar + 1))?;
+    let dilation = pair(call.ints(first_scalar + 2))?;
+    let transposed = call.bool(first_scalar + 3)?;
+    let groups = call.int(first_scalar + 5)?;
+    let dtype = DataType::of_traced(dtype, half_is_fp16)?;
+    let channels_last = layout == Layout::ChannelsLast || w_layout == Layout::ChannelsLast;
+    let out_size = |i: usize, size: i64, kernel: i64| {
+        (size + 2 * pad[i] - dilation[i] * (kernel - 1) - 1) / stride[i] + 1
+    };
+    let problem = if !transposed {
+        ConvProblem {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            k: w[0],
+            r: w[2],
+            s: w[3],
+            ho: out_size(0, x[2], w[2]),
+            wo: out_size(1, x[3], w[3]),
+            stride,
+            pad,
+            dilation,
+            groups,
+            dtype,
+            channels_last,
+        }
+    } else {
+        // Transposed: weight [c_in, c_out / groups, r, s]; the equivalent
+        // convolution maps the transposed output (c_out channels) to its
+        // input (c_in channels).
+        let output_padding = pair(call.ints(first_scalar + 4))?;
+        let size = |i: usize, size: i64, kernel: i64| {
+            (size - 1) * stride[i] - 2 * pad[i] + dilation[i] * (kernel - 1) + output_padding[i] + 1
+        };
+        let (h, wd) = (size(0, x[2], w[2]), size(1, x[3], w[3]));
+        ConvProblem {
+            n: x[0],
+            c: w[1] * groups,
+            h,
+            w: wd,
+            k: x[1],
+            r: w[2],
+            s: w[3],
+            ho: x[2],
+            wo: x[3],
+            stride,
+            pad,
+            dilation,
+            groups,
+            dtype,
+            channels_last,
+        }
+    };
+    let swap = |d: Direction| match (transposed, d) {
+        (true, Direction::Forward) => Direction::BackwardData,
+        (true, Direction::BackwardData) => Direction::Forward,
+        (_, d) => d,
+    };
+    let directions = if backward {
+        let mask = call.bools(first_scalar + 6)?;
+        let mut d = Vec::new();
+        if mask.first() == Some(&true) {
+            d.push(swap(Direction::BackwardData));
+        }
+        if mask.get(1) == Some(&true) {
+            d.push(Direction::BackwardFilter);
+        }
+        d
+    } else {
+        vec![swap(Direction::Forward)]
+    };
+    Some(ConvCall {
+        backend: backend(&problem),
+        problem,
+        directions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(line: &str) -> KernelCall {
+        KernelCall::from_line(line).unwrap()
+    }
+
+    #[test]
+    fn a_forward_call_gives_the_problem_and_its_output_size() {
+        let c = conv_call(
+            &call("k 5 9 2 aten::convolution t:f32:2x64x128x256 t:f32:128x64x3x3 - l:2,2 l:1,1 l:1,1 b:0 l:0,0 i:1"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.problem.n,
+                c.problem.c,
+                c.problem.h,
+                c.problem.w,
+                c.problem.k
+            ),
+            (2, 64, 128, 256, 128)
+        );
+        assert_eq!((c.problem.ho, c.problem.wo), (64, 128));
+        assert_eq!(c.directions, vec![Direction::Forward]);
+        assert_eq!(c.backend, ConvBackend::Cudnn);
+        assert_eq!(
+            c.problem.flops(),
+            2.0 * (2 * 128 * 64 * 9 * 64 * 128) as f64
+        );
+    }
+
+    #[test]
+    fn a_backward_call_runs_the_directions_its_mask_asks_for() {
+        // The stem's first convolution: no gradient of the image.
+        let c = conv_call(
+            &call("k 5 10 2 aten::convolution_backward t:bf16:2x32x64x64 t:bf16:2x3x128x128 t:bf16:32x3x3x3 l:32 l:2,2 l:1,1 l:1,1 b:0 l:0,0 i:1 m:0,1,1"),
+            true,
+        )
+        .unwrap();
+        assert_eq!(c.directions, vec![Direction::BackwardFilter]);
+        assert_eq!(
+            c.problem.dtype,
+            DataType::F16,
+            "bf16 stands for fp16 under --amp fp16"
+        );
+        assert_eq!((c.problem.ho, c.problem.wo), (64, 64));
+    }
+
+    #[test]
+    fn a_transposed_convolution_swaps_forward_and_backward_data() {
+        // ConvTranspose2d(64 -> 32, 2, stride 2) on 1x64x16x16 gives 1x32x32x32.
+        let c = conv_call(
+            &call("k 0 9 0 aten::convolution t:f32:1x64x16x16 t:f32:64x32x2x2 - l:2,2 l:0,0 l:1,1 b:1 l:0,0 i:1"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(c.directions, vec![Direction::BackwardData]);
+        let p = c.problem;
+        assert_eq!((p.c, p.h, p.w, p.k, p.ho, p.wo), (32, 32, 32, 64, 16, 16));
+    }
+
+    #[test]
+    fn depthwise_convolutions_run_cudnn_only_where_pytorch_sends_them() {
+        let dw = |dtype: &str, layout: &str, dilation: i64| {
+            conv_call(
+                &call(&format!("k 0 9 0 aten::convolution t:{dtype}:2x64x32x32{layout} t:{dtype}:64x1x3x3{layout} - l:1,1 l:{dilation},{dilation} l:{dilation},{dilation} b:0 l:0,0 i:64")),
+                true,
+            )
+            .unwrap()
+            .backend
+        };
+        assert_eq!(dw("f32", "", 1), ConvBackend::CudaDepthwise2d);
+        assert_eq!(
+            dw("bf16", "", 1),
+            ConvBackend::Cudnn,
+            "fp16 NCHW, 64 channels"
+        );
+        assert_eq!(dw("bf16", "", 2), ConvBackend::CudaDepthwise2d, "dilated");
+        assert_eq!(dw("f32", ":cl", 1), ConvBackend::Cudnn, "channels-last");
+    }
+}
