@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Predicted vs published memory for every MMSeg 1.2.2 metafile row.
+
+Run through scripts/calibrate-metafile (which builds segtune and sets
+SEGTUNE_BIN and SEGTUNE_SHARED). Each row is predicted for the setup it was
+measured on (docs/prediction.md, "The model zoo's metafiles"):
+
+- 0.x rows (trained 2020 to mid 2022 on MMSeg 0.x, mmcv 1.x's runner):
+  --torch 1.10, --cudnn-benchmark off (MMSeg 0.x's docs/model_zoo.md), the
+  row's GPUs and their count;
+- 1.x rows (trained from 2022-08 on MMEngine): --torch 1.13, the config's own
+  env_cfg.cudnn_benchmark, the row's GPUs (A100 80 GB where the metafile
+  prints a memory figure in place of the GPU's name).
+
+The published figure is MiB/1024 of max_memory_allocated. mmcv 1.x's
+logger (0.x rows) never resets the peak, so a 0.x figure is the run's
+all-time peak: it is compared with the predicted first-interval figure (the
+larger of the first step's peak and the steady state's). MMEngine's logger
+(1.x rows) resets it at each line: compared with the likeliest steady-state
+figure. Writes one CSV row per metafile row (--out) and prints
+the summary: rows predicted, median |error|, share within 5%, rows more than
+5% under.
+"""
+
+import argparse
+import concurrent.futures
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+GIB = float(1 << 30)
+
+# name in "Training Resources" -> (--vram, --compute-capability)
+GPUS = {
+    "V100": ("32G", "7.0"),
+    "A100": ("80G", "8.0"),
+    "TITAN Xp": ("12G", "6.1"),
+    "1080 Ti": ("11G", "6.1"),
+}
+
+# Rows whose metafile gives no date but that were trained on MMSeg 1.x.
+UNDATED_1X = {"san"}
+
+# Rows measured otherwise than their era's default, with the evidence.
+OVERRIDES = {
+    # configs/convnext/README.md L59 (MMSeg 1.2.2): "The memory of
+    # ConvNeXt-XL ... is collected when `cudnn_benchmark=True`".
+    "convnext-xlarge_upernet_8xb2-amp-160k_ade20k-640x640": ["--cudnn-benchmark", "on"],
+}
+
+
+# Rows whose published figure is the zoo's own error, with the evidence
+# (docs/prediction.md, "The model zoo's metafiles"). Keyed by (config,
+# published GiB): a config may have two rows. "published" replaces the
+# figure, "args" predicts what the row's run really was; either way the
+# row is counted apart from the rest.
+ZOO_ERRORS = {
+    ("mask2former_swin-t_8xb2-160k_ade20k-512x512", 3826.0): {
+        "published": 3826 / 1024,
+        "why": "the metafile copies the README's MiB (3826) as GB; every other row divides by 1024",
+    },
+    ("mask2former_swin-s_8xb2-160k_ade20k-512x512", 3.74): {
+        "published": 5034 / 1024,
+        "why": "the README says 5034 (MiB); 3.74 is the Swin-T row's 3826 MiB / 1024",
+    },
+    ("mask2former_swin-b-in1k-384x384-pre_8xb2-160k_ade20k-640x640", 5.66): {
+        "args": ["--batch-size", "1"],
+        "why": "README 5795 MiB: below the 512x512 Swin-S row's share per pixel; equals one image per GPU",
+    },
+    ("mask2former_swin-b-in22k-384x384-pre_8xb2-160k_ade20k-640x640", 5.66): {
+        "args": ["--batch-size", "1"],
+        "why": "README 5795 MiB, as the in1k row: one image per GPU",
+    },
+    ("mask2former_swin-l-in22k-384x384-pre_8xb2-160k_ade20k-640x640", 8.86): {
+        "args": ["--batch-size", "1"],
+        "why": "README 9077 MiB: one image per GPU",
+    },
+    ("fastfcn_r50-d32_jpu_aspp_4xb2-80k_cityscapes-512x1024", 9.79): {
+        "args": ["--batch-size", "4"],
+        "why": "its weights are fastfcn_r50-d32_jpu_aspp_4x4_...: 4 images per GPU (the 4x2 row says 5.67)",
+    },
+    ("fastfcn_r50-d32_jpu_psp_4xb2-80k_cityscapes-512x1024", 9.94): {
+        "args": ["--batch-size", "4"],
+        "why": "its weights are ..._jpu_psp_4x4_...: 4 images per GPU (the 4x2 row says 5.67)",
+    },
+    ("fastfcn_r50-d32_jpu_enc_4xb2-80k_cityscapes-512x1024", 15.45): {
+        "args": ["--batch-size", "4"],
+        "why": "its weights are ..._jpu_enc_4x4_...: 4 images per GPU (the 4x2 row says 8.15)",
+    },
+    ("fpn_r101_4xb4-160k_ade20k-512x512", 5.9): {
+        "args": ["--cfg-options", "model.backbone.depth=101"],
+        "why": "the 1.x config assigns `model` twice, dropping depth=101: MMEngine resolves a ResNet-50 (shared resolved/ JSON); the figure is the 0.x R-101 run's",
+    },
+    ("deeplabv3plus_r101-d16-mg124_4xb2-80k_cityscapes-512x1024", 9.9): {
+        "published": 5.8,
+        "why": "the same training run (log 20200908_005644) as the 40k row, which says 5.8",
+    },
+    ("emanet_r50-d8_4xb2-80k_cityscapes-769x769", 8.9): {
+        "published": 6.2,
+        "why": "swapped with the R-101 512x1024 row: each predicted figure matches the other row's",
+    },
+    ("emanet_r101-d8_4xb2-80k_cityscapes-512x1024", 6.2): {
+        "published": 8.9,
+        "why": "swapped with the R-50 769x769 row",
+    },
+    ("twins_pcpvt-l_uperhead_8xb2-160k_ade20k-512x512", 8.41): {
+        "published": 7.82,
+        "why": "a second row of the same config (and the pcpvt-b FPN row's figure); the first says 7.82",
+    },
+    ("knet-s3_swin-l_upernet_8xb2-adamw-80k_ade20k-640x640", 13.54): {
+        "published": None,
+        "why": "13.54 for 640x640, against 13.5 for the same model at 512x512 (1.56x fewer pixels): no correction known",
+    },
+}
+
+
+def rows_path():
+    cache = os.environ.get("SEGTUNE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "segtune"
+    )
+    return os.path.join(cache, "mmsegmentation-1.2.2", "metafile_rows.json")
+
+
+def setup_of(row):
+    """(era, gpus, vram, cc) of a metafile row."""
+    dates = re.findall(r"(20[12]\d{5})_\d{6}", (row.get("training_log") or "") + (row.get("weights") or ""))
+    if dates:
+        era = "1.x" if dates[0] >= "20220801" else "0.x"
+    else:
+        era = "1.x" if row["method"] in UNDATED_1X else "0.x"
+    m = re.match(r"(\d+)x (.+) GPUS", row.get("training_resources") or "")
+    gpus, name = (int(m.group(1)), m.group(2)) if m else (1, "V100")
+    vram, cc = GPUS.get(name, GPUS["A100"] if era == "1.x" else GPUS["V100"])
+    return era, gpus, vram, cc
+
+
+def command_of(row, shared, binary):
+    era, gpus, vram, cc = setup_of(row)
+    config = os.path.join(shared, "mmseg-configs", row["config_path"])
+    if not os.path.exists(config):
+        # Two metafile rows double their name's first letter
+        # (ddeeplabv3plus_..., eemanet_...): the config is the one without.
+        head, name = os.path.split(config)
+        if len(name) > 1 and name[0] == name[1] and os.path.exists(os.path.join(head, name[1:])):
+            config = os.path.join(head, name[1:])
+    cmd = [binary, "estimate", config, "--json", "--vram", vram, "--compute-capability", cc]
+    if gpus > 1:
+        cmd += ["--gpus", str(gpus)]
+    override = OVERRIDES.get(row["config"], [])
+    if era == "0.x":
+        cmd += ["--torch", "1.10"] + (override or ["--cudnn-benchmark", "off"])
+    else:
+        cmd += ["--torch", "1.13"] + override
+    return era, cmd
+
+
+def predict(row, shared, binary, timeout):
+    era, cmd = command_of(row, shared, binary)
+    published = float(row["memory_gb"])
+    zoo_error = ZOO_ERRORS.get((row["config"], published))
+    if zoo_error:
+        cmd += zoo_error.get("args", [])
+        if zoo_error.get("published"):
+            published = zoo_error["published"]
+    out = {
+        "config": row["config"],
+        "method": row["method"],
+        "dataset": row.get("dataset", ""),
+        "era": era,
+        "published_gib": published,
+        "metafile_gib": float(row["memory_gb"]),
+        "zoo_error": zoo_error["why"] if zoo_error else "",
+        "command": " ".join(cmd[1:]).replace(shared, "../shared"),
+    }
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out["status"] = "timeout"
+        return out
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or [""])[0]
+        out["status"] = "not predicted: " + last[:160]
+        return out
+    e = json.loads(p.stdout)
+    out["status"] = "ok"
+    for key, name in [
+        ("predicted_min_peak_allocated_bytes", "least_gib"),
+        ("predicted_peak_allocated_bytes", "likely_gib"),
+        ("predicted_peak_allocated_low_bytes", "low_gib"),
+        ("predicted_peak_allocated_high_bytes", "high_gib"),
+        ("predicted_first_interval_peak_allocated_bytes", "first_gib"),
+    ]:
+        if key in e:
+            out[name] = round(e[key] / GIB, 4)
+    # The figure the row's logger reported (see the module doc).
+    out["compared"] = "first" if era == "0.x" else "likely"
+    out["predicted_gib"] = out["first_gib"] if era == "0.x" else out["likely_gib"]
+    out["error_pct"] = round(100.0 * (out["predicted_gib"] - published) / published, 2)
+    return out
+
+
+def summary(results):
+    lines = summary_of(results, "every row (the zoo's own errors corrected as ZOO_ERRORS says)")
+    clean = [r for r in results if not r.get("zoo_error")]
+    lines += summary_of(clean, "rows without a known zoo error")
+    return lines
+
+
+def summary_of(results, what):
+    ok = [r for r in results if r["status"] == "ok"]
+    errors = [abs(r["error_pct"]) for r in ok]
+    lines = [f"{what}: {len(ok)} of {len(results)} rows predicted"]
+    if errors:
+        within = sum(e <= 5 for e in errors)
+        under = [r for r in ok if r["error_pct"] < -5]
+        over = [r for r in ok if r["error_pct"] > 5]
+        lines.append(
+            f"median |error| {statistics.median(errors):.2f}%, {within} within 5% "
+            f"({100.0 * within / len(ok):.0f}%), {len(under)} more than 5% under, {len(over)} more than 5% over"
+        )
+    return lines
+
+
+def markdown(results):
+    """Per method: rows predicted, median, min and max error; then every
+    predicted row more than 5% off."""
+    ok = [r for r in results if r["status"] == "ok"]
+    methods = sorted({r["method"] for r in results})
+    out = ["| method | rows | predicted | median error | min | max | within 5% |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for m in methods:
+        rows = [r for r in results if r["method"] == m]
+        e = [r["error_pct"] for r in ok if r["method"] == m]
+        if e:
+            out.append(f"| {m} | {len(rows)} | {len(e)} | {statistics.median(e):+.1f}% | {min(e):+.1f}% | "
+                       f"{max(e):+.1f}% | {sum(abs(x) <= 5 for x in e)} |")
+        else:
+            why = rows[0]["status"].replace("not predicted: error: ", "")[:70].replace("|", "/")
+            out.append(f"| {m} | {len(rows)} | 0 | - | - | - | - ({why}) |")
+    out += ["", "Every row more than 5% off, and every row with a known zoo error:", "",
+            "| config | era | metafile GiB | compared with | predicted GiB | error | zoo's own error |",
+            "|---|---|---:|---:|---:|---:|---|"]
+    for r in sorted(ok, key=lambda r: r["error_pct"]):
+        if abs(r["error_pct"]) > 5 or r.get("zoo_error"):
+            out.append(f"| {r['config']} | {r['era']} | {r['metafile_gib']} | {float(r['published_gib']):.3f} | "
+                       f"{r['predicted_gib']:.3f} | {r['error_pct']:+.1f}% | {r.get('zoo_error') or ''} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("filter", nargs="?", default="", help="regex on the config name")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", help="CSV to write")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--markdown", help="write the per-method table (docs/prediction.md) here")
+    ap.add_argument("--from-csv", help="summarise an earlier --out CSV instead of predicting")
+    args = ap.parse_args()
+    if args.from_csv:
+        results = []
+        for r in csv.DictReader(open(args.from_csv)):
+            for k in ("metafile_gib", "published_gib", "predicted_gib", "least_gib", "likely_gib", "low_gib", "high_gib",
+                      "first_gib", "error_pct"):
+                r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+            results.append(r)
+        if args.markdown:
+            open(args.markdown, "w").write(markdown(results))
+        for line in summary(results):
+            print(line)
+        return 0
+    binary = os.environ["SEGTUNE_BIN"]
+    shared = os.path.abspath(os.environ["SEGTUNE_SHARED"])
+    rows = [r for r in json.load(open(rows_path())) if re.search(args.filter, r["config"])]
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(predict, r, shared, binary, args.timeout) for r in rows]
+        for f in futures:
+            r = f.result()
+            results.append(r)
+            shown = (
+                f"{r['predicted_gib']:.3f} GiB ({r['error_pct']:+.1f}%, {r['compared']}) least {r['least_gib']:.3f} steady {r['likely_gib']:.3f} range {r['low_gib']:.2f}-{r['high_gib']:.2f}"
+                if r["status"] == "ok"
+                else r["status"]
+            )
+            print(f"{r['config']} [{r['era']}]: published {r['published_gib']} GiB, predicted {shown}", flush=True)
+    if args.out:
+        keys = ["config", "method", "dataset", "era", "metafile_gib", "published_gib", "zoo_error",
+                "compared", "predicted_gib",
+                "least_gib", "likely_gib", "low_gib", "high_gib", "first_gib", "error_pct", "status",
+                "command"]
+        tmp = args.out + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, keys)
+            w.writeheader()
+            for r in results:
+                w.writerow({k: r.get(k, "") for k in keys})
+        os.replace(tmp, args.out)
+    if args.markdown:
+        open(args.markdown, "w").write(markdown(results))
+    for line in summary(results):
+        print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
