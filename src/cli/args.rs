@@ -247,6 +247,12 @@ pub struct TrialArgs {
     /// Cap on live CPU tensor bytes; an allocation beyond it fails as out of memory.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub cpu_cap: Option<u64>,
+    /// GPU memory this trial may use (4G, 3.5G, 4096M, bytes): on CUDA the
+    /// caching allocator is capped at it less the CUDA context, so a
+    /// larger card stands in for a smaller one; with --as-cuda on the CPU
+    /// the counted tensors are capped at it.
+    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
+    pub vram: Option<String>,
     /// Write every CPU allocation and free (from the model build on) to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
@@ -295,6 +301,10 @@ impl TrialArgs {
             gt_segments: self.gt_segments.0,
             threads: self.threads,
             cpu_cap_bytes: self.cpu_cap,
+            vram_budget_bytes: self
+                .vram
+                .as_deref()
+                .map(|v| crate::predict::budget::parse_vram(v).expect("validated by clap")),
             trace_out: self.trace_out.clone(),
             setup: self.setup.setup(),
             as_cuda: self.as_cuda,

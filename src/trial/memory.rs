@@ -43,6 +43,8 @@ extern "C" {
     fn segtune_autocast_exit(device_type: c_int) -> c_int;
     fn segtune_op_trace(mode: c_int) -> c_int;
     fn segtune_cudnn_set_flags(benchmark: bool, deterministic: bool) -> c_int;
+    fn segtune_cuda_mem_info(device: c_int, free_bytes: *mut u64, total_bytes: *mut u64) -> c_int;
+    fn segtune_cuda_allocator_settings(settings: *const c_char) -> c_int;
     fn segtune_op_trace_stand_ins() -> i64;
     fn segtune_op_trace_unsupported() -> *const c_char;
 }
@@ -81,6 +83,43 @@ pub fn set_op_trace(mode: OpTrace) -> Result<(), String> {
 pub fn set_cudnn_flags(benchmark: bool, deterministic: bool) -> Result<(), String> {
     // SAFETY: plain call into the shim.
     check(unsafe { segtune_cudnn_set_flags(benchmark, deterministic) })
+}
+
+/// `cudaMemGetInfo` of a CUDA device: (free, total) bytes.
+pub fn cuda_mem_info(device: usize) -> Result<(u64, u64), String> {
+    let (mut free, mut total) = (0u64, 0u64);
+    // SAFETY: the shim writes the two counts through the pointers.
+    check(unsafe { segtune_cuda_mem_info(device as c_int, &mut free, &mut total) })?;
+    Ok((free, total))
+}
+
+/// Applies caching-allocator settings (`PYTORCH_CUDA_ALLOC_CONF` syntax)
+/// at run time, as `torch._C._accelerator_setAllocatorSettings` does.
+pub fn set_cuda_allocator_settings(settings: &str) -> Result<(), String> {
+    let c = std::ffi::CString::new(settings).map_err(|e| e.to_string())?;
+    // SAFETY: a NUL-terminated string the shim only reads.
+    check(unsafe { segtune_cuda_allocator_settings(c.as_ptr()) })
+}
+
+/// The caching allocator's share of a device that a `--vram` budget
+/// leaves it: the budget less the CUDA context, over the device's total
+/// memory (`per_process_memory_fraction`, what
+/// `torch.cuda.set_per_process_memory_fraction` sets). `None` where the
+/// device has no more than that anyway.
+pub fn memory_fraction(budget: u64, total: u64, context: u64) -> Result<Option<f64>, String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if budget <= context {
+        return Err(format!(
+            "--vram {:.2} GiB leaves nothing after this device's CUDA context ({:.2} GiB)",
+            gib(budget),
+            gib(context)
+        ));
+    }
+    let cap = budget - context;
+    if cap >= total.saturating_sub(context) {
+        return Ok(None);
+    }
+    Ok(Some(cap as f64 / total as f64))
 }
 
 /// How many data-dependent values (`.item()`) a meta trace stood in for.
@@ -503,5 +542,33 @@ mod tests {
                  99825792 bytes in use and a cap of 100000000 bytes";
         assert_eq!(super::cap_failure_bytes(m), Some(409600 + 99825792));
         assert_eq!(super::cap_failure_bytes("CUDA out of memory"), None);
+    }
+}
+
+#[cfg(test)]
+mod vram_cap_tests {
+    use super::memory_fraction;
+
+    const GIB: u64 = 1 << 30;
+
+    /// A 4 GB laptop budget on a 141 GB H200 with a 0.5 GiB context: the
+    /// allocator may reserve 3.5 GiB of the 141.
+    #[test]
+    fn a_budget_below_the_card_caps_the_allocator_at_the_budget_less_the_context() {
+        let total = 143_771_090_944; // H200 NVL, as cudaMemGetInfo reports it
+        let f = memory_fraction(4 * GIB, total, GIB / 2).unwrap().unwrap();
+        assert!((f * total as f64 - 3.5 * GIB as f64).abs() < 1.0, "{f}");
+    }
+
+    #[test]
+    fn a_budget_at_or_above_the_card_sets_no_cap() {
+        assert_eq!(memory_fraction(24 * GIB, 24 * GIB, GIB / 2), Ok(None));
+        assert_eq!(memory_fraction(80 * GIB, 24 * GIB, GIB / 2), Ok(None));
+    }
+
+    #[test]
+    fn a_budget_the_context_eats_is_refused_with_both_figures() {
+        let e = memory_fraction(GIB / 4, 24 * GIB, GIB / 2).unwrap_err();
+        assert!(e.contains("0.25 GiB") && e.contains("0.50 GiB"), "{e}");
     }
 }

@@ -111,6 +111,13 @@ pub struct TrialReport {
     /// lines: MMEngine resets the peak at each).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_first_step_peak_allocated_bytes: Option<i64>,
+    /// CUDA with `--vram`: the CUDA context measured at start
+    /// (`cudaMemGetInfo`'s total less free before the first tensor) and the
+    /// caching allocator's share of the device it was capped at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_context_measured_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_memory_fraction: Option<f64>,
     /// The cuDNN flags the trial ran with on CUDA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cudnn_benchmark: Option<bool>,
@@ -174,6 +181,8 @@ impl TrialReport {
             cuda_peak_allocated_bytes: None,
             cuda_peak_reserved_bytes: None,
             cuda_first_step_peak_allocated_bytes: None,
+            cuda_context_measured_bytes: None,
+            cuda_memory_fraction: None,
             cudnn_benchmark: None,
             cudnn_deterministic: None,
             optimizer_state_bytes: 0,

@@ -95,6 +95,12 @@ pub struct TrialRequest {
     pub threads: Option<i32>,
     /// Cap on live CPU tensor bytes; an allocation beyond it fails as out of memory.
     pub cpu_cap_bytes: Option<u64>,
+    /// `--vram`: the GPU memory the trial may use. On CUDA the caching
+    /// allocator is capped at it less the CUDA context measured at start
+    /// (`per_process_memory_fraction`), so an over-budget candidate really
+    /// runs out of memory on a larger card; with `--as-cuda` on the CPU
+    /// the counted tensors are capped at it.
+    pub vram_budget_bytes: Option<u64>,
     /// Write every CPU allocation and free (from the model build on) here.
     pub trace_out: Option<PathBuf>,
     pub setup: TrainingSetup,
@@ -155,6 +161,7 @@ impl TrialRequest {
             gt_segments: Some(DEFAULT_GT_SEGMENTS),
             threads: None,
             cpu_cap_bytes: None,
+            vram_budget_bytes: None,
             trace_out: None,
             setup: TrainingSetup::default(),
             as_cuda: false,
@@ -192,6 +199,9 @@ impl TrialRequest {
         }
         if let Some(n) = self.cpu_cap_bytes {
             flag("cpu-cap", n.to_string());
+        }
+        if let Some(n) = self.vram_budget_bytes {
+            flag("vram", n.to_string());
         }
         flag("gpus", self.setup.gpus.to_string());
         flag("torch", self.setup.torch.to_string());

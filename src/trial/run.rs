@@ -30,7 +30,11 @@ use tch::{Device, Kind, Tensor};
 /// of the kernel killing the worker. The meta trace's address reservation
 /// (never writable) is not data and does not count.
 pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
-    let host = (device == Device::Cpu && request.cpu_cap_bytes.is_none())
+    // A given cap (--cpu-cap, or --vram on the CUDA stand-in) is the
+    // trial's own: the host's RAM does not bound it too.
+    let capped =
+        request.cpu_cap_bytes.is_some() || (request.as_cuda && request.vram_budget_bytes.is_some());
+    let host = (device == Device::Cpu && !capped)
         .then(host_available)
         .flatten();
     // A meta trace counts the storages its ops would allocate, which take
@@ -61,6 +65,19 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
         }
         _ => report,
     }
+}
+
+/// Caps CUDA device `index`'s caching allocator at `budget` less the CUDA
+/// context measured now; returns the context and the fraction set (`None`
+/// where the device has no more than the budget).
+fn cap_cuda_allocator(index: usize, budget: u64) -> Result<(u64, Option<f64>), String> {
+    let (free, total) = memory::cuda_mem_info(index)?;
+    let context = total.saturating_sub(free);
+    let fraction = memory::memory_fraction(budget, total, context)?;
+    if let Some(f) = fraction {
+        memory::set_cuda_allocator_settings(&format!("per_process_memory_fraction:{f:.6}"))?;
+    }
+    Ok((context, fraction))
 }
 
 /// What a CPU trial's tensors may hold at once on this host: the RAM
@@ -184,6 +201,27 @@ fn run_capped(
     let base = counter.current();
     if let Some(budget) = host_budget {
         counter.set_cap(base + budget as i64);
+    }
+    if let Some(budget) = request.vram_budget_bytes {
+        match device {
+            // Before the first CUDA tensor: the caching allocator reads its
+            // fraction when it first serves the device.
+            Device::Cuda(i) => match cap_cuda_allocator(i, budget) {
+                Ok((context, fraction)) => {
+                    report.cuda_context_measured_bytes = Some(context);
+                    report.cuda_memory_fraction = fraction;
+                }
+                Err(e) => return report.failed(TrialStatus::Error, e),
+            },
+            // The stand-in has no CUDA context: its tensors get the budget.
+            _ if request.as_cuda => counter.set_cap(base + budget as i64),
+            _ => {
+                return report.failed(
+                    TrialStatus::Error,
+                    "--vram caps a CUDA device's memory (or, with --as-cuda, the CPU stand-in's); a plain CPU trial takes --cpu-cap".into(),
+                )
+            }
+        }
     }
     tch::manual_seed(request.seed);
     if request.mode == RunMode::Infer {

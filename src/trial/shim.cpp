@@ -3,6 +3,8 @@
 // out-of-memory), device-allocator statistics through the device-generic
 // at::accelerator API, and autocast control. Compiled by build.rs against the
 // libtorch headers of the torch that tch links.
+#include <dlfcn.h>
+#include <c10/core/AllocatorConfig.h>
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -238,6 +240,34 @@ int segtune_device_synchronize(int device) {
 
 // torch.backends.cudnn.benchmark / .deterministic, as MMEngine's env_cfg
 // and randomness set them.
+// cudaMemGetInfo of `device`, through the CUDA runtime libtorch_cuda has
+// loaded (looked up at run time: the build needs no CUDA headers).
+int segtune_cuda_mem_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  return guarded([&] {
+    using SetDevice = int (*)(int);
+    using MemGetInfo = int (*)(size_t*, size_t*);
+    void* handle = RTLD_DEFAULT;
+    auto set_device = reinterpret_cast<SetDevice>(dlsym(handle, "cudaSetDevice"));
+    auto mem_get_info = reinterpret_cast<MemGetInfo>(dlsym(handle, "cudaMemGetInfo"));
+    if (!set_device || !mem_get_info) {
+      TORCH_CHECK(false, "the CUDA runtime (cudaMemGetInfo) is not loaded in this process");
+    }
+    TORCH_CHECK(set_device(device) == 0, "cudaSetDevice(", device, ") failed");
+    size_t free_b = 0, total_b = 0;
+    TORCH_CHECK(mem_get_info(&free_b, &total_b) == 0, "cudaMemGetInfo failed");
+    *free_bytes = free_b;
+    *total_bytes = total_b;
+  });
+}
+
+// PYTORCH_CUDA_ALLOC_CONF's settings applied at run time (what
+// torch._C._accelerator_setAllocatorSettings does), before the caching
+// allocator first serves the device: e.g. per_process_memory_fraction:0.25,
+// which setMemoryFraction also sets.
+int segtune_cuda_allocator_settings(const char* settings) {
+  return guarded([&] { c10::CachingAllocator::setAllocatorSettings(std::string(settings)); });
+}
+
 int segtune_cudnn_set_flags(bool benchmark, bool deterministic) {
   return guarded([&] {
     at::globalContext().setBenchmarkCuDNN(benchmark);

@@ -63,6 +63,9 @@ impl Evaluator for MeasuredEvaluator {
             gt_segments: self.gt_segments,
             mode: self.mode,
             cudnn_benchmark: self.cudnn_benchmark,
+            // The budget is a real limit on the card: a larger GPU stands
+            // in for the one searched for.
+            vram_budget_bytes: Some(self.budget.usable_bytes),
             ..TrialRequest::new(&self.config)
         };
         let report = match self.worker.trial(&request, Some(self.timeout)) {
