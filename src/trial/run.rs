@@ -76,6 +76,17 @@ fn cap_cuda_allocator(index: usize, budget: u64) -> Result<(u64, Option<f64>), S
     let fraction = memory::memory_fraction(budget, total, context)?;
     if let Some(f) = fraction {
         memory::set_cuda_allocator_settings(&format!("per_process_memory_fraction:{f:.6}"))?;
+        // The cap must hold: one allocation just past it has to fail (the
+        // allocator refuses it without touching the device), or the trial
+        // would measure an uncapped card and say nothing.
+        let past = (f * total as f64) as i64 + (2 << 20);
+        if let Ok(t) = Tensor::f_empty([past], (Kind::Uint8, Device::Cuda(index))) {
+            drop(t);
+            return Err(format!(
+                "the --vram cap ({:.2} GiB for the allocator) did not take effect on cuda:{index}: this PyTorch ignores per_process_memory_fraction",
+                (f * total as f64) / (1u64 << 30) as f64
+            ));
+        }
     }
     Ok((context, fraction))
 }
