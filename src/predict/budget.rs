@@ -99,23 +99,41 @@ impl Gpu {
     /// known; a card known only by its compute capability takes a typical
     /// card's (`GpuMath::of_compute_capability`), its ratios being what matter.
     pub fn conv_math(&self) -> GpuMath {
-        let typical = GpuMath::of_compute_capability(&self.compute_capability);
-        if self.name == "custom" {
-            return typical;
-        }
-        GpuMath {
-            fp32: self.fp32_tflops,
-            tf32: self.tf32_tflops,
-            fp16: self.fp16_tflops,
-            bf16: self.bf16_tflops,
-            sms: self.sms,
-            max_threads_per_sm: typical.max_threads_per_sm,
-        }
+        card_math(
+            self.name == "custom",
+            &self.compute_capability,
+            [
+                self.fp32_tflops,
+                self.tf32_tflops,
+                self.fp16_tflops,
+                self.bf16_tflops,
+            ],
+            self.sms,
+        )
     }
 
     /// Every shipped preset.
     pub fn presets() -> Result<Vec<Gpu>> {
         presets::names().into_iter().map(Gpu::preset).collect()
+    }
+}
+
+/// A card's math rates (`[fp32, tf32, fp16, bf16]` TFLOPS and SMs): its
+/// own, or a typical card's for its compute capability where it is known
+/// only by `--vram` (`custom`) or its SMs are not given.
+fn card_math(custom: bool, compute_capability: &str, rates: [f64; 4], sms: i64) -> GpuMath {
+    let typical = GpuMath::of_compute_capability(compute_capability);
+    if custom || sms == 0 {
+        return typical;
+    }
+    let [fp32, tf32, fp16, bf16] = rates;
+    GpuMath {
+        fp32,
+        tf32,
+        fp16,
+        bf16,
+        sms,
+        max_threads_per_sm: typical.max_threads_per_sm,
     }
 }
 
@@ -148,18 +166,17 @@ pub struct Budget {
 impl Budget {
     /// The rates cuDNN's algorithm choice depends on (see [`Gpu::conv_math`]).
     pub fn conv_math(&self) -> GpuMath {
-        let typical = GpuMath::of_compute_capability(&self.compute_capability);
-        if self.gpu == "custom" || self.sms == 0 {
-            return typical;
-        }
-        GpuMath {
-            fp32: self.fp32_tflops,
-            tf32: self.tf32_tflops,
-            fp16: self.fp16_tflops,
-            bf16: self.bf16_tflops,
-            sms: self.sms,
-            max_threads_per_sm: typical.max_threads_per_sm,
-        }
+        card_math(
+            self.gpu == "custom",
+            &self.compute_capability,
+            [
+                self.fp32_tflops,
+                self.tf32_tflops,
+                self.fp16_tflops,
+                self.bf16_tflops,
+            ],
+            self.sms,
+        )
     }
 
     /// `gpu` with a fraction `margin` of its VRAM kept free.

@@ -126,6 +126,29 @@ pub fn backend(p: &ConvProblem) -> ConvBackend {
     }
 }
 
+/// PSPNet's bottleneck on Cityscapes 512x1024, batch 2: 3x3, 4096 -> 512 at
+/// 64x128 (the kernels' tests' common shape).
+#[cfg(test)]
+pub(crate) fn psp_bottleneck(dtype: DataType) -> ConvProblem {
+    ConvProblem {
+        n: 2,
+        c: 4096,
+        h: 64,
+        w: 128,
+        k: 512,
+        r: 3,
+        s: 3,
+        ho: 64,
+        wo: 128,
+        stride: [1; 2],
+        pad: [1; 2],
+        dilation: [1; 2],
+        groups: 1,
+        dtype,
+        channels_last: false,
+    }
+}
+
 /// A recorded convolution call: its problem and the directions it runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvCall {

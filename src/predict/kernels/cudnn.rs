@@ -42,7 +42,7 @@ pub struct CudnnSettings {
     pub v8_api: bool,
     pub gpu: GpuMath,
     /// A measured table for this GPU's architecture, if there is one.
-    pub table: Option<WorkspaceTable>,
+    pub table: Option<&'static WorkspaceTable>,
 }
 
 /// Which workspaces a replay gives the convolutions.
@@ -191,26 +191,7 @@ mod tests {
         }
     }
 
-    /// PSPNet's bottleneck on Cityscapes 512x1024, batch 2: 3x3, 4096 -> 512 at 64x128.
-    fn psp_bottleneck(dtype: DataType) -> ConvProblem {
-        ConvProblem {
-            n: 2,
-            c: 4096,
-            h: 64,
-            w: 128,
-            k: 512,
-            r: 3,
-            s: 3,
-            ho: 64,
-            wo: 128,
-            stride: [1; 2],
-            pad: [1; 2],
-            dilation: [1; 2],
-            groups: 1,
-            dtype,
-            channels_last: false,
-        }
-    }
+    use super::super::conv::psp_bottleneck;
 
     #[test]
     fn fp32_on_a_card_without_tf32_ranks_winograd_first() {

@@ -80,6 +80,8 @@ pub struct ScratchSummary {
 pub struct KernelScratch<'m> {
     model: &'m KernelModel,
     cache: AlgorithmCache,
+    /// The candidates of each shape and direction, ranked once.
+    ranked: std::collections::HashMap<(conv::ConvProblem, Direction), Vec<cudnn::Candidate>>,
     cublas_threads: HashSet<bool>,
     next_id: u64,
     /// Persistent allocations (cuBLAS workspaces): (what, bytes).
@@ -131,6 +133,7 @@ impl<'m> KernelScratch<'m> {
         KernelScratch {
             model,
             cache: AlgorithmCache::default(),
+            ranked: std::collections::HashMap::new(),
             cublas_threads: HashSet::new(),
             next_id: SCRATCH_IDS,
             persistent: Vec::new(),
@@ -210,6 +213,10 @@ impl<'m> KernelScratch<'m> {
         Ok(())
     }
 
+    /// One direction of a cuDNN convolution: the candidates (ranked once
+    /// per shape), the order this call tries them in (after a benchmark
+    /// search on a shape's first call), then the first whose workspace can
+    /// be had.
     fn convolution(
         &mut self,
         p: &conv::ConvProblem,
@@ -218,108 +225,20 @@ impl<'m> KernelScratch<'m> {
         alloc: &mut Allocator,
         peak: &mut PeakObserver,
     ) -> Result<(), OutOfMemory> {
+        let key = (*p, direction);
         let s = &self.model.cudnn;
-        let figure = self.model.figure;
-        let ranked = ranked(p, direction, s);
+        let ranked = self
+            .ranked
+            .entry(key)
+            .or_insert_with(|| ranked(p, direction, s))
+            .clone();
         if ranked.is_empty() {
             return Ok(());
         }
-        // What this figure takes when nothing bounds it: a call that has
-        // to settle for less is squeezed (slower than it would be).
-        let unbounded = order(&ranked, figure, u64::MAX)[0];
-        let unbounded_fastest = ranked[0];
-        let key = (*p, direction);
-        let mut tries = Vec::new();
-        if let Some(cached) = self.cache.chosen.get(&key).copied() {
-            tries.push(cached);
-            tries.extend(order(&ranked, figure, u64::MAX));
-        } else if s.benchmark && figure != Figure::Least {
-            // The search: one workspace as large as any candidate needs
-            // within the largest free block, then emptyCache.
-            let mut bound = search_workspace(&ranked, alloc.max_block_size());
-            let id = self.id();
-            loop {
-                if bound == 0 {
-                    break;
-                }
-                match alloc.malloc(id, bound) {
-                    Ok(()) => {
-                        peak(alloc, &[("cuDNN benchmark search workspace", bound)]);
-                        break;
-                    }
-                    Err(_) if s.v8_api => bound /= 2,
-                    Err(e) => {
-                        self.summary.search_failed = true;
-                        return Err(e);
-                    }
-                }
-            }
-            self.summary.searches += 1;
-            self.summary.largest_search_workspace =
-                self.summary.largest_search_workspace.max(bound);
-            if bound > 0 {
-                if s.v8_api {
-                    alloc.free(id);
-                    alloc.empty_cache();
-                } else {
-                    alloc.empty_cache();
-                    alloc.free(id);
-                }
-            }
-            tries.extend(order(&ranked, figure, bound));
-        } else {
-            tries.extend(order(&ranked, figure, u64::MAX));
-        }
+        let tries = self.tries(&key, &ranked, alloc, peak)?;
         for c in tries {
-            // cuDNN 8's engines may take more than the formula where that
-            // fits: the high end allows the fastest algorithm the largest
-            // factor seen (ENGINE_ALLOWANCE).
-            let factor = match figure {
-                Figure::High if c.algo == unbounded_fastest.algo => ENGINE_ALLOWANCE,
-                _ => 1.0,
-            };
-            let sizes = if factor > 1.0 && c.workspace > 0 {
-                vec![(c.workspace as f64 * factor) as u64, c.workspace]
-            } else {
-                vec![c.workspace]
-            };
-            let mut ok = false;
-            for bytes in sizes {
-                if bytes == 0 {
-                    ok = true;
-                    break;
-                }
-                let id = self.id();
-                if alloc.malloc(id, bytes).is_ok() {
-                    peak(alloc, &[("cuDNN workspace", bytes)]);
-                    alloc.free(id);
-                    ok = true;
-                    break;
-                }
-            }
-            if ok {
-                if *KERNEL_LOG && measured {
-                    eprintln!(
-                        "kernel {:?} {} {}x{}x{}x{} k{} {}x{} s{:?} d{:?} g{} {:?}: {} ws {} MiB at {} MiB allocated",
-                        figure,
-                        direction.name(),
-                        p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride, p.dilation, p.groups, p.dtype,
-                        c.algo.name(),
-                        c.workspace >> 20,
-                        alloc.stats().allocated >> 20
-                    );
-                }
-                self.cache.chosen.insert(key, c);
-                self.summary.largest_workspace = self.summary.largest_workspace.max(c.workspace);
-                if measured {
-                    self.summary.conv_runs += 1;
-                    self.summary.conv_flops += p.flops();
-                    self.chosen_time += c.time;
-                    self.preferred_time += unbounded.time.min(c.time);
-                    if c.algo != unbounded.algo && c.time > unbounded.time {
-                        self.summary.squeezed += 1;
-                    }
-                }
+            if self.take_workspace(&c, ranked[0].algo, alloc, peak) {
+                self.chose(p, direction, c, &ranked, measured, alloc);
                 return Ok(());
             }
         }
@@ -329,6 +248,137 @@ impl<'m> KernelScratch<'m> {
             requested: least,
             stats: alloc.stats(),
         })
+    }
+
+    /// The candidates in the order this call tries them: the shape's cached
+    /// choice first; on a shape's first call with benchmark on, those whose
+    /// workspace fit the search's.
+    fn tries(
+        &mut self,
+        key: &(conv::ConvProblem, Direction),
+        ranked: &[cudnn::Candidate],
+        alloc: &mut Allocator,
+        peak: &mut PeakObserver,
+    ) -> Result<Vec<cudnn::Candidate>, OutOfMemory> {
+        let figure = self.model.figure;
+        if let Some(cached) = self.cache.chosen.get(key).copied() {
+            let mut tries = vec![cached];
+            tries.extend(order(ranked, figure, u64::MAX));
+            return Ok(tries);
+        }
+        if self.model.cudnn.benchmark && figure != Figure::Least {
+            let bound = self.benchmark_search(ranked, alloc, peak)?;
+            return Ok(order(ranked, figure, bound));
+        }
+        Ok(order(ranked, figure, u64::MAX))
+    }
+
+    /// The benchmark search of a shape's first call: one workspace as large
+    /// as any candidate needs within the largest free block (v8 halves it
+    /// until it fits; v7's out-of-memory there is not caught), then
+    /// emptyCache. Returns the workspace the search had.
+    fn benchmark_search(
+        &mut self,
+        ranked: &[cudnn::Candidate],
+        alloc: &mut Allocator,
+        peak: &mut PeakObserver,
+    ) -> Result<u64, OutOfMemory> {
+        let v8 = self.model.cudnn.v8_api;
+        let mut bound = search_workspace(ranked, alloc.max_block_size());
+        let id = self.id();
+        while bound > 0 {
+            match alloc.malloc(id, bound) {
+                Ok(()) => {
+                    peak(alloc, &[("cuDNN benchmark search workspace", bound)]);
+                    break;
+                }
+                Err(_) if v8 => bound /= 2,
+                Err(e) => {
+                    self.summary.search_failed = true;
+                    return Err(e);
+                }
+            }
+        }
+        self.summary.searches += 1;
+        self.summary.largest_search_workspace = self.summary.largest_search_workspace.max(bound);
+        if bound > 0 {
+            if v8 {
+                alloc.free(id);
+                alloc.empty_cache();
+            } else {
+                alloc.empty_cache();
+                alloc.free(id);
+            }
+        }
+        Ok(bound)
+    }
+
+    /// Allocates and frees `c`'s workspace for the call; false where it
+    /// cannot be had. cuDNN 8's engines may take more than the formula where
+    /// that fits: the high end allows the fastest algorithm the largest
+    /// factor seen (ENGINE_ALLOWANCE).
+    fn take_workspace(
+        &mut self,
+        c: &cudnn::Candidate,
+        fastest: cudnn_algos::Algo,
+        alloc: &mut Allocator,
+        peak: &mut PeakObserver,
+    ) -> bool {
+        if c.workspace == 0 {
+            return true;
+        }
+        let mut sizes = vec![c.workspace];
+        if self.model.figure == Figure::High && c.algo == fastest {
+            sizes.insert(0, (c.workspace as f64 * ENGINE_ALLOWANCE) as u64);
+        }
+        for bytes in sizes {
+            let id = self.id();
+            if alloc.malloc(id, bytes).is_ok() {
+                peak(alloc, &[("cuDNN workspace", bytes)]);
+                alloc.free(id);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Records the choice: the shape's cache, the summary, and in the
+    /// measured step its time against the unbounded choice's.
+    fn chose(
+        &mut self,
+        p: &conv::ConvProblem,
+        direction: Direction,
+        c: cudnn::Candidate,
+        ranked: &[cudnn::Candidate],
+        measured: bool,
+        alloc: &Allocator,
+    ) {
+        let figure = self.model.figure;
+        if *KERNEL_LOG && measured {
+            eprintln!(
+                "kernel {:?} {} {}x{}x{}x{} k{} {}x{} s{:?} d{:?} g{} {:?}: {} ws {} MiB at {} MiB allocated",
+                figure,
+                direction.name(),
+                p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride, p.dilation, p.groups, p.dtype,
+                c.algo.name(),
+                c.workspace >> 20,
+                alloc.stats().allocated >> 20
+            );
+        }
+        self.cache.chosen.insert((*p, direction), c);
+        self.summary.largest_workspace = self.summary.largest_workspace.max(c.workspace);
+        if measured {
+            // What this figure takes when nothing bounds it: a call that
+            // had to settle for less is squeezed (slower than it would be).
+            let unbounded = order(ranked, figure, u64::MAX)[0];
+            self.summary.conv_runs += 1;
+            self.summary.conv_flops += p.flops();
+            self.chosen_time += c.time;
+            self.preferred_time += unbounded.time.min(c.time);
+            if c.algo != unbounded.algo && c.time > unbounded.time {
+                self.summary.squeezed += 1;
+            }
+        }
     }
 }
 

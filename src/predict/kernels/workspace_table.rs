@@ -166,15 +166,21 @@ impl WorkspaceTable {
     }
 
     /// The compiled-in table for a compute capability (`8.6` -> `sm86_*`).
-    pub fn for_compute_capability(cc: &str) -> Option<WorkspaceTable> {
+    pub fn for_compute_capability(cc: &str) -> Option<&'static WorkspaceTable> {
+        // Parsed once per process: every replay of every estimate asks.
+        static PARSED: std::sync::LazyLock<Vec<WorkspaceTable>> = std::sync::LazyLock::new(|| {
+            TABLES
+                .iter()
+                .map(|(name, text)| {
+                    WorkspaceTable::parse(name, text)
+                        .unwrap_or_else(|e| panic!("compiled-in cuDNN table: {e}"))
+                })
+                .collect()
+        });
         let sm = format!("sm{}", cc.replace('.', ""));
-        TABLES
+        PARSED
             .iter()
-            .find(|(name, _)| name.split('_').next() == Some(sm.as_str()))
-            .map(|(name, text)| {
-                WorkspaceTable::parse(name, text)
-                    .unwrap_or_else(|e| panic!("compiled-in cuDNN table: {e}"))
-            })
+            .find(|t| t.name.split('_').next() == Some(sm.as_str()))
     }
 
     /// The names of the compiled-in tables.
@@ -215,23 +221,7 @@ backward_filter,2,64,128,256,64,3,3,1,1,1,1,1,1,1,f16,nhwc,1,CUDNN_CONVOLUTION_B
     fn a_measured_table_gives_the_winner_and_its_workspace_per_mode() {
         let t = WorkspaceTable::parse("sm70_8005", TABLE).unwrap();
         assert_eq!(t.len(), 3);
-        let p = ConvProblem {
-            n: 2,
-            c: 4096,
-            h: 64,
-            w: 128,
-            k: 512,
-            r: 3,
-            s: 3,
-            ho: 64,
-            wo: 128,
-            stride: [1; 2],
-            pad: [1; 2],
-            dilation: [1; 2],
-            groups: 1,
-            dtype: DataType::F32,
-            channels_last: false,
-        };
+        let p = super::super::conv::psp_bottleneck(DataType::F32);
         assert_eq!(
             t.winner(&p, Direction::Forward, true),
             Some(Algo::FwdImplicitPrecompGemm)
