@@ -229,66 +229,22 @@ pub fn estimate(
     } else {
         injected_workspace
     };
-    let fixed_terms = vec![
-        FixedTerm {
-            name: "cuda_context",
-            bytes: context,
-            in_allocated: false,
-            source: "assumed per architecture (CUDA lazy module loading); calibrate with scripts/gpu-validate.sh",
+    let fixed_terms = fixed_terms(
+        context,
+        CublasTerm {
+            per_handle,
+            kept: cublas_kept,
+            with_calls,
         },
-        FixedTerm {
-            name: "cublas_workspace",
-            bytes: cublas_kept,
-            in_allocated: true,
-            source: if per_handle == 0 {
-                "before PyTorch 1.13 cuBLAS kept its workspace itself, outside the caching allocator (pytorch/pytorch#83461)"
-            } else if with_calls {
-                "one per thread that runs a matrix product (the forward's, autograd's backward thread's): CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), from the caching allocator, kept"
-            } else {
-                "PyTorch CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), taken from the caching allocator"
-            },
-        },
-        FixedTerm {
-            name: "cudnn_workspace",
-            bytes: likely.cudnn_workspace_at_peak,
-            in_allocated: true,
-            source: match (with_calls, kernels.cudnn_benchmark) {
-                (false, _) => "not predicted: this trace has no kernel calls (use --trace meta or cpu)",
-                (true, true) => "at the peak: the workspace of the convolution running then, its algorithm the fastest of a benchmark search that fit the free memory (modelled)",
-                (true, false) => "at the peak: the workspace of the convolution running then, its algorithm cuDNN's heuristic choice (modelled as the fastest that fits)",
-            },
-        },
-        FixedTerm {
-            name: "kernel_scratch",
-            bytes: likely.kernel_scratch_at_peak,
-            in_allocated: true,
-            source: "at the peak: ATen CUDA kernels' own temporaries (reduction staging buffers, softmax backward)",
-        },
-        FixedTerm {
-            name: "batch_on_device",
-            bytes: batch.tensors.iter().sum(),
-            in_allocated: true,
-            source: batch.source,
-        },
-    ];
-    let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
-    if amp != Amp::Off {
-        notes.push(format!(
-            "amp={amp}: the traced step casts by CUDA's autocast rules (which ops run in half precision, which in fp32, the cached half copies of weights{}); half precision is held as bf16 on the CPU (the same two bytes)",
-            if amp == Amp::Fp16 { ", fp16's GradScaler" } else { "" }
-        ));
-    }
-    if let Some(k) = likely.kernels {
-        if k.squeezed > 0 {
-            notes.push(format!(
-                "{} of {} convolutions cannot have their fastest algorithm's workspace on this card and run a slower one: convolutions about {:.2}x slower (modelled)",
-                k.squeezed, k.conv_runs, k.conv_slowdown
-            ));
-        }
-        if card.likely.out_of_memory && !least_on_card.out_of_memory {
-            notes.push("the likeliest workspaces do not fit this card; cuDNN falls back to smaller ones (the least figure)".into());
-        }
-    }
+        &likely,
+        kernels.cudnn_benchmark,
+        batch,
+    );
+    let notes = notes(
+        amp,
+        &likely,
+        card.likely.out_of_memory && !least_on_card.out_of_memory,
+    );
     // What nvidia-smi shows is the run's own (the likeliest workspaces),
     // within the card.
     let predicted_device_bytes = likely.peak_reserved.min(capacity) + context;
@@ -322,6 +278,90 @@ pub fn estimate(
         notes,
         breakdown,
     }
+}
+
+/// cuBLAS's term: its workspace per handle for the release, what the peak
+/// holds, and whether the trace's calls placed it.
+struct CublasTerm {
+    per_handle: u64,
+    kept: u64,
+    with_calls: bool,
+}
+
+/// The estimate's fixed terms, each with where its figure comes from.
+fn fixed_terms(
+    context: u64,
+    cublas: CublasTerm,
+    likely: &ReplayResult,
+    cudnn_benchmark: bool,
+    batch: &DeviceBatch,
+) -> Vec<FixedTerm> {
+    vec![
+        FixedTerm {
+            name: "cuda_context",
+            bytes: context,
+            in_allocated: false,
+            source: "assumed per architecture (CUDA lazy module loading); calibrate with scripts/gpu-validate.sh",
+        },
+        FixedTerm {
+            name: "cublas_workspace",
+            bytes: cublas.kept,
+            in_allocated: true,
+            source: if cublas.per_handle == 0 {
+                "before PyTorch 1.13 cuBLAS kept its workspace itself, outside the caching allocator (pytorch/pytorch#83461)"
+            } else if cublas.with_calls {
+                "one per thread that runs a matrix product (the forward's, autograd's backward thread's): CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), from the caching allocator, kept"
+            } else {
+                "PyTorch CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8 (sm_90: :4096:8), taken from the caching allocator"
+            },
+        },
+        FixedTerm {
+            name: "cudnn_workspace",
+            bytes: likely.cudnn_workspace_at_peak,
+            in_allocated: true,
+            source: match (cublas.with_calls, cudnn_benchmark) {
+                (false, _) => "not predicted: this trace has no kernel calls (use --trace meta or cpu)",
+                (true, true) => "at the peak: the workspace of the convolution running then, its algorithm the fastest of a benchmark search that fit the free memory (modelled)",
+                (true, false) => "at the peak: the workspace of the convolution running then, its algorithm cuDNN's heuristic choice (modelled as the fastest that fits)",
+            },
+        },
+        FixedTerm {
+            name: "kernel_scratch",
+            bytes: likely.kernel_scratch_at_peak,
+            in_allocated: true,
+            source: "at the peak: ATen CUDA kernels' own temporaries (reduction staging buffers, softmax backward)",
+        },
+        FixedTerm {
+            name: "batch_on_device",
+            bytes: batch.tensors.iter().sum(),
+            in_allocated: true,
+            source: batch.source,
+        },
+    ]
+}
+
+/// The estimate's notes: how it was made, AMP, squeezed convolutions.
+/// `likeliest_off_card`: the likeliest workspaces do not fit the card.
+fn notes(amp: Amp, likely: &ReplayResult, likeliest_off_card: bool) -> Vec<String> {
+    let mut notes = vec!["activations, gradients and optimizer state come from an exact CPU trace of the same step, replayed through a model of PyTorch's CUDA caching allocator".to_string()];
+    if amp != Amp::Off {
+        notes.push(format!(
+            "amp={amp}: the traced step casts by CUDA's autocast rules (which ops run in half precision, which in fp32, the cached half copies of weights{}); half precision is held as bf16 on the CPU (the same two bytes)",
+            if amp == Amp::Fp16 { ", fp16's GradScaler" } else { "" }
+        ));
+    }
+    if let Some(k) = likely.kernels {
+        if k.squeezed > 0 {
+            notes.push(format!(
+                "{} of {} convolutions cannot have their fastest algorithm's workspace on this card and run a slower one: convolutions about {:.2}x slower (modelled)",
+                k.squeezed, k.conv_runs, k.conv_slowdown
+            ));
+        }
+        if likeliest_off_card {
+            notes.push("the likeliest workspaces do not fit this card; cuDNN falls back to smaller ones (the least figure)".into());
+        }
+    }
+    notes
 }
 
 /// The batch tensors on the device during a step and what they are.

@@ -67,6 +67,51 @@ pub fn run(cfg: &Dict, request: &TrialRequest, device: Device) -> TrialReport {
     }
 }
 
+/// `--vram`: on CUDA, caps the caching allocator before the first tensor
+/// (it reads its fraction when it first serves the device); on the CUDA
+/// stand-in, caps the counted tensors at the budget (it has no context);
+/// refused on a plain CPU trial.
+fn apply_vram_budget(
+    report: &mut TrialReport,
+    request: &TrialRequest,
+    device: Device,
+    budget: u64,
+    counter: &memory::CpuCounter,
+    base: i64,
+) -> Result<(), String> {
+    match device {
+        Device::Cuda(i) => {
+            let (context, fraction) = cap_cuda_allocator(i, budget)?;
+            report.cuda_context_measured_bytes = Some(context);
+            report.cuda_memory_fraction = fraction;
+            Ok(())
+        }
+        _ if request.as_cuda => {
+            counter.set_cap(base + budget as i64);
+            Ok(())
+        }
+        _ => Err("--vram caps a CUDA device's memory (or, with --as-cuda, the CPU stand-in's); a plain CPU trial takes --cpu-cap".into()),
+    }
+}
+
+/// `torch.backends.cudnn.benchmark`/`.deterministic` as MMEngine sets them
+/// before training (from `env_cfg` and `randomness`; `--cudnn-benchmark`
+/// overrides), recorded in the report.
+fn set_cudnn_from_config(
+    report: &mut TrialReport,
+    cfg: &Dict,
+    request: &TrialRequest,
+) -> Result<(), String> {
+    let deterministic = super::setup::cudnn_deterministic(cfg);
+    let benchmark = request
+        .cudnn_benchmark
+        .unwrap_or_else(|| super::setup::cudnn_benchmark(cfg));
+    memory::set_cudnn_flags(benchmark, deterministic)?;
+    report.cudnn_benchmark = Some(benchmark);
+    report.cudnn_deterministic = Some(deterministic);
+    Ok(())
+}
+
 /// Caps CUDA device `index`'s caching allocator at `budget` less the CUDA
 /// context measured now; returns the context and the fraction set (`None`
 /// where the device has no more than the budget).
@@ -214,24 +259,8 @@ fn run_capped(
         counter.set_cap(base + budget as i64);
     }
     if let Some(budget) = request.vram_budget_bytes {
-        match device {
-            // Before the first CUDA tensor: the caching allocator reads its
-            // fraction when it first serves the device.
-            Device::Cuda(i) => match cap_cuda_allocator(i, budget) {
-                Ok((context, fraction)) => {
-                    report.cuda_context_measured_bytes = Some(context);
-                    report.cuda_memory_fraction = fraction;
-                }
-                Err(e) => return report.failed(TrialStatus::Error, e),
-            },
-            // The stand-in has no CUDA context: its tensors get the budget.
-            _ if request.as_cuda => counter.set_cap(base + budget as i64),
-            _ => {
-                return report.failed(
-                    TrialStatus::Error,
-                    "--vram caps a CUDA device's memory (or, with --as-cuda, the CPU stand-in's); a plain CPU trial takes --cpu-cap".into(),
-                )
-            }
+        if let Err(e) = apply_vram_budget(&mut report, request, device, budget, &counter, base) {
+            return report.failed(TrialStatus::Error, e);
         }
     }
     tch::manual_seed(request.seed);
@@ -319,16 +348,9 @@ fn run_capped(
         _ => None,
     };
     if cuda_index.is_some() {
-        // MMEngine sets these from env_cfg and randomness before training.
-        let deterministic = super::setup::cudnn_deterministic(cfg);
-        let benchmark = request
-            .cudnn_benchmark
-            .unwrap_or_else(|| super::setup::cudnn_benchmark(cfg));
-        if let Err(e) = memory::set_cudnn_flags(benchmark, deterministic) {
+        if let Err(e) = set_cudnn_from_config(&mut report, cfg, request) {
             return report.failed(TrialStatus::Error, e);
         }
-        report.cudnn_benchmark = Some(benchmark);
-        report.cudnn_deterministic = Some(deterministic);
     }
     let total_steps = request.warmup_steps + request.measured_steps;
     if request.op_trace == memory::OpTrace::Meta {
