@@ -12,19 +12,9 @@ use serde_json::Value;
 use std::process::Command;
 
 fn estimate(config: &std::path::Path, args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
-        .arg("estimate")
-        .arg(config)
-        .args(["--json", "--batch-size", "8", "--crop", "256x256"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut all = vec!["--batch-size", "8", "--crop", "256x256"];
+    all.extend_from_slice(args);
+    common::estimate_json(config, &all)
 }
 
 fn bytes(report: &Value, key: &str) -> u64 {

@@ -6,7 +6,6 @@
 mod common;
 
 use segtune::trial::memory::{hold_until_freed, CpuCounter};
-use std::process::Command;
 use tch::{Device, Kind, Tensor};
 
 #[test]
@@ -41,22 +40,7 @@ fn zoo_row(shared: &std::path::Path, row: &str) -> (f64, String, std::path::Path
     (cols[9].parse().unwrap(), cols[7].to_string(), config)
 }
 
-/// `segtune estimate CONFIG ARGS --json`, which must succeed: its report.
-fn estimate_json(config: &std::path::Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
-        .arg("estimate")
-        .arg(config)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use common::estimate_json;
 
 fn predicted_allocated(config: &std::path::Path, extra: &[&str]) -> f64 {
     let mut args = vec!["--vram", "80G", "--compute-capability", "7.0"];

@@ -229,3 +229,20 @@ pub fn python_check(
     );
     serde_json::from_slice(&run.stdout).unwrap()
 }
+
+/// `segtune estimate CONFIG --json ARGS`, which must succeed: its report.
+pub fn estimate_json(config: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .arg("estimate")
+        .arg(config)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
