@@ -63,6 +63,16 @@ pub struct KernelSetup {
 }
 
 impl KernelSetup {
+    /// The newest PyTorch, fp32, cuDNN's flags off (PyTorch's defaults).
+    pub fn newest() -> KernelSetup {
+        KernelSetup {
+            torch: TorchVersion::NEWEST,
+            amp: Amp::Off,
+            cudnn_benchmark: false,
+            cudnn_deterministic: false,
+        }
+    }
+
     /// The model of a GPU's kernels (its compute capability and rates)
     /// that a replay for `figure` uses.
     pub fn model(&self, compute_capability: &str, math: GpuMath, figure: Figure) -> KernelModel {

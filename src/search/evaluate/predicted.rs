@@ -123,12 +123,7 @@ impl PredictedEvaluator {
             mode: RunMode::Train,
             layout,
             expandable_segments: true,
-            kernels: KernelSetup {
-                torch: crate::trial::TorchVersion::NEWEST,
-                amp: Amp::Off,
-                cudnn_benchmark: false,
-                cudnn_deterministic: false,
-            },
+            kernels: KernelSetup::newest(),
         }
     }
 
@@ -427,6 +422,29 @@ mod tests {
 
     const MIB: i64 = 1 << 20;
 
+    /// A 64x64 fp32 candidate of `batch_size` images.
+    fn candidate(batch_size: i64) -> Candidate {
+        Candidate {
+            batch_size,
+            crop: (64, 64),
+            amp: Amp::Off,
+            accumulation: 1,
+            checkpoint: false,
+            num_points: None,
+            test_mode: None,
+        }
+    }
+
+    /// A training replay on the newest PyTorch, fp32.
+    fn training(expandable_segments: bool) -> ReplayContext {
+        ReplayContext {
+            mode: RunMode::Train,
+            layout: BatchLayout::MmSeg,
+            expandable_segments,
+            kernels: KernelSetup::newest(),
+        }
+    }
+
     #[test]
     fn a_candidate_that_fits_only_with_expandable_segments_says_so() {
         // Thirty 6 MiB tensors (after the first, which fills the cuBLAS
@@ -446,27 +464,9 @@ mod tests {
         // 600 MiB: 570 usable, 260 for the allocator besides the context.
         let gpu = Gpu::choose(None, Some("600M"), "8.6").unwrap();
         let budget = Budget::new(&gpu, 0.05).unwrap();
-        let c = Candidate {
-            batch_size: 1,
-            crop: (64, 64),
-            amp: Amp::Off,
-            accumulation: 1,
-            checkpoint: false,
-            num_points: None,
-            test_mode: None,
-        };
+        let c = candidate(1);
         let flops = (1.0, 0.0);
-        let training = ReplayContext {
-            mode: RunMode::Train,
-            layout: BatchLayout::MmSeg,
-            expandable_segments: true,
-            kernels: KernelSetup {
-                torch: crate::trial::TorchVersion::NEWEST,
-                amp: Amp::Off,
-                cudnn_benchmark: false,
-                cudnn_deterministic: false,
-            },
-        };
+        let training = training(true);
         let default = replay_with(
             &budget,
             &c,
@@ -510,26 +510,8 @@ mod tests {
             "k 1 9 0 aten::convolution t:f32:8x4096x32x32 t:f32:512x4096x3x3 - l:1,1 l:1,1 l:1,1 b:0 l:0,0 i:1",
         )
         .unwrap()];
-        let c = Candidate {
-            batch_size: 8,
-            crop: (64, 64),
-            amp: Amp::Off,
-            accumulation: 1,
-            checkpoint: false,
-            num_points: None,
-            test_mode: None,
-        };
-        let cx = ReplayContext {
-            mode: RunMode::Train,
-            layout: BatchLayout::MmSeg,
-            expandable_segments: false,
-            kernels: KernelSetup {
-                torch: crate::trial::TorchVersion::NEWEST,
-                amp: Amp::Off,
-                cudnn_benchmark: false,
-                cudnn_deterministic: false,
-            },
-        };
+        let c = candidate(8);
+        let cx = training(false);
         let record = |vram_mib: u64| {
             // sm 7.0 (no TF32): Winograd's transforms win fp32 3x3 convolutions.
             let gpu = Gpu::choose(None, Some(&format!("{vram_mib}M")), "7.0").unwrap();
