@@ -60,6 +60,12 @@ GPU_ROWS = [
     ("UPerNet", "upernet/upernet_r50_4xb4-80k_ade20k-512x512", 4, "512x512", "bf16", "on"),
     ("OCRNet", "ocrnet/ocrnet_hr18_4xb2-40k_cityscapes-512x1024", 2, "512x1024", "off", "on"),
     ("UNet", "unet/unet-s5-d16_fcn_4xb4-40k_hrf-256x256", 4, "256x256", "off", "on"),
+    # The zoo rows nothing explains yet (docs/prediction.md, "What stays
+    # under" and "Over"), at their published setups: whether the GPU holds
+    # what the trace does settles them.
+    ("PoolFormer FPN", "poolformer/fpn_poolformer_s12_8xb4-40k_ade20k-512x512", 4, "512x512", "off", "off"),
+    ("MobileNetV2 FCN", "mobilenet_v2/mobilenet-v2-d8_fcn_4xb4-160k_ade20k-512x512", 4, "512x512", "off", "off"),
+    ("ConvNeXt", "convnext/convnext-tiny_upernet_8xb2-amp-160k_ade20k-512x512", 2, "512x512", "fp16", "off"),
     ("HRNet", "hrnet/fcn_hr18_4xb2-40k_cityscapes-512x1024", 2, "512x1024", "off", "on"),
     ("Swin UPerNet", "swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512", 2, "512x512", "off", "on"),
     ("Swin UPerNet", "swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512", 2, "512x512", "fp16", "on"),
