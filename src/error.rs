@@ -5,6 +5,7 @@
 
 use crate::config::ConfigError;
 use crate::models::ModelError;
+use crate::trial::TrialStatus;
 use std::path::PathBuf;
 
 /// Why a command could not do what it was asked.
@@ -28,6 +29,15 @@ pub enum Error {
     /// A trial or a traced step that failed (its status and message).
     #[error("{0}")]
     Trial(String),
+    /// A worker that gave no answer for a reason of the host or the moment
+    /// (killed from outside, out of the host's memory, past its deadline):
+    /// no verdict on what it ran, tried again rather than kept.
+    #[error("{message}")]
+    Unanswered {
+        /// `crash`, `host_oom` or `timeout`.
+        status: TrialStatus,
+        message: String,
+    },
     /// A message the `segtune-torch` worker already rendered for the user
     /// (a config or model error found in the worker); printed as it is.
     #[error("{0}")]

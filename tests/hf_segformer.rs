@@ -382,3 +382,38 @@ fn bad_model_directories_are_clear_errors() {
         assert!(!root.path().join("out").exists(), "nothing is written");
     }
 }
+
+/// `--out` that is the model directory is refused before any trace (it
+/// was refused only when writing the winner, after the whole search), and
+/// the model directory is left as it was.
+#[test]
+fn an_out_that_is_the_model_directory_is_refused_first() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = model_dir(root.path(), "b0", "5.24.0", Some(512), Some(2));
+    let before: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let started = std::time::Instant::now();
+    let run = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["search", "--vram", "4G", "--hf"])
+        .arg(&dir)
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(run.stdout.is_empty());
+    assert!(err.contains("is the model directory"), "{err}");
+    let after: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after, "nothing written into the model directory");
+    println!(
+        "refused in {:.1} s, before any trace",
+        started.elapsed().as_secs_f64()
+    );
+}

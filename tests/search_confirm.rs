@@ -96,6 +96,7 @@ fn request(out: &Path) -> SearchRequest {
         mode: segtune::trial::RunMode::Train,
         ask_python_torch: false,
         cudnn_benchmark: None,
+        trace_timeout: None,
     }
 }
 

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::named::Named;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
+use crate::search::spec::MAX_GPUS;
 use crate::search::{Objective, SearchRequest, SearchSpec};
 use crate::trial::torch_version::{detect_python_torch, VersionSource};
 use crate::trial::{
@@ -214,7 +215,7 @@ pub struct TrialArgs {
     #[arg(long, default_value_t = 2, value_parser = at_least(1), allow_negative_numbers = true)]
     pub batch_size: i64,
     /// Crop HxW (also sets data_preprocessor.size, as changing the crop does).
-    #[arg(long, default_value = "512x512")]
+    #[arg(long, default_value = "512x512", allow_hyphen_values = true)]
     pub crop: Crop,
     #[arg(long, value_parser = named::<Amp>(), default_value = "off")]
     pub amp: Amp,
@@ -233,7 +234,7 @@ pub struct TrialArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
     /// Fraction of label pixels set to ignore_index in the synthetic batch.
-    #[arg(long, default_value_t = 0.05, value_parser = fraction(1.0))]
+    #[arg(long, default_value_t = 0.05, value_parser = fraction(1.0), allow_negative_numbers = true)]
     pub ignore_fraction: f64,
     /// Classes present in each synthetic label map, or `all` (uniform random
     /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
@@ -278,6 +279,11 @@ pub struct TrialArgs {
     /// under randomness.deterministic).
     #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub cudnn_benchmark: Option<bool>,
+    /// Seconds before the worker is stopped and the trial reported as timed
+    /// out (default: 600 on CUDA; on the CPU scaled from the steps and the
+    /// pixels of the batch, as a traced step's deadline).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub timeout: Option<u64>,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -320,7 +326,7 @@ impl TrialArgs {
 pub struct SetupArgs {
     /// GPUs training data-parallel (DDP): each also holds DDP's gradient
     /// buckets, one more copy of the trainable parameters.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=MAX_GPUS))]
     pub gpus: i64,
     /// The PyTorch release whose memory behaviour to reproduce, MAJOR.MINOR
     /// from 1.8 to 2.11 (docs/prediction.md lists what moves between
@@ -388,7 +394,7 @@ pub struct EstimateArgs {
     #[arg(long, value_parser = at_least(1), allow_negative_numbers = true)]
     pub batch_size: Option<i64>,
     /// Crop HxW (default: the recipe's).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub crop: Option<Crop>,
     /// Mixed precision (default: the recipe's; AmpOptimWrapper means its dtype).
     #[arg(long, value_parser = named::<Amp>())]
@@ -423,6 +429,10 @@ pub struct EstimateArgs {
     /// under randomness.deterministic).
     #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub cudnn_benchmark: Option<bool>,
+    /// Seconds a traced step may take before its worker is stopped (default:
+    /// scaled from the trace kind and the step's pixels).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub trace_timeout: Option<u64>,
     #[arg(long)]
     pub json: bool,
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
@@ -451,6 +461,7 @@ impl EstimateArgs {
             alloc_conf: self.alloc_conf,
             mode: self.mode,
             cudnn_benchmark: self.cudnn_benchmark,
+            trace_timeout: self.trace_timeout.map(std::time::Duration::from_secs),
         })
     }
 }
@@ -480,7 +491,7 @@ pub struct SearchArgs {
     #[arg(long)]
     pub compute_capability: Option<String>,
     /// Fraction of the VRAM kept free (default 0.05).
-    #[arg(long, value_parser = fraction(0.9))]
+    #[arg(long, value_parser = fraction(0.9), allow_negative_numbers = true)]
     pub margin: Option<f64>,
     /// auto (a CUDA device if there is one, else predict), cpu (predict), cuda:N (measure).
     #[arg(long)]
@@ -526,12 +537,17 @@ pub struct SearchArgs {
     #[arg(long, value_parser = named::<TraceKind>(), default_value = "meta")]
     pub trace: TraceKind,
     /// Seconds before a CUDA trial counts as timed out.
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub trial_timeout: u64,
+    /// Seconds a predicted candidate's traced step may take before its
+    /// worker is stopped and the candidate counts as timed out (default:
+    /// scaled from the trace kind and the step's pixels).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub trace_timeout: Option<u64>,
     /// GPUs training data-parallel (default 1): the batch is per GPU, the
     /// recipe's effective batch is kept as batch x accumulation x GPUs, and
     /// each GPU also holds DDP's gradient buckets.
-    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..=MAX_GPUS))]
     pub gpus: Option<i64>,
     /// The PyTorch release to predict for, MAJOR.MINOR from 1.8 to 2.11
     /// (default: `segtune.torch` in the config, else the torch of your
@@ -566,6 +582,7 @@ impl SearchArgs {
             out: self.out.clone(),
             exhaustive: self.exhaustive,
             trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
+            trace_timeout: self.trace_timeout.map(std::time::Duration::from_secs),
             threads: self.threads,
             trace: self.trace,
             gt_segments: self.gt_segments.0,

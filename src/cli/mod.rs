@@ -31,15 +31,27 @@ impl Output {
     }
 }
 
+/// Ctrl-C, SIGTERM or SIGHUP: stop the workers and remove their temporary
+/// files before exiting (the journal holds every finished trial already),
+/// with the shell's code for death by that signal (128 + its number: 130
+/// for SIGINT, 143 for SIGTERM, 129 for SIGHUP).
+fn stop_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            crate::trial::worker::stop_all_workers();
+            eprintln!("segtune: stopped by a signal; finished trials are in the journal");
+            std::process::exit(128 + signal);
+        }
+    });
+}
+
 /// Runs the `segtune` command line; returns the process exit code.
 pub fn main() -> i32 {
-    // Ctrl-C or SIGTERM: stop the workers and remove their temporary files
-    // before exiting (the journal holds every finished trial already).
-    let _ = ctrlc::set_handler(|| {
-        crate::trial::worker::stop_all_workers();
-        eprintln!("segtune: stopped by a signal; finished trials are in the journal");
-        std::process::exit(130);
-    });
+    stop_on_signals();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -55,16 +67,53 @@ pub fn main() -> i32 {
 /// it fails half-way) or its error.
 fn finish(result: Result<Output>) -> i32 {
     match result {
-        Ok(out) => {
-            let mut stdout = std::io::stdout().lock();
-            // A closed pipe (`segtune resolve x.py | head`) is not an error.
-            let _ = stdout.write_all(out.text.as_bytes());
-            let _ = stdout.flush();
-            out.code
-        }
+        Ok(out) => match write_stdout(&out.text) {
+            Ok(()) => out.code,
+            Err(e) => {
+                eprint!("{}", e.render());
+                EXIT_INPUT_ERROR
+            }
+        },
         Err(e) => {
             eprint!("{}", e.render());
             EXIT_INPUT_ERROR
+        }
+    }
+}
+
+/// Writes a command's whole output to stdout. A closed pipe (`segtune
+/// resolve x.py | head`) is not an error; every other write error (a full
+/// disk, `/dev/full`) is, as the output on stdout is then cut short.
+fn write_stdout(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(crate::error::Error::Environment(format!(
+                "cannot write to stdout: {e}; the output is incomplete"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `segtune trial`'s default deadline: a CUDA trial as the search's
+/// (`--trial-timeout`'s default); a CPU one as long as a CPU-traced step
+/// of its batch may take, for each step it runs.
+fn trial_deadline(request: &trial::TrialRequest) -> std::time::Duration {
+    use crate::predict::step_trace::trace_deadline;
+    match request.device {
+        trial::DeviceChoice::Cuda(_) => std::time::Duration::from_secs(600),
+        trial::DeviceChoice::Cpu => {
+            let steps = (request.warmup_steps + request.measured_steps).max(1) as u32;
+            trace_deadline(
+                crate::predict::TraceKind::Cpu,
+                request.batch_size,
+                request.crop,
+            ) * steps
+                / 2
         }
     }
 }
@@ -85,7 +134,12 @@ fn run(cli: Cli) -> Result<Output> {
             Ok(Output::ok(dump::render(&cfg, format)?))
         }
         Command::Trial(args) => {
-            let report = Worker::locate()?.trial(&args.request(), None)?;
+            let request = args.request();
+            let deadline = args
+                .timeout
+                .map(std::time::Duration::from_secs)
+                .unwrap_or_else(|| trial_deadline(&request));
+            let report = Worker::locate()?.trial(&request, Some(deadline))?;
             // A measurement that says "does not fit" or "cannot train" is an
             // answer; a trial that broke is not: one line on stderr, exit 2.
             if matches!(

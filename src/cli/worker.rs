@@ -20,7 +20,7 @@ struct WorkerCli {
 
 #[derive(Subcommand, Debug)]
 enum WorkerCommand {
-    Trial(TrialArgs),
+    Trial(Box<TrialArgs>),
     Inspect(InspectArgs),
     /// Print the number of CUDA devices libtorch sees.
     Devices,

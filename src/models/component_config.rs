@@ -11,6 +11,51 @@ use super::ModelError;
 use crate::config::{Dict, Value};
 use std::fmt::Display;
 
+/// Keys that are counts or sizes wherever a component reads them (classes,
+/// channels, heads, kernels, strides, patches, windows, queries): zero or a
+/// negative value cannot build a layer, so it is refused by name before
+/// libtorch would fail on it. Keys where 0 or -1 mean something
+/// (`num_convs`, `frozen_stages`, `in_index`, `end_level`, `padding`) are
+/// not here.
+pub const SIZE_KEYS: &[&str] = &[
+    "num_classes",
+    "channels",
+    "in_channels",
+    "out_channels",
+    "embed_dims",
+    "num_heads",
+    "num_layers",
+    "num_stages",
+    "kernel_size",
+    "base_channels",
+    "stem_channels",
+    "feedforward_channels",
+    "feat_channels",
+    "num_queries",
+    "patch_size",
+    "window_size",
+    "c1_in_channels",
+    "c1_channels",
+    "ocr_channels",
+    "pam_channels",
+    "psp_out_channels",
+    "project_channels",
+    "num_channels",
+    "num_codes",
+    "num_bases",
+    "num_outs",
+    "num_feats",
+    "num_levels",
+    "pool_size",
+    "pool_scales",
+    "radix",
+    "reduction",
+    "reduction_factor",
+    "depths",
+    "strides",
+    "dilations",
+];
+
 /// A component's config dict being read; see the module doc.
 pub struct ComponentConfig<'a> {
     dict: &'a Dict,
@@ -62,11 +107,26 @@ impl<'a> ComponentConfig<'a> {
     pub fn int(&mut self, key: &str, default: i64) -> Result<i64, ModelError> {
         match self.value(key) {
             None => Ok(default),
-            Some(v @ (Value::Int(_) | Value::Bool(_))) => Ok(v.as_i64().unwrap_or(default)),
+            Some(v @ (Value::Int(_) | Value::Bool(_))) => {
+                let i = v.as_i64().unwrap_or(default);
+                self.check_size(key, i)?;
+                Ok(i)
+            }
             Some(other) => {
                 Err(self.config_error(format!("`{key}` must be an int, not {}", other.type_name())))
             }
         }
+    }
+
+    /// Refuses a count or a size that is not positive ([`SIZE_KEYS`]): MMSeg
+    /// would fail inside PyTorch on it, segtune says which key.
+    fn check_size(&self, key: &str, value: i64) -> Result<(), ModelError> {
+        if value < 1 && SIZE_KEYS.contains(&key) {
+            return Err(self.config_error(format!(
+                "`{key}` = {value}: a count or size must be at least 1"
+            )));
+        }
+        Ok(())
     }
 
     /// A number setting.
@@ -88,11 +148,20 @@ impl<'a> ComponentConfig<'a> {
     pub fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>, ModelError> {
         match self.value(key) {
             None => Ok(default.to_vec()),
-            Some(Value::Int(i)) => Ok(vec![*i]),
-            Some(v) => v
-                .as_seq()
-                .and_then(|s| s.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
-                .ok_or_else(|| self.config_error(format!("`{key}` must be a list of ints"))),
+            Some(Value::Int(i)) => {
+                self.check_size(key, *i)?;
+                Ok(vec![*i])
+            }
+            Some(v) => {
+                let ints = v
+                    .as_seq()
+                    .and_then(|s| s.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+                    .ok_or_else(|| self.config_error(format!("`{key}` must be a list of ints")))?;
+                for &i in &ints {
+                    self.check_size(key, i)?;
+                }
+                Ok(ints)
+            }
         }
     }
 

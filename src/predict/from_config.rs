@@ -9,7 +9,7 @@ use super::estimate::{
     KernelSetup, TracedInput,
 };
 use super::extrapolate::{extrapolate, TRACED_BATCHES};
-use super::step_trace::{trace_step, StepToTrace, TraceKind};
+use super::step_trace::{trace_deadline, trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
 use crate::trial::torch_version::SWITCHES;
@@ -44,6 +44,9 @@ pub struct EstimateRequest {
     /// `--cudnn-benchmark on|off` (default: the config's
     /// `env_cfg.cudnn_benchmark`).
     pub cudnn_benchmark: Option<bool>,
+    /// `--trace-timeout`: each traced step's deadline (default: scaled from
+    /// the step, see [`crate::predict::step_trace::trace_deadline`]).
+    pub trace_timeout: Option<std::time::Duration>,
 }
 
 /// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
@@ -108,6 +111,9 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
                 setup: request.setup,
                 kind: request.trace,
                 mode: request.mode,
+                deadline: request
+                    .trace_timeout
+                    .unwrap_or_else(|| trace_deadline(request.trace, batch_size, crop)),
             },
         )
     };

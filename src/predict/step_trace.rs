@@ -9,6 +9,7 @@ use crate::trial::trace::{self, TraceEvent};
 use crate::trial::worker::Worker;
 use crate::trial::{Amp, OpTrace, RunMode, TrainingSetup, TrialRequest, TrialStatus};
 use std::path::Path;
+use std::time::Duration;
 
 /// The trace of one step and what the worker measured with it.
 pub struct TracedStep {
@@ -74,6 +75,25 @@ pub struct StepToTrace<'a> {
     pub kind: TraceKind,
     /// A training step, or an inference (test) step.
     pub mode: RunMode,
+    /// How long the worker may take before it is stopped and the trace
+    /// counts as timed out ([`trace_deadline`]).
+    pub deadline: Duration,
+}
+
+/// How long a traced step may take before its worker is stopped: a stopped
+/// or wedged worker must not hang an estimate or a search. Meta traces do
+/// no arithmetic (a second for SegFormer-B0, tens of seconds for the largest
+/// Mask2Former on two cores); CPU traces compute the step. Both grow with the
+/// pixels of the batch, so each has a floor for the worker's start and the
+/// model's build plus a share per megapixel of batch x crop, ten times or
+/// more what the slowest model took here (`--trace-timeout` overrides it).
+pub fn trace_deadline(kind: TraceKind, batch_size: i64, crop: (i64, i64)) -> Duration {
+    let megapixels = (batch_size.max(1) as f64) * (crop.0.max(1) * crop.1.max(1)) as f64 / 1e6;
+    let (floor_s, per_megapixel_s) = match kind {
+        TraceKind::Meta => (300.0, 120.0),
+        TraceKind::Cpu | TraceKind::CpuAllocator => (1800.0, 1800.0),
+    };
+    Duration::from_secs_f64((floor_s + per_megapixel_s * megapixels).min(7.0 * 86_400.0))
 }
 
 /// Traces a warm-up and a measured training step on the CPU in the worker.
@@ -98,9 +118,9 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         mode: step.mode,
         ..TrialRequest::new(step.config)
     };
-    let report = worker.trial(&request, None)?;
+    let report = worker.trial(&request, Some(step.deadline))?;
     if report.status != TrialStatus::Ok {
-        return Err(Error::Trial(format!(
+        let message = format!(
             "the traced {} step failed ({}): {}",
             if step.kind == TraceKind::Meta {
                 "meta"
@@ -109,7 +129,17 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
             },
             report.status.name(),
             report.message.unwrap_or_default()
-        )));
+        );
+        // A trace that the host cut short (its RAM, a kill, a hang) says
+        // nothing about the step: no verdict, tried again.
+        return Err(if report.status.is_environment() {
+            Error::Unanswered {
+                status: report.status,
+                message,
+            }
+        } else {
+            Error::Trial(message)
+        });
     }
     let text = std::fs::read_to_string(&trace_path)
         .map_err(|e| Error::Environment(format!("no trace from the worker: {e}")))?;

@@ -79,6 +79,12 @@ pub fn inference(r: &SearchResult, all: bool) -> String {
         "traces: {} run now, {} from the journal ({})\n",
         r.trials_run, r.trials_resumed, r.journal
     ));
+    if let Some(note) = super::search::unjudged_note(r) {
+        out.push_str(&note);
+    }
+    if let Some(note) = super::search::stale_report_note(r) {
+        out.push_str(&note);
+    }
     if let Some(w) = &r.winner {
         let c = w.candidate;
         out.push_str(&format!(

@@ -102,6 +102,41 @@ pub fn progress_line(step: &Step) -> String {
     )
 }
 
+/// A note on the candidates that got no verdict (killed, out of the host's
+/// memory, past their deadline, each tried twice): the search ranked the
+/// rest, so its winner may be below what fits.
+pub(super) fn unjudged_note(r: &SearchResult) -> Option<String> {
+    let unjudged: Vec<_> = r
+        .infeasible
+        .iter()
+        .filter(|o| !o.record.status.is_verdict())
+        .collect();
+    let first = unjudged.first()?;
+    Some(format!(
+        "note: {} candidate(s) got no verdict, for a reason of this machine rather than of the candidate \
+         (first: batch {} x {}x{}, {}: {}); the winner may be smaller than what fits: \
+         a re-run tries them again\n",
+        unjudged.len(),
+        first.candidate.batch_size,
+        first.candidate.crop.0,
+        first.candidate.crop.1,
+        first.record.status.name(),
+        first.record.reason.as_deref().unwrap_or("no reason given")
+    ))
+}
+
+/// A note on a report page in `--out` made for an earlier search.
+pub(super) fn stale_report_note(r: &SearchResult) -> Option<String> {
+    let page = r.stale_report.as_ref()?;
+    let dir = std::path::Path::new(page)
+        .parent()
+        .and_then(|p| p.parent())
+        .map_or(String::new(), |d| d.display().to_string());
+    Some(format!(
+        "note: {page} shows the search saved here before this one; `segtune report {dir}` writes it for this one\n"
+    ))
+}
+
 /// The result as text: the ranked table, infeasible ones with `all`.
 pub fn search(r: &SearchResult, all: bool) -> String {
     if r.run_mode == crate::trial::RunMode::Infer {
@@ -253,6 +288,12 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         "trials: {} run now, {} from the journal ({}), of a grid of {}\n",
         r.trials_run, r.trials_resumed, r.journal, r.grid_size
     ));
+    if let Some(note) = unjudged_note(r) {
+        out.push_str(&note);
+    }
+    if let Some(note) = stale_report_note(r) {
+        out.push_str(&note);
+    }
     if r.journal_skipped_lines > 0 {
         out.push_str(&format!(
             "note: {} line(s) of the journal were not trial records (torn by a killed run, or foreign) and were skipped\n",

@@ -7,7 +7,7 @@
 //! ranking. A measured out-of-memory also rules out every larger batch of
 //! its crop, precision and knobs without a trial.
 
-use super::evaluate::Evaluator;
+use super::evaluate::{evaluate_retrying, Evaluator};
 use super::journal::Journal;
 use super::record::{CandidateStatus, Outcome, Prediction, TrialRecord};
 use super::space::Candidate;
@@ -106,11 +106,12 @@ impl Confirmation<'_> {
         let result = match self.journal.get(c) {
             Some(r) => Ok((r.clone(), false)),
             None => {
-                let mut r = if predict {
-                    self.predictor.evaluate(c)
+                let evaluator: &mut dyn Evaluator = if predict {
+                    &mut *self.predictor
                 } else {
-                    self.measurer.evaluate(c)
+                    &mut *self.measurer
                 };
+                let mut r = evaluate_retrying(evaluator, c);
                 r.predicted = prediction;
                 self.journal.append(c, &r).map(|()| (r, true))
             }

@@ -68,9 +68,18 @@ fn write_whole(path: &Path, value: &serde_json::Map<String, serde_json::Value>) 
         })
 }
 
-/// Writes the winner of the search of the model directory `model_dir` into
-/// `out_dir`; returns the written paths.
-pub fn emit_hf(model_dir: &Path, c: &Candidate, out_dir: &Path) -> Result<Vec<PathBuf>> {
+/// The files a Hugging Face search writes into `out_dir`.
+pub fn targets(out_dir: &Path) -> [PathBuf; 2] {
+    [
+        out_dir.join("training_args.json"),
+        out_dir.join("preprocessor_config.json"),
+    ]
+}
+
+/// Refuses, before any trial, an `--out` that is the model directory
+/// itself, or that holds a `training_args.json` or `preprocessor_config.json`
+/// that no earlier search there wrote.
+pub fn check_out(model_dir: &Path, out_dir: &Path) -> Result<()> {
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
@@ -81,8 +90,23 @@ pub fn emit_hf(model_dir: &Path, c: &Candidate, out_dir: &Path) -> Result<Vec<Pa
             out_dir.display()
         )));
     }
-    let args_path = out_dir.join("training_args.json");
-    let processor_path = out_dir.join("preprocessor_config.json");
+    for path in targets(out_dir) {
+        if path.exists() && !super::saved::listed_as_emitted(out_dir, &path) {
+            return Err(Error::Input(format!(
+                "{} exists and no segtune search wrote it; segtune never replaces a file it \
+                 did not write: move it away or give another --out",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the winner of the search of the model directory `model_dir` into
+/// `out_dir`; returns the written paths.
+pub fn emit_hf(model_dir: &Path, c: &Candidate, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    check_out(model_dir, out_dir)?;
+    let [args_path, processor_path] = targets(out_dir);
     write_whole(
         &args_path,
         &training_arguments(read_object(&model_dir.join("training_args.json")), c),

@@ -64,6 +64,12 @@ pub fn search_inference(
 ) -> Result<SearchResult> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
+    // An inference winner is always written as an MMSeg config.
+    super::run::check_outputs(
+        request,
+        crate::predict::estimate::BatchLayout::MmSeg,
+        super::emit::INFER_SUFFIX,
+    )?;
     super::run::check_buildable(&cfg, request, worker)?;
     let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
     crate::models::segmentors::inference::check_inference(model).map_err(|source| {
@@ -136,6 +142,7 @@ pub fn search_inference(
         resumed += explored.resumed;
         outcomes.extend(explored.outcomes);
     }
+    super::run::some_verdict(&outcomes)?;
     let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) =
         outcomes.into_iter().partition(|o| o.record.fits());
     let feasible = rank(feasible, Objective::Throughput);
@@ -169,6 +176,7 @@ pub fn search_inference(
         auto_scale_lr: false,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),
+        stale_report: saved::stale_report(&request.out),
     };
     if let Some(w) = &winner {
         let c = w.candidate;

@@ -60,6 +60,46 @@ pub struct Journal {
     skipped_lines: usize,
 }
 
+/// Creates the search's `--out` directory (and its parents), after
+/// [`check_out_dir`].
+pub fn create_out_dir(dir: &Path) -> Result<()> {
+    check_out_dir(dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| environment(dir, "create", e))
+}
+
+/// Refuses an `--out` that exists as something else than a directory, or
+/// lies under such a thing: the user's mistake, said as such rather than as
+/// the OS's "File exists". Creates nothing.
+pub fn check_out_dir(dir: &Path) -> Result<()> {
+    for ancestor in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        let Ok(meta) = std::fs::metadata(ancestor) else {
+            continue;
+        };
+        if meta.is_dir() {
+            break;
+        }
+        let what = if meta.is_file() {
+            "a file"
+        } else {
+            "not a directory (a device, a pipe or a socket)"
+        };
+        return Err(Error::Input(if ancestor == dir {
+            format!(
+                "--out {} is {what}; --out must be a directory (segtune creates it if missing)",
+                dir.display()
+            )
+        } else {
+            format!(
+                "--out {}: {} is {what}, so the directory cannot be made under it; \
+                 --out must be a directory",
+                dir.display(),
+                ancestor.display()
+            )
+        }));
+    }
+    Ok(())
+}
+
 fn environment(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
     Error::Environment(format!("cannot {what} {}: {e}", path.display()))
 }
@@ -70,7 +110,7 @@ impl Journal {
     /// foreign text) are skipped and counted; a file none of whose lines is
     /// a journal line, or that is not a regular file, is refused.
     pub fn open(dir: &Path, config_hash: &str, device: &str) -> Result<Journal> {
-        std::fs::create_dir_all(dir).map_err(|e| environment(dir, "create", e))?;
+        create_out_dir(dir)?;
         let lock_path = dir.join(".segtune.lock");
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -157,8 +197,13 @@ impl Journal {
         })
     }
 
+    /// The candidate's verdict on this device, if a run found one: a
+    /// record of a failure of the host or the moment (a crash, a timeout,
+    /// the host's refusal) is kept in the file but never reused.
     pub fn get(&self, c: &Candidate) -> Option<&TrialRecord> {
-        self.done.get(&(self.device.clone(), c.key()))
+        self.done
+            .get(&(self.device.clone(), c.key()))
+            .filter(|r| r.status.is_verdict())
     }
 
     /// Reads and writes the records of another device from now on (a

@@ -24,6 +24,9 @@ pub enum CandidateStatus {
     Timeout,
     /// The trial's process died without a report.
     Crash,
+    /// The host refused the trial what it needed (RAM, address space, a
+    /// temporary file, the worker itself): no answer about the candidate.
+    Environment,
 }
 
 impl CandidateStatus {
@@ -36,7 +39,30 @@ impl CandidateStatus {
             CandidateStatus::Infeasible => "infeasible",
             CandidateStatus::Timeout => "timeout",
             CandidateStatus::Crash => "crash",
+            CandidateStatus::Environment => "environment",
         }
+    }
+
+    /// The status of a trial that gave no verdict (see
+    /// [`TrialStatus::is_environment`]).
+    pub fn unanswered(status: crate::trial::TrialStatus) -> CandidateStatus {
+        use crate::trial::TrialStatus;
+        match status {
+            TrialStatus::Timeout => CandidateStatus::Timeout,
+            TrialStatus::Crash => CandidateStatus::Crash,
+            _ => CandidateStatus::Environment,
+        }
+    }
+
+    /// Whether the status is a property of the candidate (it fits, runs
+    /// out of memory on the budget, cannot train, diverges, or its model
+    /// fails), which a re-run may reuse from the journal; a crash, a missed
+    /// deadline or a refusal of the host is not, and is tried again.
+    pub fn is_verdict(self) -> bool {
+        !matches!(
+            self,
+            CandidateStatus::Timeout | CandidateStatus::Crash | CandidateStatus::Environment
+        )
     }
 }
 
@@ -185,4 +211,8 @@ pub struct SearchResult {
     /// of a killed run, foreign text): skipped, not lost silently.
     #[serde(default)]
     pub journal_skipped_lines: usize,
+    /// `DIR/report/report.html` when it was written for an earlier search
+    /// (now out of date: `segtune report DIR` writes it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_report: Option<String>,
 }

@@ -14,6 +14,7 @@ use super::strategy::{rank, run_search, Explored, Progress, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::{BatchLayout, KernelSetup};
+use crate::predict::step_trace::trace_deadline;
 use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
 use crate::trial::torch_version::VersionSource;
 use crate::trial::worker::Worker;
@@ -49,6 +50,9 @@ pub struct SearchRequest {
     /// `--cudnn-benchmark on|off` (default: the config's
     /// `env_cfg.cudnn_benchmark`).
     pub cudnn_benchmark: Option<bool>,
+    /// `--trace-timeout`: each traced step's deadline (default: scaled from
+    /// the step, see [`crate::predict::step_trace::trace_deadline`]).
+    pub trace_timeout: Option<std::time::Duration>,
 }
 
 impl SearchRequest {
@@ -128,7 +132,10 @@ pub fn search_with(
 ) -> Result<SearchResult> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
-    // Before any trial: a model segtune cannot build would fail every one.
+    let layout = BatchLayout::of(&cfg);
+    // Before any trial: where the winner goes must take it, and a model
+    // segtune cannot build would fail every one.
+    check_outputs(request, layout, emit::TRAIN_SUFFIX)?;
     check_buildable(&cfg, request, worker)?;
     let file_name = request
         .config
@@ -156,7 +163,6 @@ pub fn search_with(
     let (torch, torch_source) = request.torch(&spec);
     let setup = TrainingSetup { gpus, torch };
     let cuda = cuda_device(&spec, real.devices(), torch)?;
-    let layout = BatchLayout::of(&cfg);
     let mut predictor = predictor(request, worker, &budget, setup, layout);
     // Trials for another number of GPUs, segments or PyTorch are not reusable.
     let mut suffix = if gpus > 1 {
@@ -221,6 +227,7 @@ pub fn search_with(
             }
         }
     };
+    some_verdict(&explored.outcomes)?;
     let traces_run = predictor.traces_run();
     let mode = if cuda.is_some() {
         Mode::Measured
@@ -258,6 +265,7 @@ pub fn search_with(
         auto_scale_lr: false,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),
+        stale_report: saved::stale_report(&request.out),
     };
     if let Some(w) = &winner {
         let c = w.candidate;
@@ -290,6 +298,42 @@ pub fn search_with(
     }
     saved::save_result(request, &result, config_hash)?;
     Ok(result)
+}
+
+/// Refuses, before any trial, an `--out` that cannot take the winner: a
+/// file where the directory should be, the input itself, or a file of the
+/// user's where segtune would write its config.
+pub(super) fn check_outputs(
+    request: &SearchRequest,
+    layout: BatchLayout,
+    suffix: &str,
+) -> Result<()> {
+    super::journal::check_out_dir(&request.out)?;
+    if layout == BatchLayout::PixelValues {
+        return super::emit_hf::check_out(&request.config, &request.out);
+    }
+    let targets = emit::targets(&request.config, &request.out, suffix);
+    emit::check_targets(&request.config, &request.out, &targets)
+}
+
+/// Refuses a search none of whose candidates got a verdict: each failed
+/// twice for a reason of this machine or the moment (killed, out of the
+/// host's memory or address space, past its deadline), so the table would
+/// say "nothing fits" of candidates nobody judged. The journal keeps their
+/// records but never reuses them: a re-run tries them again.
+pub(super) fn some_verdict(outcomes: &[super::record::Outcome]) -> Result<()> {
+    if outcomes.is_empty() || outcomes.iter().any(|o| o.record.status.is_verdict()) {
+        return Ok(());
+    }
+    let first = &outcomes[0].record;
+    Err(Error::Environment(format!(
+        "no candidate could be judged: the {} tried all failed for a reason of this machine, \
+         not of the candidates (the first: {}: {}); nothing is kept as their result: \
+         re-run the search once the cause is gone",
+        outcomes.len(),
+        first.status.name(),
+        first.reason.as_deref().unwrap_or("no reason given")
+    )))
 }
 
 /// Before any trial: a model segtune cannot build would fail every one. The
@@ -403,6 +447,7 @@ pub fn predictor(
         .unwrap_or_else(|| (crate::trial::host_cores() / 2).max(1));
     let worker = worker.clone();
     let trace_kind = request.trace;
+    let trace_timeout = request.trace_timeout;
     let gt_segments = request.gt_segments;
     let tracer = Box::new(
         move |batch_size: i64, crop: (i64, i64), amp: Amp, knobs: space::ModelKnobs| {
@@ -420,6 +465,8 @@ pub fn predictor(
                     setup,
                     kind: trace_kind,
                     mode,
+                    deadline: trace_timeout
+                        .unwrap_or_else(|| trace_deadline(trace_kind, batch_size, crop)),
                 },
             )
         },

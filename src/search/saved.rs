@@ -68,6 +68,32 @@ pub fn save(dir: &Path, saved: &SavedSearch) -> Result<()> {
     write_atomically(&dir.join(SEARCH_FILE), text.as_bytes())
 }
 
+/// The report page in `dir`, if there is one: written for the search
+/// that was saved there before, it is out of date once another is.
+pub fn stale_report(dir: &Path) -> Option<String> {
+    let page = dir.join("report").join("report.html");
+    page.is_file().then(|| page.display().to_string())
+}
+
+/// Whether the search saved in `dir` wrote `path` (its `search.json` lists
+/// a file of that name in `dir` among the emitted ones).
+pub fn listed_as_emitted(dir: &Path, path: &Path) -> bool {
+    let mut text = String::new();
+    let read = std::fs::File::open(dir.join(SEARCH_FILE))
+        .and_then(|f| f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text));
+    let Ok(saved) = read
+        .map_err(|_| ())
+        .and_then(|_| serde_json::from_str::<SavedSearch>(&text).map_err(|_| ()))
+    else {
+        return false;
+    };
+    saved.result.emitted.iter().any(|e| {
+        let e = Path::new(e);
+        e.file_name() == path.file_name()
+            && e.parent().and_then(|p| p.canonicalize().ok()) == dir.canonicalize().ok()
+    })
+}
+
 /// Loads a search's `search.json` and its journal's rows of that config.
 pub fn load(dir: &Path) -> Result<(SavedSearch, Vec<JournalRow>)> {
     let path = dir.join(SEARCH_FILE);
@@ -135,6 +161,7 @@ pub fn breakdown_of(
         alloc_conf,
         mode: r.run_mode,
         cudnn_benchmark: None,
+        trace_timeout: None,
     };
     Ok(estimate_config(&request, worker)?.breakdown)
 }

@@ -5,6 +5,11 @@
 use crate::config::{self, Value};
 use crate::error::{Error, Result};
 
+/// The most data-parallel GPUs a search or an estimate takes: far above any
+/// MMSeg run (its zoo trains on 4 to 8), low enough that batch x
+/// accumulation x GPUs never overflows.
+pub const MAX_GPUS: i64 = 4096;
+
 /// What the ranking favours.
 #[derive(
     Debug,
@@ -150,10 +155,10 @@ impl SearchSpec {
         let gpus = match get("gpus") {
             None | Some(Value::None) => None,
             Some(v) => match v.as_i64() {
-                Some(g) if g >= 1 => Some(g),
+                Some(g) if (1..=MAX_GPUS).contains(&g) => Some(g),
                 _ => {
                     return Err(bad(format!(
-                        "`segtune.gpus` must be a whole number of at least 1, not {}",
+                        "`segtune.gpus` must be a whole number from 1 to {MAX_GPUS}, not {}",
                         config::value::python_repr(v)
                     )))
                 }

@@ -5,7 +5,7 @@
 //! recipe's. Every evaluated candidate goes to the journal at once; one
 //! found there is not evaluated again.
 
-use super::evaluate::Evaluator;
+use super::evaluate::{evaluate_retrying, Evaluator};
 use super::journal::Journal;
 use super::record::{Outcome, TrialRecord};
 use super::space::{Amp, Candidate, ModelKnobs};
@@ -46,7 +46,21 @@ pub struct Explored {
     left_at_most: usize,
 }
 
+/// How many candidates in a row may fail with no verdict, before any got
+/// one, until the search stops trying: by then the host (an address-space
+/// cap, a full temporary directory, a missing library) fails every trial
+/// alike, and each further one costs a worker's start twice over.
+const UNJUDGED_BEFORE_GIVING_UP: usize = 3;
+
 impl Explored {
+    /// Whether nothing has been judged and the last
+    /// [`UNJUDGED_BEFORE_GIVING_UP`] candidates all failed without a
+    /// verdict: the search stops and says why (`run::some_verdict`).
+    fn host_fails_everything(&self) -> bool {
+        self.outcomes.len() >= UNJUDGED_BEFORE_GIVING_UP
+            && self.outcomes.iter().all(|o| !o.record.status.is_verdict())
+    }
+
     pub fn new(outcomes: Vec<Outcome>, ran: usize, resumed: usize, predictions: usize) -> Explored {
         Explored {
             outcomes,
@@ -198,6 +212,9 @@ fn search_batches(
     let (mut lo, mut hi) = (0usize, batches.len());
     let mut next_exhaustive = 0usize;
     while lo < hi {
+        if explored.host_fails_everything() {
+            break;
+        }
         let mid = if exhaustive {
             next_exhaustive
         } else {
@@ -219,7 +236,7 @@ fn search_batches(
                 (r.clone(), false)
             }
             None => {
-                let r = evaluator.evaluate(&c);
+                let r = evaluate_retrying(evaluator, &c);
                 explored.ran += 1;
                 journal.append(&c, &r)?;
                 (r, true)
@@ -284,10 +301,12 @@ mod tests {
     use crate::search::record::{CandidateStatus, Mode};
 
     /// Fits when batch x crop area is at most `capacity`; every
-    /// `fail_every`-th evaluation fails as a crashed trial would.
+    /// `fail_every`-th evaluation fails as a crashed trial would, and so
+    /// does every evaluation of a batch in `crash_batches`.
     struct FakeEvaluator {
         capacity: i64,
         fail_every: usize,
+        crash_batches: Vec<i64>,
         evaluated: Vec<Candidate>,
     }
 
@@ -297,7 +316,9 @@ mod tests {
         }
         fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
             self.evaluated.push(*c);
-            if self.fail_every > 0 && self.evaluated.len().is_multiple_of(self.fail_every) {
+            if (self.fail_every > 0 && self.evaluated.len().is_multiple_of(self.fail_every))
+                || self.crash_batches.contains(&c.batch_size)
+            {
                 return TrialRecord::failed(
                     CandidateStatus::Crash,
                     "the trial process crashed".into(),
@@ -337,11 +358,22 @@ mod tests {
         checkpoint: bool,
         num_points: &[i64],
     ) -> (Explored, FakeEvaluator) {
-        let mut evaluator = FakeEvaluator {
+        let evaluator = FakeEvaluator {
             capacity,
             fail_every,
+            crash_batches: Vec::new(),
             evaluated: Vec::new(),
         };
+        explore_on(evaluator, objective, journal_dir, checkpoint, num_points)
+    }
+
+    fn explore_on(
+        mut evaluator: FakeEvaluator,
+        objective: Objective,
+        journal_dir: &std::path::Path,
+        checkpoint: bool,
+        num_points: &[i64],
+    ) -> (Explored, FakeEvaluator) {
         let mut journal = Journal::open(journal_dir, "hash", "fake").unwrap();
         let space = SearchSpace {
             crops: &[(512, 512), (384, 384)],
@@ -402,20 +434,78 @@ mod tests {
     }
 
     #[test]
-    fn failing_trials_are_infeasible_and_the_search_goes_on() {
+    fn a_crashed_trial_is_tried_again_and_its_retry_decides() {
         let dir = tempfile::tempdir().unwrap();
         let (explored, evaluator) = explore(3 * 512 * 512, 3, Objective::KeepCrop, dir.path());
-        let crashed = explored
+        assert!(explored
+            .outcomes
+            .iter()
+            .all(|o| o.record.status.is_verdict()));
+        let crashes = evaluator.evaluated.len() / 3;
+        assert!(crashes > 0);
+        assert_eq!(
+            evaluator.evaluated.len(),
+            explored.outcomes.len() + crashes,
+            "each crash tried once more"
+        );
+        let undisturbed = tempfile::tempdir().unwrap();
+        let (expected, _) = explore(3 * 512 * 512, 0, Objective::KeepCrop, undisturbed.path());
+        assert_eq!(
+            ranked_fits(explored, Objective::KeepCrop)[0].candidate,
+            ranked_fits(expected, Objective::KeepCrop)[0].candidate
+        );
+    }
+
+    #[test]
+    fn a_trial_that_fails_twice_has_no_verdict_and_the_search_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let evaluator = FakeEvaluator {
+            capacity: 3 * 512 * 512,
+            fail_every: 0,
+            crash_batches: vec![4],
+            evaluated: Vec::new(),
+        };
+        let (explored, evaluator) =
+            explore_on(evaluator, Objective::KeepCrop, dir.path(), false, &[]);
+        let crashed: Vec<&Outcome> = explored
             .outcomes
             .iter()
             .filter(|o| o.record.status == CandidateStatus::Crash)
-            .count();
-        assert_eq!(crashed, evaluator.evaluated.len() / 3);
-        assert!(crashed > 0);
+            .collect();
+        assert!(!crashed.is_empty());
+        assert!(crashed.iter().all(|o| o.candidate.batch_size == 4
+            && o.record.reason.as_deref().unwrap().contains("tried twice")));
+        let tries = |b: i64| {
+            evaluator
+                .evaluated
+                .iter()
+                .filter(|c| c.batch_size == b)
+                .count()
+        };
+        assert_eq!(tries(4), 2 * crashed.len());
         assert!(
             explored.outcomes.iter().any(|o| o.record.fits()),
             "still a winner"
         );
+        // The journal keeps the crash but a re-run tries it again.
+        let journal = Journal::open(dir.path(), "hash", "fake").unwrap();
+        assert!(journal.get(&crashed[0].candidate).is_none());
+    }
+
+    #[test]
+    fn a_host_that_fails_every_trial_stops_the_search_early() {
+        let dir = tempfile::tempdir().unwrap();
+        let evaluator = FakeEvaluator {
+            capacity: 3 * 512 * 512,
+            fail_every: 1,
+            crash_batches: Vec::new(),
+            evaluated: Vec::new(),
+        };
+        let (explored, evaluator) =
+            explore_on(evaluator, Objective::KeepCrop, dir.path(), false, &[]);
+        assert_eq!(explored.outcomes.len(), UNJUDGED_BEFORE_GIVING_UP);
+        assert_eq!(evaluator.evaluated.len(), 2 * UNJUDGED_BEFORE_GIVING_UP);
+        assert!(crate::search::run::some_verdict(&explored.outcomes).is_err());
     }
 
     #[test]
@@ -504,6 +594,7 @@ mod tests {
         let mut evaluator = FakeEvaluator {
             capacity: 512 * 512 / 4,
             fail_every: 0,
+            crash_batches: Vec::new(),
             evaluated: Vec::new(),
         };
         let mut journal = Journal::open(dir.path(), "hash", "fake").unwrap();

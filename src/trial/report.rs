@@ -43,6 +43,17 @@ impl TrialStatus {
             TrialStatus::Crash => "crash",
         }
     }
+
+    /// Whether the trial failed for a reason of the host or the moment (its
+    /// RAM or address space, a kill from outside, a hang) rather than of the
+    /// setting it tried: such a failure says nothing about the candidate and
+    /// is tried again, never kept as its verdict.
+    pub fn is_environment(self) -> bool {
+        matches!(
+            self,
+            TrialStatus::HostOom | TrialStatus::Timeout | TrialStatus::Crash
+        )
+    }
 }
 
 /// One training step's figures (bytes relative to the allocator count
@@ -220,7 +231,12 @@ impl TrialReport {
     }
 
     pub fn failed(mut self, status: TrialStatus, message: String) -> TrialReport {
-        self.status = status;
+        let message = without_backtrace(&message);
+        self.status = if status == TrialStatus::Error && is_host_refusal(&message) {
+            TrialStatus::HostOom
+        } else {
+            status
+        };
         self.message = Some(message);
         self.finish();
         self
@@ -278,6 +294,27 @@ impl TrialReport {
     }
 }
 
+/// A libtorch message without the C++ backtrace that `c10::Error` appends
+/// ("Exception raised from ... frame #0: ..."), which says nothing to a user.
+pub fn without_backtrace(message: &str) -> String {
+    let cut = ["\nException raised from", "\\nException raised from"]
+        .iter()
+        .filter_map(|marker| message.find(marker))
+        .min()
+        .unwrap_or(message.len());
+    message[..cut].trim_end().to_string()
+}
+
+/// Whether an error is the host refusing the worker a resource it asked
+/// for (address space under `ulimit -v`, a thread, C++'s `bad_alloc`), not
+/// the step's own failure.
+pub fn is_host_refusal(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("cannot reserve address space")
+        || m.contains("std::bad_alloc")
+        || m.contains("resource temporarily unavailable")
+}
+
 /// Whether a libtorch error message is an out-of-memory error.
 pub fn is_out_of_memory(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
@@ -319,7 +356,7 @@ pub fn one_line_reason(message: &str) -> String {
 
 #[cfg(test)]
 mod reason_tests {
-    use super::one_line_reason;
+    use super::{is_host_refusal, one_line_reason, without_backtrace};
 
     #[test]
     fn a_libtorch_error_is_one_line_without_the_backtrace() {
@@ -339,5 +376,18 @@ mod reason_tests {
             one_line_reason("index out of bounds: the len is 0 but the index is 0"),
             "index out of bounds: the len is 0 but the index is 0"
         );
+    }
+
+    #[test]
+    fn a_failure_message_loses_the_cpp_backtrace() {
+        let raw = "segtune: cannot reserve address space for a meta trace\n\
+                   Exception raised from operator() at src/trial/shim.cpp:845 (most recent call first):\n\
+                   frame #0: c10::Error::Error(...)";
+        assert_eq!(
+            without_backtrace(raw),
+            "segtune: cannot reserve address space for a meta trace"
+        );
+        assert!(is_host_refusal(&without_backtrace(raw)));
+        assert_eq!(without_backtrace("no backtrace here"), "no backtrace here");
     }
 }

@@ -16,6 +16,12 @@ use std::time::{Duration, Instant};
 /// The worker's exit code for input errors (as `segtune`'s).
 pub const EXIT_INPUT_ERROR: i32 = 2;
 
+/// How long `inspect` (a model built, nothing run) may take.
+const INSPECT_DEADLINE: Duration = Duration::from_secs(600);
+
+/// How long the worker may take to count the CUDA devices.
+const DEVICES_DEADLINE: Duration = Duration::from_secs(120);
+
 /// The `segtune-torch` worker binary.
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -101,9 +107,15 @@ impl Worker {
             argv.push("--cfg-options".into());
             argv.extend(cfg_options.iter().map(OsString::from));
         }
-        let run = self.run(&argv, None)?;
+        let run = self.run(&argv, Some(INSPECT_DEADLINE))?;
         if let Some(e) = run.input_error() {
             return Err(e);
+        }
+        if run.timed_out {
+            return Err(Error::Environment(format!(
+                "the inspection gave no answer within {} s; its worker was stopped",
+                INSPECT_DEADLINE.as_secs()
+            )));
         }
         serde_json::from_slice(&run.stdout).map_err(|_| {
             Error::Trial(format!(
@@ -115,8 +127,9 @@ impl Worker {
 
     /// The number of CUDA devices libtorch sees (0 when the worker cannot tell).
     pub fn cuda_devices(&self) -> usize {
-        self.run(&["devices".into()], None)
+        self.run(&["devices".into()], Some(DEVICES_DEADLINE))
             .ok()
+            .filter(|r| !r.timed_out)
             .and_then(|r| String::from_utf8(r.stdout).ok())
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)

@@ -31,8 +31,9 @@ pub struct MeasuredEvaluator {
 fn status_of(status: TrialStatus) -> CandidateStatus {
     match status {
         TrialStatus::Ok => CandidateStatus::Fits,
-        // On a CPU "device", the host's RAM is the device's memory.
-        TrialStatus::Oom | TrialStatus::HostOom => CandidateStatus::Oom,
+        TrialStatus::Oom => CandidateStatus::Oom,
+        // The host's RAM ran out beside the GPU: no answer about the card.
+        TrialStatus::HostOom => CandidateStatus::Environment,
         TrialStatus::Error => CandidateStatus::Error,
         TrialStatus::NonFiniteLoss => CandidateStatus::NonFiniteLoss,
         TrialStatus::Infeasible => CandidateStatus::Infeasible,
@@ -71,7 +72,14 @@ impl Evaluator for MeasuredEvaluator {
         let report = match self.worker.trial(&request, Some(self.timeout)) {
             Ok(r) => r,
             Err(e) => {
-                return TrialRecord::failed(CandidateStatus::Error, e.to_string(), Mode::Measured)
+                // An input error is the candidate's (its config or model);
+                // a worker that cannot start is the host's.
+                let status = if matches!(e, crate::error::Error::Environment(_)) {
+                    CandidateStatus::Environment
+                } else {
+                    CandidateStatus::Error
+                };
+                return TrialRecord::failed(status, e.to_string(), Mode::Measured);
             }
         };
         if report.status != TrialStatus::Ok {

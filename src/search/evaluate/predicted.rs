@@ -56,6 +56,42 @@ fn lerp(pair: (f64, f64), batch: i64) -> f64 {
     pair.0 + (pair.1 - pair.0) * (batch - ba) as f64 / (bb - ba) as f64
 }
 
+/// Why a step could not be traced, as the candidate's status: the step's
+/// own failure (`error`, kept for every candidate that needs the trace) or
+/// no verdict (`timeout`, `crash`, `environment`: the host's RAM, a kill, a
+/// missed deadline; retried, never cached).
+#[derive(Debug, Clone)]
+struct TraceFailure {
+    reason: String,
+    status: CandidateStatus,
+}
+
+impl From<crate::error::Error> for TraceFailure {
+    fn from(e: crate::error::Error) -> TraceFailure {
+        use crate::error::Error;
+        let status = match &e {
+            Error::Unanswered { status, .. } => CandidateStatus::unanswered(*status),
+            Error::Environment(_) => CandidateStatus::Environment,
+            _ => CandidateStatus::Error,
+        };
+        TraceFailure {
+            reason: e.to_string(),
+            status,
+        }
+    }
+}
+
+impl TraceFailure {
+    fn record(&self) -> TrialRecord {
+        TrialRecord::failed(self.status, self.reason.clone(), Mode::Predicted)
+    }
+
+    /// Whether a later candidate may reuse this failure.
+    fn is_verdict(&self) -> bool {
+        self.status.is_verdict()
+    }
+}
+
 /// A traced pair's crop, precision and model knobs.
 type PairKey = ((i64, i64), Amp, ModelKnobs);
 
@@ -66,9 +102,9 @@ type TraceKey = (i64, (i64, i64), Amp, ModelKnobs);
 pub struct PredictedEvaluator {
     budget: Budget,
     tracer: Tracer,
-    pairs: HashMap<PairKey, std::result::Result<TracePair, String>>,
+    pairs: HashMap<PairKey, std::result::Result<TracePair, TraceFailure>>,
     /// Steps traced at a batch below [`TRACED_BATCHES`].
-    small: HashMap<TraceKey, std::result::Result<SmallTrace, String>>,
+    small: HashMap<TraceKey, std::result::Result<SmallTrace, TraceFailure>>,
     traces_run: usize,
     /// Every candidate traced as it is (op-level traces take a second), not
     /// extrapolated from a pair.
@@ -154,14 +190,14 @@ impl PredictedEvaluator {
         crop: (i64, i64),
         amp: Amp,
         knobs: ModelKnobs,
-    ) -> &std::result::Result<TracePair, String> {
+    ) -> std::result::Result<&TracePair, TraceFailure> {
         // fp16 and bf16 keep the same tensors in half precision (2 bytes):
         // one CPU trace (bf16 autocast) stands for both.
         let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
         if !self.pairs.contains_key(&(crop, traced, knobs)) {
-            let mut run = |b: i64| -> std::result::Result<TracedStep, String> {
+            let mut run = |b: i64| -> std::result::Result<TracedStep, TraceFailure> {
                 self.traces_run += 1;
-                (self.tracer)(b, crop, traced, knobs).map_err(|e| e.to_string())
+                (self.tracer)(b, crop, traced, knobs).map_err(TraceFailure::from)
             };
             let (ba, bb) = TRACED_BATCHES;
             let pair = run(ba).and_then(|one| {
@@ -174,9 +210,18 @@ impl PredictedEvaluator {
                     two: two.events,
                 })
             });
+            // The host's failures are not the step's: the next candidate
+            // that needs this pair traces it again.
+            if let Err(e) = &pair {
+                if !e.is_verdict() {
+                    return Err(e.clone());
+                }
+            }
             self.pairs.insert((crop, traced, knobs), pair);
         }
-        &self.pairs[&(crop, traced, knobs)]
+        self.pairs[&(crop, traced, knobs)]
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The step at `batch` (below the traced pair) traced itself.
@@ -186,7 +231,7 @@ impl PredictedEvaluator {
         crop: (i64, i64),
         amp: Amp,
         knobs: ModelKnobs,
-    ) -> &std::result::Result<SmallTrace, String> {
+    ) -> std::result::Result<&SmallTrace, TraceFailure> {
         let traced = if amp == Amp::Off || self.direct {
             amp
         } else {
@@ -203,10 +248,15 @@ impl PredictedEvaluator {
                     events: s.events,
                     calls: s.kernel_calls,
                 })
-                .map_err(|e| e.to_string());
+                .map_err(TraceFailure::from);
+            if let Err(e) = &step {
+                if !e.is_verdict() {
+                    return Err(e.clone());
+                }
+            }
             self.small.insert(key, step);
         }
-        &self.small[&key]
+        self.small[&key].as_ref().map_err(Clone::clone)
     }
 
     /// Step time from FLOPs and bytes against the GPU's peak rates (an
@@ -251,19 +301,17 @@ impl Evaluator for PredictedEvaluator {
             expandable_segments: self.expandable_segments,
             kernels: self.kernels,
         };
-        let failed =
-            |reason: String| TrialRecord::failed(CandidateStatus::Error, reason, Mode::Predicted);
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
             let (events, calls, flops, bytes) =
                 match self.small(c.batch_size, c.crop, c.amp, c.knobs()) {
-                    Err(e) if e.contains(ONE_VALUE_PER_CHANNEL) => {
+                    Err(e) if e.reason.contains(ONE_VALUE_PER_CHANNEL) => {
                         return TrialRecord::failed(
                             CandidateStatus::Infeasible,
-                            format!("cannot train at batch {}: {e}", c.batch_size),
+                            format!("cannot train at batch {}: {}", c.batch_size, e.reason),
                             Mode::Predicted,
                         )
                     }
-                    Err(e) => return failed(e.clone()),
+                    Err(e) => return e.record(),
                     Ok(s) => (
                         s.events.clone(),
                         s.calls.clone(),
@@ -274,7 +322,7 @@ impl Evaluator for PredictedEvaluator {
             return replay_against_budget(&budget, c, (&events, &calls), flops, bytes, mode);
         }
         let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs()) {
-            Err(e) => return failed(e.clone()),
+            Err(e) => return e.record(),
             Ok(p) => {
                 let (ba, bb) = TRACED_BATCHES;
                 // The traced batch sizes replay their own trace, without a copy.
@@ -297,7 +345,9 @@ impl Evaluator for PredictedEvaluator {
         };
         let events = match events {
             Ok(e) => e,
-            Err(e) => return failed(e),
+            Err(e) => {
+                return TrialRecord::failed(CandidateStatus::Error, e, Mode::Predicted);
+            }
         };
         replay_against_budget(&budget, c, (&events, &[]), flops, bytes, mode)
     }
