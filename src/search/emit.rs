@@ -281,14 +281,18 @@ fn write_checked(
             .unwrap_or("segtune"),
         path.extension().and_then(|e| e.to_str()).unwrap_or("py")
     ));
-    std::fs::write(&tmp, text)
-        .map_err(|e| Error::Environment(format!("cannot write {}: {e}", tmp.display())))?;
-    if let Err(e) = check(&tmp) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path)
+    // The temporary never outlives a failure: a full disk leaves nothing.
+    let written = std::fs::write(&tmp, text)
         .map_err(|e| Error::Environment(format!("cannot write {}: {e}", path.display())))
+        .and_then(|()| check(&tmp))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path)
+                .map_err(|e| Error::Environment(format!("cannot write {}: {e}", path.display())))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Writes the winner next to `out_dir`; returns the written paths.
