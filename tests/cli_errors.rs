@@ -308,3 +308,63 @@ fn a_bad_base_variable_points_at_its_line() {
     assert!(err.contains("the bases have no `nope`"), "{err}");
     assert!(err.contains("child.py:3:5"), "{err}");
 }
+
+/// Runs `segtune resolve FILE` with a time limit (a FIFO must not be
+/// opened: that would wait for a writer forever).
+fn resolve_fails_quickly(file: &std::path::Path) -> String {
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .arg("resolve")
+        .arg(file)
+        .timeout(std::time::Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    err
+}
+
+/// A directory, a FIFO, a symbolic link loop and a missing file, made in `d`.
+fn not_config_files(d: &tempfile::TempDir) -> Vec<(&'static str, &'static str)> {
+    std::fs::create_dir(d.path().join("dir.py")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(d.path().join("fifo.py"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::os::unix::fs::symlink("loop.py", d.path().join("loop.py")).unwrap();
+    vec![
+        ("dir.py", "is a directory"),
+        ("fifo.py", "is a FIFO (named pipe)"),
+        ("loop.py", "is a symbolic link loop"),
+        ("missing.py", "does not exist"),
+    ]
+}
+
+#[test]
+fn a_base_that_is_not_a_regular_file_says_what_it_is_at_its_line() {
+    let d = tempfile::tempdir().unwrap();
+    for (name, what) in not_config_files(&d) {
+        let child = write(
+            &d,
+            &format!("child_{name}"),
+            &format!("a = 1\n_base_ = ['./{name}']\n"),
+        );
+        let err = resolve_fails_quickly(&child);
+        let first = err.lines().next().unwrap();
+        assert!(first.contains(&format!("base config `./{name}`")), "{err}");
+        assert!(first.contains(what), "{name}: {err}");
+        assert!(err.contains(&format!("child_{name}:2:")), "{err}");
+    }
+}
+
+#[test]
+fn a_config_argument_that_is_not_a_regular_file_says_what_it_is() {
+    let d = tempfile::tempdir().unwrap();
+    for (name, what) in not_config_files(&d) {
+        let err = resolve_fails_quickly(&d.path().join(name));
+        let first = err.lines().next().unwrap();
+        assert!(first.contains(name) && first.contains(what), "{err}");
+    }
+}

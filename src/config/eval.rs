@@ -691,6 +691,67 @@ const RHAI_RESERVED: &[&str] = &[
 /// megabytes would take minutes.
 pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
+/// Why `path` cannot be read as a config file, if it cannot: it does not
+/// exist, or it is not a regular file (said what it is). Only metadata is
+/// read, never the file: opening a FIFO for reading would block until a
+/// writer comes, and a device can be endless.
+pub fn not_a_regular_file(path: &Path) -> Option<FileProblem> {
+    use std::os::unix::fs::FileTypeExt;
+    let problem = |missing: bool, what: String| Some(FileProblem { missing, what });
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            let t = meta.file_type();
+            let what = if t.is_file() {
+                return None;
+            } else if t.is_dir() {
+                "a directory"
+            } else if t.is_fifo() {
+                "a FIFO (named pipe)"
+            } else if t.is_char_device() || t.is_block_device() {
+                "a device"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "something other than a file"
+            };
+            problem(false, format!("is {what}, not a regular file"))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            problem(false, "is a symbolic link loop".to_string())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match std::fs::read_link(path) {
+                // The link itself is there; what it points to is not.
+                Ok(target) => problem(
+                    true,
+                    format!(
+                        "is a symbolic link to {}, which does not exist",
+                        target.display()
+                    ),
+                ),
+                Err(_) => problem(true, "does not exist".to_string()),
+            }
+        }
+        Err(e) => problem(false, format!("cannot be read: {e}")),
+    }
+}
+
+/// What [`not_a_regular_file`] found.
+#[derive(Debug, Clone)]
+pub struct FileProblem {
+    /// Nothing is there (or a symbolic link points nowhere).
+    pub missing: bool,
+    /// What it is, as the end of a sentence about the path
+    /// ("is a directory, not a regular file", "does not exist").
+    pub what: String,
+}
+
+impl std::fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
 /// Reads a config file (a regular file of at most [`MAX_CONFIG_BYTES`]) or
 /// returns a config error naming it.
 pub fn read_source(path: &Path) -> Result<String, ConfigError> {
@@ -701,16 +762,13 @@ pub fn read_source(path: &Path) -> Result<String, ConfigError> {
             format!("cannot read config {}: {e}", path.display()),
         )
     };
-    let meta = std::fs::metadata(path).map_err(io_error)?;
-    if !meta.is_file() {
+    if let Some(problem) = not_a_regular_file(path) {
         return Err(ConfigError::new(
             ErrorKind::Io,
-            format!(
-                "cannot read config {}: not a regular file (a directory, a device or a pipe)",
-                path.display()
-            ),
+            format!("cannot read config {}: it {problem}", path.display()),
         ));
     }
+    let meta = std::fs::metadata(path).map_err(io_error)?;
     let too_big = |len: u64| {
         ConfigError::new(
             ErrorKind::Limit,

@@ -43,10 +43,10 @@ impl Loader {
     /// value and never imported.
     pub fn load(&mut self, path: &Path) -> Result<Dict, ConfigError> {
         let abs = absolute(path);
-        if !abs.exists() {
+        if let Some(what) = eval::not_a_regular_file(&abs) {
             return Err(ConfigError::new(
                 ErrorKind::Io,
-                format!("config file not found: {}", path.display()),
+                format!("config file {} {what}", path.display()),
             ));
         }
         let cfg = self.load_file(&abs)?;
@@ -147,26 +147,7 @@ impl Loader {
                 Some(loc) if e.location.is_none() => e.at(loc.clone()),
                 _ => e,
             };
-            if rel.contains("::") {
-                return Err(at(ConfigError::new(
-                    ErrorKind::MissingBase,
-                    format!("package-scoped base `{rel}` needs the Python package installed"),
-                )
-                .with_help(
-                    "copy the base config next to yours and use a relative path",
-                )));
-            }
-            let base_path = normalize(&eval::config_dir(abs).join(rel));
-            if !base_path.is_file() {
-                return Err(at(ConfigError::new(
-                    ErrorKind::MissingBase,
-                    format!(
-                        "base config `{rel}` not found (looked for {})",
-                        base_path.display()
-                    ),
-                )
-                .with_help("`_base_` paths are relative to the file that names them")));
-            }
+            let base_path = base_file(abs, rel).map_err(at)?;
             let child = self.node(&base_path);
             if let Some(cycle) = self.cycle_through(me, child) {
                 return Err(at(ConfigError::new(
@@ -235,6 +216,39 @@ impl Loader {
             .map(|n| self.graph[*n].display().to_string())
             .collect();
         Some(names.join(" -> "))
+    }
+}
+
+/// Where `_base_` entry `rel` of `abs` points, if that is a regular file.
+/// Its type is read before anything opens it: opening a FIFO for reading
+/// would wait for a writer forever.
+fn base_file(abs: &Path, rel: &str) -> Result<PathBuf, ConfigError> {
+    if rel.contains("::") {
+        return Err(ConfigError::new(
+            ErrorKind::MissingBase,
+            format!("package-scoped base `{rel}` needs the Python package installed"),
+        )
+        .with_help("copy the base config next to yours and use a relative path"));
+    }
+    let base_path = normalize(&eval::config_dir(abs).join(rel));
+    match eval::not_a_regular_file(&base_path) {
+        None => Ok(base_path),
+        Some(problem) => {
+            // "not found" for a missing file: the words users know.
+            let what = if problem.missing {
+                "not found"
+            } else {
+                "is not a config file"
+            };
+            Err(ConfigError::new(
+                ErrorKind::MissingBase,
+                format!(
+                    "base config `{rel}` {what}: {} {problem}",
+                    base_path.display()
+                ),
+            )
+            .with_help("`_base_` paths are relative to the file that names them"))
+        }
     }
 }
 
