@@ -309,6 +309,80 @@ fn a_bad_base_variable_points_at_its_line() {
     assert!(err.contains("child.py:3:5"), "{err}");
 }
 
+/// The first line of `err` names the files in `order`, in that order, and
+/// ends where it started.
+fn assert_chain(err: &str, order: &[&str]) {
+    let line = err.lines().next().unwrap();
+    let mut from = 0;
+    for name in order {
+        let at = line[from..]
+            .find(&format!("/{name}"))
+            .unwrap_or_else(|| panic!("`{name}` after byte {from} of: {line}"));
+        from += at + 1;
+    }
+    assert!(line.trim_end().ends_with(order[0]), "{line}");
+}
+
+#[test]
+fn a_rhai_config_importing_itself_is_an_import_cycle() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(
+        &d,
+        "me.rhai",
+        "let a = 1;\nimport \"me\" as me;\nlet b = 2;\n",
+    );
+    let err = resolve_fails(&f);
+    assert!(err.starts_with("error: `import` cycle: "), "{err}");
+    assert_chain(&err, &["me.rhai", "me.rhai"]);
+    assert!(err.contains("me.rhai:2:"), "{err}");
+    assert!(err.contains("import \"me\" as me;"), "{err}");
+}
+
+#[test]
+fn rhai_configs_importing_each_other_are_an_import_cycle() {
+    let d = tempfile::tempdir().unwrap();
+    let a = write(&d, "a.rhai", "import \"b\" as b;\nlet x = b::y;\n");
+    write(
+        &d,
+        "b.rhai",
+        "// b\nimport \"a\" as a;\nexport const y = 1;\n",
+    );
+    let err = resolve_fails(&a);
+    assert!(err.starts_with("error: `import` cycle: "), "{err}");
+    assert_chain(&err, &["a.rhai", "b.rhai", "a.rhai"]);
+    // The import that closes the cycle.
+    assert!(err.contains("b.rhai:2:"), "{err}");
+}
+
+/// A cycle through both kinds of edge: an `import` and `_base_` entries
+/// of a `.py` config, either way round.
+#[test]
+fn an_import_that_comes_back_through_python_bases_is_a_cycle() {
+    // a.rhai imports m.rhai, whose base c.py lists a.rhai as its base.
+    let d = tempfile::tempdir().unwrap();
+    let a = write(&d, "a.rhai", "import \"m\" as m;\nlet x = 1;\n");
+    write(
+        &d,
+        "m.rhai",
+        "let _base_ = [\"c.py\"];\nexport const y = 2;\n",
+    );
+    write(&d, "c.py", "z = 3\n_base_ = ['a.rhai']\n");
+    let err = resolve_fails(&a);
+    assert!(err.starts_with("error: `_base_`/`import` cycle: "), "{err}");
+    assert_chain(&err, &["a.rhai", "m.rhai", "c.py", "a.rhai"]);
+    assert!(err.contains("c.py:2:"), "{err}");
+
+    // a.rhai inherits c.py, whose base m.rhai imports a.rhai.
+    let d = tempfile::tempdir().unwrap();
+    let a = write(&d, "a.rhai", "let _base_ = \"c.py\";\nlet x = 1;\n");
+    write(&d, "c.py", "_base_ = ['m.rhai']\n");
+    write(&d, "m.rhai", "let y = 2;\nimport \"a\" as a;\n");
+    let err = resolve_fails(&a);
+    assert!(err.starts_with("error: `_base_`/`import` cycle: "), "{err}");
+    assert_chain(&err, &["a.rhai", "c.py", "m.rhai", "a.rhai"]);
+    assert!(err.contains("m.rhai:2:"), "{err}");
+}
+
 /// Runs `segtune resolve FILE` with a time limit (a FIFO must not be
 /// opened: that would wait for a writer forever).
 fn resolve_fails_quickly(file: &std::path::Path) -> String {

@@ -199,6 +199,33 @@ let lr = 6e-5;
     assert_eq!(resolve(&p).get_path("vram"), Some(&Value::Int(4096)));
 }
 
+/// A `.rhai` module next to the config (or below it) is a file like a
+/// config: its `_base_` is loaded and bound, its own imports are relative
+/// to it, and a module two others import (a diamond, not a cycle) is
+/// loaded once.
+#[test]
+fn imported_rhai_modules_load_their_bases_and_imports() {
+    let d = Dir::new();
+    d.file("lib/sizes.py", "crop_size = (512, 1024)\n");
+    d.file(
+        "lib/common.rhai",
+        "let _base_ = \"sizes.py\";\nexport const short = _base_.crop_size[0];\nfn twice(x) { x * 2 }\n",
+    );
+    d.file(
+        "lib/left.rhai",
+        "import \"common\" as c;\nexport const left = c::twice(c::short);\n",
+    );
+    d.file(
+        "lib/right.rhai",
+        "import \"common\" as c;\nexport const right = c::short + 1;\n",
+    );
+    let top = d.file(
+        "top.rhai",
+        "import \"lib/left\" as l;\nimport \"lib/right\" as r;\nlet sizes = [l::left, r::right];\n",
+    );
+    assert_same(&resolve(&top), &expect(r#"{"sizes": [1024, 513]}"#));
+}
+
 #[test]
 fn rhai_dump_evaluates_back_to_the_same_config() {
     let d = Dir::new();

@@ -6,6 +6,7 @@
 use super::budget;
 use super::error::{ConfigError, ErrorKind};
 use super::guarded;
+use super::imports;
 use super::presets;
 use super::pyops::{self, BinOp, CmpOp, PyError};
 use super::value::{python_repr, python_str, Dict, Value};
@@ -292,9 +293,20 @@ fn call_method(recv: &Value, name: &str, args: &[Value]) -> Result<Value, PyErro
     }
 }
 
-/// Builds the engine that evaluates configs of `config_dir` (used to find
-/// `import`ed `.rhai` modules next to the config before the shipped presets).
-pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
+/// Builds the engine that evaluates configs; its `import` finds only the
+/// shipped presets (the engine of a script that may import `.rhai` files
+/// is [`engine_importing`]).
+pub fn engine(limits: Limits) -> Engine {
+    engine_with(limits, imports::ModuleResolver::presets_only())
+}
+
+/// The engine that runs `importer`'s script: an `import` of a `.rhai` file
+/// next to it is loaded by the importer's loader, which refuses cycles.
+pub(super) fn engine_importing(limits: Limits, importer: imports::Importer) -> Engine {
+    engine_with(limits, imports::ModuleResolver::new(importer))
+}
+
+fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
     use rhai::packages::{self, Package};
     // Rhai's standard library without blobs and clocks (no config needs
     // them; a blob is built from a size argument in one call).
@@ -320,9 +332,7 @@ pub fn engine(limits: Limits, config_dir: Option<&Path>) -> Engine {
         .set_max_modules(limits.max_modules);
     engine.on_progress(|_| budget::exceeded().then(|| Dynamic::from(BudgetExceeded)));
     guarded::register(&mut engine);
-    engine.set_module_resolver(presets::ModuleResolver::new(
-        config_dir.map(Path::to_path_buf),
-    ));
+    engine.set_module_resolver(resolver);
     // `print` and `debug` in a config must not write into `segtune
     // resolve`'s output (or break `--json`): both go to stderr.
     engine.on_print(|text| eprintln!("{text}"));
@@ -579,6 +589,11 @@ pub fn run(
 pub fn rhai_error(e: &EvalAltResult) -> ConfigError {
     use EvalAltResult as E;
     match e {
+        // A config error raised inside Rhai (an `import` that closes a
+        // cycle, or fails in the imported file): already located.
+        E::ErrorRuntime(payload, _) if payload.is::<ConfigError>() => {
+            payload.clone().cast::<ConfigError>()
+        }
         E::ErrorRuntime(payload, _) if payload.is::<PyError>() => {
             let py = payload.clone().cast::<PyError>();
             let kind = if py.is_limit() { ErrorKind::Limit } else { ErrorKind::Evaluation };

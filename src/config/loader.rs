@@ -1,9 +1,14 @@
 //! The loader: `Config.fromfile` for one file and everything it inherits.
 //! Each file is read, substituted, prepared and evaluated on its own, after
 //! its `_base_` files, which are loaded first (once each: a file's value
-//! depends only on its path) and merged in order. `_base_` inheritance forms
-//! a DAG kept in a `petgraph` graph; a cycle is an error that names it
-//! (MMEngine itself overflows its stack).
+//! depends only on its path) and merged in order.
+//!
+//! Files depend on each other in two ways: a `_base_` entry, and a Rhai
+//! `import` of a `.rhai` module ([`super::imports`]). Both kinds of edge go
+//! into one `petgraph` graph as they are followed, and an edge that would
+//! close a cycle is refused with an error naming the whole chain (MMEngine
+//! itself, and Rhai's own module loading, recurse until the stack
+//! overflows).
 
 use super::error::{ConfigError, ErrorKind, Location};
 use super::eval::{self, Limits};
@@ -14,28 +19,60 @@ use super::value::Dict;
 use petgraph::graph::{DiGraph, NodeIndex};
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Top-level keys MMEngine's `Config` refuses.
 pub const RESERVED_KEYS: &[&str] = &["filename", "text", "pretty_text", "env_variables"];
 const DEPRECATION_KEY: &str = "_deprecation_";
 
+/// How one file depends on another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// The file names the other in its `_base_`.
+    Base,
+    /// The file's Rhai script `import`s the other.
+    Import,
+}
+
 /// Loads config files, sharing evaluated files between loads (a file's
 /// value depends only on its own path, so caching is exact).
+///
+/// Cloning gives another handle on the same caches and graph: the module
+/// resolver of every engine the loader starts holds one, so that an
+/// `import` met while a file is evaluated is loaded (and checked for
+/// cycles) by the same loader. The state sits behind a mutex (Rhai's
+/// resolvers must be `Sync`) that is only held for a lookup or an insert,
+/// never while a file is evaluated, so re-entering is safe.
+#[derive(Clone)]
 pub struct Loader {
     limits: Limits,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
     files: HashMap<PathBuf, Arc<Dict>>,
-    graph: DiGraph<PathBuf, ()>,
+    modules: HashMap<PathBuf, rhai::Shared<rhai::Module>>,
+    graph: DiGraph<PathBuf, Link>,
     nodes: HashMap<PathBuf, NodeIndex>,
+}
+
+impl State {
+    fn node(&mut self, path: &Path) -> NodeIndex {
+        if let Some(n) = self.nodes.get(path) {
+            return *n;
+        }
+        let n = self.graph.add_node(path.to_path_buf());
+        self.nodes.insert(path.to_path_buf(), n);
+        n
+    }
 }
 
 impl Loader {
     pub fn new(limits: Limits) -> Loader {
         Loader {
             limits,
-            files: HashMap::new(),
-            graph: DiGraph::new(),
-            nodes: HashMap::new(),
+            state: Arc::new(Mutex::new(State::default())),
         }
     }
 
@@ -63,24 +100,34 @@ impl Loader {
         Ok((*cfg).clone())
     }
 
-    /// The inheritance graph of every file loaded so far (edge: file -> base).
-    pub fn graph(&self) -> &DiGraph<PathBuf, ()> {
-        &self.graph
+    pub(super) fn limits(&self) -> Limits {
+        self.limits
     }
 
-    fn node(&mut self, path: &Path) -> NodeIndex {
-        if let Some(n) = self.nodes.get(path) {
-            return *n;
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held left no half-made entry behind
+        // (each update is one insert), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that `from` depends on `to`, or refuses the edge if it
+    /// would close a cycle (the error names the chain; the caller adds the
+    /// location of the `_base_` entry or the `import`).
+    pub(super) fn link(&self, from: &Path, to: &Path, link: Link) -> Result<(), ConfigError> {
+        let mut state = self.state();
+        let (a, b) = (state.node(from), state.node(to));
+        if let Some(error) = cycle_through(&state.graph, a, b, link) {
+            return Err(error);
         }
-        let n = self.graph.add_node(path.to_path_buf());
-        self.nodes.insert(path.to_path_buf(), n);
-        n
+        state.graph.update_edge(a, b, link);
+        Ok(())
     }
 
     /// One file merged over its bases, `__`-names dropped; cached by path.
-    fn load_file(&mut self, abs: &Path) -> Result<Arc<Dict>, ConfigError> {
-        if let Some(done) = self.files.get(abs) {
-            return Ok(done.clone());
+    fn load_file(&self, abs: &Path) -> Result<Arc<Dict>, ConfigError> {
+        let cached = self.state().files.get(abs).cloned();
+        if let Some(done) = cached {
+            return Ok(done);
         }
         let kind = FileKind::of(abs)?;
         let raw = eval::read_source(abs)?;
@@ -106,7 +153,7 @@ impl Loader {
         let prepared = Prepared::new(kind, abs, &source, self.limits)?;
         let base = self.load_bases(abs, &prepared.bases)?;
 
-        let (mut cfg, base) = prepared.evaluate(abs, &source, base, self.limits)?;
+        let (mut cfg, base) = prepared.evaluate(abs, &source, base, self)?;
         cfg.shift_remove(DEPRECATION_KEY);
         if !placeholders.is_empty() {
             cfg = substitute::substitute_base_vars(cfg, &placeholders, &base).map_err(|e| {
@@ -132,14 +179,30 @@ impl Loader {
             .filter(|(k, _)| !k.starts_with("__"))
             .collect();
         let merged = Arc::new(merged);
-        self.files.insert(abs.to_path_buf(), merged.clone());
+        self.state().files.insert(abs.to_path_buf(), merged.clone());
         Ok(merged)
+    }
+
+    /// The Rhai module `abs` (a `.rhai` file some script imports), its
+    /// `_base_` loaded and bound as in a config; cached by path.
+    pub(super) fn module(&self, abs: &Path) -> Result<rhai::Shared<rhai::Module>, ConfigError> {
+        let cached = self.state().modules.get(abs).cloned();
+        if let Some(done) = cached {
+            return Ok(done);
+        }
+        let source = eval::read_source(abs)?;
+        let prepared = Prepared::new(FileKind::Rhai, abs, &source, self.limits)?;
+        let base = self.load_bases(abs, &prepared.bases)?;
+        let module = rhai::Shared::new(prepared.evaluate_module(abs, &source, base, self)?);
+        self.state()
+            .modules
+            .insert(abs.to_path_buf(), module.clone());
+        Ok(module)
     }
 
     /// Loads `abs`'s bases, in order, into one dict. Sibling bases must not
     /// bind the same top-level name: MMEngine refuses that too.
-    fn load_bases(&mut self, abs: &Path, bases: &Bases) -> Result<Dict, ConfigError> {
-        let me = self.node(abs);
+    pub(super) fn load_bases(&self, abs: &Path, bases: &Bases) -> Result<Dict, ConfigError> {
         let mut base = Dict::new();
         let mut owner: HashMap<String, PathBuf> = HashMap::new();
         for rel in &bases.paths {
@@ -148,17 +211,7 @@ impl Loader {
                 _ => e,
             };
             let base_path = base_file(abs, rel).map_err(at)?;
-            let child = self.node(&base_path);
-            if let Some(cycle) = self.cycle_through(me, child) {
-                return Err(at(ConfigError::new(
-                    ErrorKind::BaseCycle,
-                    format!("`_base_` cycle: {cycle}"),
-                )
-                .with_help(
-                    "a config cannot inherit from itself, directly or through its bases",
-                )));
-            }
-            self.graph.update_edge(me, child, ());
+            self.link(abs, &base_path, Link::Base).map_err(at)?;
             let loaded = self
                 .load_file(&base_path)
                 .map_err(|e| e.included_from(abs))?;
@@ -187,35 +240,6 @@ impl Loader {
             }
         }
         Ok(base)
-    }
-
-    /// If adding edge `from -> to` closes a cycle, the cycle as text.
-    fn cycle_through(&self, from: NodeIndex, to: NodeIndex) -> Option<String> {
-        if from == to {
-            let p = self.graph[from].display().to_string();
-            return Some(format!("{p} -> {p}"));
-        }
-        if !petgraph::algo::has_path_connecting(&self.graph, to, from, None) {
-            return None;
-        }
-        // `to ... from`: closing it with the new edge `from -> to` makes the cycle.
-        let mut cycle: Vec<NodeIndex> = petgraph::algo::all_simple_paths::<
-            Vec<_>,
-            _,
-            std::hash::RandomState,
-        >(&self.graph, to, from, 0, None)
-        .next()?;
-        // Start at the file loaded first (usually the one the user named).
-        let first = (0..cycle.len())
-            .min_by_key(|i| cycle[*i].index())
-            .unwrap_or(0);
-        cycle.rotate_left(first);
-        cycle.push(cycle[0]);
-        let names: Vec<String> = cycle
-            .iter()
-            .map(|n| self.graph[*n].display().to_string())
-            .collect();
-        Some(names.join(" -> "))
     }
 }
 
@@ -252,6 +276,67 @@ fn base_file(abs: &Path, rel: &str) -> Result<PathBuf, ConfigError> {
     }
 }
 
+/// If adding edge `from -> to` (a `link`) closes a cycle, the error that
+/// names it.
+fn cycle_through(
+    graph: &DiGraph<PathBuf, Link>,
+    from: NodeIndex,
+    to: NodeIndex,
+    link: Link,
+) -> Option<ConfigError> {
+    let mut cycle: Vec<NodeIndex> = if from == to {
+        vec![from]
+    } else if petgraph::algo::has_path_connecting(graph, to, from, None) {
+        // `to ... from`: closing it with the new edge `from -> to` makes the cycle.
+        petgraph::algo::all_simple_paths::<Vec<_>, _, std::hash::RandomState>(
+            graph, to, from, 0, None,
+        )
+        .next()?
+    } else {
+        return None;
+    };
+    // Start at the file loaded first (usually the one the user named).
+    let first = (0..cycle.len())
+        .min_by_key(|i| cycle[*i].index())
+        .unwrap_or(0);
+    cycle.rotate_left(first);
+    cycle.push(cycle[0]);
+    let kinds: Vec<Link> = cycle
+        .windows(2)
+        .map(|pair| match graph.find_edge(pair[0], pair[1]) {
+            Some(e) if (pair[0], pair[1]) != (from, to) => graph[e],
+            _ => link,
+        })
+        .collect();
+    let names: Vec<String> = cycle
+        .iter()
+        .map(|n| graph[*n].display().to_string())
+        .collect();
+    let (what, help) = if kinds.iter().all(|k| *k == Link::Base) {
+        (
+            "`_base_` cycle",
+            "a config cannot inherit from itself, directly or through its bases",
+        )
+    } else if kinds.iter().all(|k| *k == Link::Import) {
+        (
+            "`import` cycle",
+            "a Rhai module cannot import itself, directly or through the modules it imports",
+        )
+    } else {
+        (
+            "`_base_`/`import` cycle",
+            "a config cannot depend on itself through the files it inherits from (`_base_`) or imports",
+        )
+    };
+    Some(
+        ConfigError::new(
+            ErrorKind::BaseCycle,
+            format!("{what}: {}", names.join(" -> ")),
+        )
+        .with_help(help),
+    )
+}
+
 /// `osp.abspath`: absolute and lexically normalised (symlinks kept).
 pub fn absolute(path: &Path) -> PathBuf {
     let joined = if path.is_absolute() {
@@ -262,7 +347,7 @@ pub fn absolute(path: &Path) -> PathBuf {
     normalize(&joined)
 }
 
-fn normalize(path: &Path) -> PathBuf {
+pub(super) fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in path.components() {
         match c {

@@ -6,7 +6,8 @@
 //!
 //! The layer, in the order a config goes through it:
 //! - `loader`: [`Loader`] reads a file after its `_base_` files (once each,
-//!   refusing cycles) and merges it over them;
+//!   refusing cycles through `_base_` and `import`) and merges it over
+//!   them; `imports` loads the `.rhai` modules a Rhai config imports;
 //! - `substitute`: the text substitutions MMEngine makes in a Python config
 //!   (`{{ fileDirname }}`, `{{'$ENV:default'}}`, `{{_base_.x}}`);
 //! - `prepare`: per language, reads a file's `_base_` list and compiles it:
@@ -16,7 +17,7 @@
 //! - [`merge`]: `_merge_a_into_b`, `_delete_` and `--cfg-options`;
 //! - [`value`] and [`error`]: the values and the diagnostics all of these
 //!   share; [`dump`] writes a resolved config back out; [`presets`] are the
-//!   modules a Rhai config may `import`.
+//!   shipped modules a Rhai config may `import`.
 
 pub mod budget;
 pub mod dump;
@@ -24,6 +25,7 @@ pub mod error;
 pub mod eval;
 mod guarded;
 pub mod hf;
+mod imports;
 mod loader;
 pub mod merge;
 mod prepare;
@@ -101,6 +103,6 @@ fn evaluate_source_here(path: &Path, source: &str) -> Result<Dict, ConfigError> 
             "evaluate_source takes configs without `_base_`",
         ));
     }
-    let (cfg, _) = prepared.evaluate(path, source, Dict::new(), limits)?;
+    let (cfg, _) = prepared.evaluate(path, source, Dict::new(), &Loader::new(limits))?;
     Ok(cfg)
 }

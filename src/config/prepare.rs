@@ -7,6 +7,8 @@
 
 use super::error::{ConfigError, ErrorKind, Location};
 use super::eval::{self, Limits};
+use super::imports::Importer;
+use super::loader::Loader;
 use super::translate::{self, BASE_KEY};
 use super::value::{Dict, Value};
 use rhai::{Dynamic, Scope};
@@ -84,7 +86,7 @@ impl Prepared {
                 use rustpython_parser::ast::Ranged;
                 let location = Location::from_offset(abs, source, usize::from(expr.start()));
                 let code = translate::translate_expression(abs, source, expr)?;
-                let engine = eval::engine(limits, None);
+                let engine = eval::engine(limits);
                 let value = engine
                     .eval_expression::<Dynamic>(&code)
                     .or_else(|_| engine.eval::<Dynamic>(&code))
@@ -96,7 +98,7 @@ impl Prepared {
             }
         };
         let translation = translate::translate_module(abs, source, &stmts)?;
-        let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
+        let engine = eval::engine(limits);
         let script = engine.compile(&translation.script).map_err(|e| {
             let line = e.position().line().unwrap_or(1);
             let offset = translation.line_offsets.get(line - 1).copied().unwrap_or(0);
@@ -133,7 +135,7 @@ impl Prepared {
     }
 
     fn rhai(abs: &Path, source: &str, limits: Limits) -> Result<Prepared, ConfigError> {
-        let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
+        let engine = eval::engine(limits);
         let ast = engine.compile(source).map_err(|e| {
             let (line, column) = (
                 e.position().line().unwrap_or(1),
@@ -208,26 +210,41 @@ impl Prepared {
         }
     }
 
-    /// Runs the file with `_base_` bound to its merged bases; returns the
-    /// file's own names and the (possibly mutated through `_base_`) bases.
-    pub(super) fn evaluate(
-        &self,
-        abs: &Path,
-        source: &str,
-        base: Dict,
-        limits: Limits,
-    ) -> Result<(Dict, Dict), ConfigError> {
-        let engine = eval::engine(limits, Some(&eval::config_dir(abs)));
-        let mut scope = Scope::new();
-        scope.push(BASE_KEY, eval::to_dynamic(&Value::Dict(base)));
-        let (ast, line_offsets) = match &self.body {
+    /// The engine that runs this file: a Rhai script may `import` `.rhai`
+    /// files, which `loader` loads (a translated Python file never imports).
+    fn engine(&self, abs: &Path, source: &str, loader: &Loader) -> rhai::Engine {
+        match &self.body {
+            Body::Python { .. } => eval::engine(loader.limits()),
+            Body::Rhai { .. } => eval::engine_importing(
+                loader.limits(),
+                Importer {
+                    file: abs.to_path_buf(),
+                    source: source.into(),
+                    loader: loader.clone(),
+                },
+            ),
+        }
+    }
+
+    /// The script, and for a translated Python file the byte offset of the
+    /// Python statement behind each Rhai line.
+    fn script(&self) -> (&rhai::AST, Option<&[usize]>) {
+        match &self.body {
             Body::Python {
                 script,
                 line_offsets,
             } => (script, Some(line_offsets)),
             Body::Rhai { script } => (script, None),
-        };
-        let locate = |pos: rhai::Position| match line_offsets {
+        }
+    }
+
+    /// Places a Rhai failure at its line of the file, unless it already
+    /// has a place (a failure inside an imported file).
+    fn locate(&self, abs: &Path, source: &str, e: ConfigError, pos: rhai::Position) -> ConfigError {
+        if pos.is_none() || e.location.is_some() {
+            return e;
+        }
+        let at = match self.script().1 {
             Some(offsets) => {
                 let line = pos.line().unwrap_or(1);
                 Location::from_offset(abs, source, offsets.get(line - 1).copied().unwrap_or(0))
@@ -239,13 +256,23 @@ impl Prepared {
                 pos.position().unwrap_or(1),
             ),
         };
-        eval::run(&engine, &mut scope, ast).map_err(|(e, pos)| {
-            if pos.is_none() {
-                e
-            } else {
-                e.at(locate(pos))
-            }
-        })?;
+        e.at(at)
+    }
+
+    /// Runs the file with `_base_` bound to its merged bases; returns the
+    /// file's own names and the (possibly mutated through `_base_`) bases.
+    pub(super) fn evaluate(
+        &self,
+        abs: &Path,
+        source: &str,
+        base: Dict,
+        loader: &Loader,
+    ) -> Result<(Dict, Dict), ConfigError> {
+        let engine = self.engine(abs, source, loader);
+        let mut scope = Scope::new();
+        scope.push(BASE_KEY, eval::to_dynamic(&Value::Dict(base)));
+        eval::run(&engine, &mut scope, self.script().0)
+            .map_err(|(e, pos)| self.locate(abs, source, e, pos))?;
         let cfg = eval::collect_scope(&scope, &[BASE_KEY]).map_err(|(name, e)| {
             let line = binding_line(source, &name).unwrap_or(1);
             ConfigError::new(ErrorKind::Evaluation, e.to_string())
@@ -267,6 +294,24 @@ impl Prepared {
             }
         };
         Ok((cfg, base))
+    }
+
+    /// Runs an imported `.rhai` file as a Rhai module, with `_base_` bound
+    /// to its merged bases as in a config; the module holds what it exports.
+    pub(super) fn evaluate_module(
+        &self,
+        abs: &Path,
+        source: &str,
+        base: Dict,
+        loader: &Loader,
+    ) -> Result<rhai::Module, ConfigError> {
+        let engine = self.engine(abs, source, loader);
+        let mut scope = Scope::new();
+        scope.push(BASE_KEY, eval::to_dynamic(&Value::Dict(base)));
+        rhai::Module::eval_ast_as_new(scope, self.script().0, &engine).map_err(|e| {
+            let pos = e.position();
+            self.locate(abs, source, eval::rhai_error(&e), pos)
+        })
     }
 }
 

@@ -1,13 +1,10 @@
-//! GPU presets (`presets/*.rhai`, embedded in the binary) and the Rhai
-//! module resolver that lets a `.rhai` config `import "rtx3050ti" as gpu;`.
-//!
-//! An `import` path is looked up first as a `.rhai` file relative to the
-//! importing config's directory, then among the shipped presets.
+//! GPU presets (`presets/*.rhai`, embedded in the binary), which a `.rhai`
+//! config imports as modules (`import "rtx3050ti" as gpu;`, resolved by
+//! [`super::imports`]) and `--preset` names.
 
 use super::error::{ConfigError, ErrorKind};
 use super::value::{Dict, Value};
-use rhai::{Engine, EvalAltResult, Module, Position, Scope, Shared};
-use std::path::{Path, PathBuf};
+use rhai::{Engine, EvalAltResult, Module, Scope};
 
 /// Shipped presets: canonical name and source.
 const PRESETS: &[(&str, &str)] = &[
@@ -32,7 +29,8 @@ pub fn names() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _)| *n).collect()
 }
 
-fn source_of(name: &str) -> Option<(&'static str, &'static str)> {
+/// The canonical name and source of preset `name` (or an alias of it).
+pub(super) fn source_of(name: &str) -> Option<(&'static str, &'static str)> {
     let key = name.trim_end_matches(".rhai").to_ascii_lowercase();
     let canonical = ALIASES
         .iter()
@@ -65,55 +63,15 @@ pub fn load(name: &str) -> Result<Dict, ConfigError> {
     Ok(out)
 }
 
-fn compile_module(engine: &Engine, source: &str, id: &str) -> Result<Module, Box<EvalAltResult>> {
+/// Evaluates a preset's source as a Rhai module.
+pub(super) fn compile_module(
+    engine: &Engine,
+    source: &str,
+    id: &str,
+) -> Result<Module, Box<EvalAltResult>> {
     let mut ast = engine.compile(source)?;
     ast.set_source(id);
     Module::eval_ast_as_new(Scope::new(), &ast, engine)
-}
-
-/// Resolves `import` paths for config scripts.
-pub struct ModuleResolver {
-    config_dir: Option<PathBuf>,
-}
-
-impl ModuleResolver {
-    pub fn new(config_dir: Option<PathBuf>) -> ModuleResolver {
-        ModuleResolver { config_dir }
-    }
-
-    fn local_file(&self, path: &str) -> Option<PathBuf> {
-        let dir = self.config_dir.as_deref().unwrap_or(Path::new("."));
-        let candidate = dir.join(path);
-        let with_ext = if candidate.extension().is_some_and(|e| e == "rhai") {
-            candidate
-        } else {
-            dir.join(format!("{path}.rhai"))
-        };
-        with_ext.is_file().then_some(with_ext)
-    }
-}
-
-impl rhai::ModuleResolver for ModuleResolver {
-    fn resolve(
-        &self,
-        engine: &Engine,
-        _source: Option<&str>,
-        path: &str,
-        pos: Position,
-    ) -> Result<Shared<Module>, Box<EvalAltResult>> {
-        let not_found = || Box::new(EvalAltResult::ErrorModuleNotFound(path.to_string(), pos));
-        let module = if let Some(file) = self.local_file(path) {
-            let text = std::fs::read_to_string(&file).map_err(|_| not_found())?;
-            compile_module(engine, &text, &file.display().to_string())
-        } else if let Some((name, source)) = source_of(path) {
-            compile_module(engine, source, name)
-        } else {
-            return Err(not_found());
-        };
-        module
-            .map(Shared::new)
-            .map_err(|e| Box::new(EvalAltResult::ErrorInModule(path.to_string(), e, pos)))
-    }
 }
 
 /// A preset's VRAM in bytes (nvidia-smi's MiB are binary).
