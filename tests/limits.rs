@@ -254,3 +254,34 @@ fn a_config_value_of_two_million_items_is_a_limit_error() {
     assert!(err.contains("more than 1048576 values"), "{err}");
     println!("a 2 097 152-item value refused in {seconds:.2} s");
 }
+
+/// A list nested 99 deep resolves; one nested 101 deep is the nesting
+/// error (it used to be Rhai's "maximum complexity" from 85 levels on).
+#[test]
+fn a_99_deep_list_resolves_and_101_deep_is_the_nesting_error() {
+    let d = tempfile::tempdir().unwrap();
+    let nested = |n: usize| format!("a = 1\nx = {}1{}\n", "[".repeat(n), "]".repeat(n));
+    let f = write(&d, "deep99.py", &nested(99));
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = write(&d, "deep101.py", &nested(101));
+    let (err, _) = resolve_fails(&f);
+    assert!(
+        err.starts_with("error: this expression is nested more than 100 levels deep"),
+        "{err}"
+    );
+    assert!(err.contains("deep101.py:2:"), "{err}");
+    // A flat chain that Rhai nests (`1 and 1 and ...`) counts the same.
+    let f = write(&d, "chain.py", &format!("x = 1{}\n", " and 1".repeat(150)));
+    let (err, _) = resolve_fails(&f);
+    assert!(err.contains("nested more than 100 levels deep"), "{err}");
+}

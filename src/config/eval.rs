@@ -33,6 +33,20 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The limits for a script translated from Python, whose nesting the
+    /// translator bounds (Rhai's expression depth is raised to match it:
+    /// [`super::translate::TRANSLATED_EXPR_DEPTH`]).
+    pub fn translated(self) -> Limits {
+        Limits {
+            max_expr_depth: self
+                .max_expr_depth
+                .max(super::translate::TRANSLATED_EXPR_DEPTH),
+            ..self
+        }
+    }
+}
+
 /// Why Rhai stopped a config: it held more than its memory budget.
 #[derive(Debug, Clone, Copy)]
 struct BudgetExceeded;

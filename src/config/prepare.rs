@@ -76,6 +76,7 @@ impl Prepared {
     }
 
     fn python(abs: &Path, source: &str, limits: Limits) -> Result<Prepared, ConfigError> {
+        let limits = limits.translated();
         let stmts = translate::parse(abs, source)?;
         let bases = match translate::base_expression(&stmts) {
             None => Bases {
@@ -102,11 +103,26 @@ impl Prepared {
         let script = engine.compile(&translation.script).map_err(|e| {
             let line = e.position().line().unwrap_or(1);
             let offset = translation.line_offsets.get(line - 1).copied().unwrap_or(0);
+            let at = Location::from_offset(abs, source, offset);
+            if matches!(e.err_type(), rhai::ParseErrorType::ExprTooDeep) {
+                // Not expected (the translator's bound comes first), but
+                // if a construct nests deeper in Rhai than allowed for, it
+                // is still the nesting, said as the translator says it.
+                return ConfigError::new(
+                    ErrorKind::Limit,
+                    format!(
+                        "this expression is nested more than {} levels deep",
+                        translate::MAX_EXPR_NESTING
+                    ),
+                )
+                .at(at)
+                .with_help("split it into several assignments");
+            }
             ConfigError::new(
                 ErrorKind::Unsupported,
                 format!("segtune could not translate this statement to Rhai ({e})"),
             )
-            .at(Location::from_offset(abs, source, offset))
+            .at(at)
             .with_help(
                 "please report this config to segtune; meanwhile rewrite the statement more simply",
             )
@@ -141,11 +157,24 @@ impl Prepared {
                 e.position().line().unwrap_or(1),
                 e.position().position().unwrap_or(1),
             );
+            let at = Location::from_line_column(abs, source, line, column);
+            if matches!(e.err_type(), rhai::ParseErrorType::ExprTooDeep) {
+                return ConfigError::new(
+                    ErrorKind::Limit,
+                    format!(
+                        "this expression is nested too deeply (past Rhai's expression-depth \
+                         limit of {})",
+                        limits.max_expr_depth
+                    ),
+                )
+                .at(at)
+                .with_help("split it into several `let`s");
+            }
             ConfigError::new(
                 ErrorKind::Syntax,
                 format!("Rhai syntax error: {}", e.err_type()),
             )
-            .at(Location::from_line_column(abs, source, line, column))
+            .at(at)
         })?;
         let mut base_expr = None;
         let mut kept = Vec::new();
@@ -374,4 +403,106 @@ fn base_list(value: Value, location: Option<Location>) -> Result<Bases, ConfigEr
         }
     };
     Ok(Bases { paths, location })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config of `n` levels of one construct.
+    type Nested = Box<dyn Fn(usize) -> String>;
+
+    /// Each way Python nests, as a config of `n` levels of it.
+    fn constructs() -> Vec<(&'static str, Nested)> {
+        let wrap = |open: &'static str, close: &'static str| -> Nested {
+            Box::new(move |n| format!("x = {}1{}\n", open.repeat(n), close.repeat(n)))
+        };
+        let chain = |sep: &'static str, tail: &'static str| -> Nested {
+            Box::new(move |n| format!("x = 1{}{tail}\n", sep.repeat(n)))
+        };
+        vec![
+            ("list", wrap("[", "]")),
+            ("tuple", wrap("(", ",)")),
+            ("dict display", wrap("{'k': ", "}")),
+            ("dict call", wrap("dict(a=", ")")),
+            ("computed key", wrap("{'k' + '': ", "}")),
+            ("dict unpacking", wrap("dict(a=1, **dict(b=", "))")),
+            ("operator", wrap("1 + (", ")")),
+            ("unary", wrap("-(", ")")),
+            ("not", wrap("not (", ")")),
+            ("and", wrap("1 and (", ")")),
+            ("or", wrap("0 or (", ")")),
+            ("comparison", wrap("1 < (", ")")),
+            ("if-else", wrap("(1 if 1 else (", "))")),
+            ("if-else test", wrap("(1 if (", ") else 2)")),
+            ("builtin call", wrap("abs(", ")")),
+            ("subscript", wrap("[(", ")][0]")),
+            ("slice", wrap("[(", ")][0:1]")),
+            ("attribute", wrap("dict(a=(", ")).a")),
+            ("method", wrap("dict(a=(", ")).get('a')")),
+            ("list comprehension", wrap("[v for v in [", "]]")),
+            ("comprehension element", wrap("[(", ") for v in [1]]")),
+            ("dict comprehension", wrap("{'k': (", ") for v in [1]}")),
+            ("generator", wrap("list(v for v in [", "])")),
+            (
+                "f-string",
+                Box::new(|n| format!("x = f'{{{}1{}}}'\n", "[".repeat(n), "]".repeat(n))),
+            ),
+            ("and chain", chain(" and 1", "")),
+            ("comparison chain", chain(" < 2", "")),
+            (
+                "comprehension ifs",
+                Box::new(|n| format!("x = [v for v in [1]{}]\n", " if 1".repeat(n))),
+            ),
+            (
+                "comprehension fors",
+                Box::new(|n| {
+                    let fors: String = (0..n).map(|i| format!(" for v{i} in [1]")).collect();
+                    format!("x = [1{fors}]\n")
+                }),
+            ),
+        ]
+    }
+
+    /// Rhai's expression-depth limit for translated Python is high enough
+    /// for every construct at the deepest nesting the translator allows:
+    /// one level deeper is the translator's message, never Rhai's
+    /// "maximum complexity".
+    #[test]
+    fn every_construct_at_the_deepest_nesting_allowed_compiles() {
+        let check = || {
+            let path = Path::new("nest.py");
+            let engine = eval::engine(Limits::default().translated());
+            for (name, config) in constructs() {
+                let mut n = 1;
+                let refused = loop {
+                    let source = config(n);
+                    let stmts = translate::parse(path, &source).unwrap();
+                    match translate::translate_module(path, &source, &stmts) {
+                        Ok(t) => {
+                            if let Err(e) = engine.compile(&t.script) {
+                                panic!("{name}, {n} levels: Rhai refused it: {e}");
+                            }
+                            n += 1;
+                        }
+                        Err(e) => break e,
+                    }
+                    assert!(n < 1000, "{name}: {n} levels were accepted");
+                };
+                assert!(
+                    refused.kind == ErrorKind::Limit
+                        && refused.message.contains("nested more than 100 levels deep")
+                        && n > 20,
+                    "{name}, {n} levels: {refused}"
+                );
+            }
+        };
+        // As deep as the evaluation thread's stack allows (`config::resolve`).
+        std::thread::Builder::new()
+            .stack_size(512 << 20)
+            .spawn(check)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
 }

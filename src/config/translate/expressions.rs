@@ -7,18 +7,27 @@ use super::*;
 
 impl Translator<'_> {
     pub(super) fn expr(&mut self, e: &Expr) -> Result<String> {
+        self.enter(e)?;
+        let out = self.expr_at_depth(e);
+        self.depth -= 1;
+        out
+    }
+
+    /// One level deeper, at `node`: an expression, or a link of a chain
+    /// that Rhai nests (`a and b and ...`, `a < b < ...`, a comprehension's
+    /// `for`s and `if`s). Past [`MAX_EXPR_NESTING`] levels it is refused.
+    /// The caller takes the level back off ([`Translator::depth`]).
+    fn enter(&mut self, node: &impl Ranged) -> Result<()> {
         if self.depth >= MAX_EXPR_NESTING {
             return Err(ConfigError::new(
                 ErrorKind::Limit,
                 format!("this expression is nested more than {MAX_EXPR_NESTING} levels deep"),
             )
-            .at(self.location(e))
+            .at(self.location(node))
             .with_help("split it into several assignments"));
         }
         self.depth += 1;
-        let out = self.expr_at_depth(e);
-        self.depth -= 1;
-        out
+        Ok(())
     }
 
     fn expr_at_depth(&mut self, e: &Expr) -> Result<String> {
@@ -246,7 +255,11 @@ impl Translator<'_> {
             return self.expr(first);
         }
         let head = self.expr(first)?;
-        let tail = self.bool_op(op, rest)?;
+        // The rest goes inside an `if` in Rhai: one level deeper.
+        self.enter(&rest[0])?;
+        let tail = self.bool_op(op, rest);
+        self.depth -= 1;
+        let tail = tail?;
         let tmp = self.temp("b");
         Ok(match op {
             ast::BoolOp::And => format!(
@@ -263,6 +276,7 @@ impl Translator<'_> {
         let mut left = self.temp("c");
         let _ = write!(out, "let {left} = {}; ", self.expr(&c.left)?);
         let mut closers = 0;
+        let outer = self.depth;
         for (i, (op, right)) in c.ops.iter().zip(&c.comparators).enumerate() {
             let r = self.temp("c");
             let _ = write!(out, "let {r} = {}; ", self.expr(right)?);
@@ -270,11 +284,14 @@ impl Translator<'_> {
             if i + 1 == c.ops.len() {
                 out.push_str(&test);
             } else {
+                // The rest of the chain goes inside this `if`.
+                self.enter(&c.comparators[i + 1])?;
                 let _ = write!(out, "if {test} {{ ");
                 closers += 1;
             }
             left = r;
         }
+        self.depth = outer;
         for _ in 0..closers {
             out.push_str(" } else { false }");
         }
@@ -291,11 +308,14 @@ impl Translator<'_> {
         let acc = self.temp("acc");
         let mut out = format!("{{ let {acc} = {empty}; ");
         let mut closers = 0;
+        let outer = self.depth;
         for g in generators {
             if g.is_async {
                 return Err(self.unsupported(&g.iter, "`async for`", ""));
             }
             let iter = self.expr(&g.iter)?;
+            // Each `for` and `if` is a Rhai block around what follows.
+            self.enter(&g.iter)?;
             match &g.target {
                 Expr::Name(n) => {
                     let _ = write!(out, "for {} in py_iter({iter}) {{ ", mangle(n.id.as_str()));
@@ -310,10 +330,13 @@ impl Translator<'_> {
             closers += 1;
             for cond in &g.ifs {
                 let _ = write!(out, "if py_truthy({}) {{ ", self.expr(cond)?);
+                self.enter(cond)?;
                 closers += 1;
             }
         }
-        out.push_str(&body(self, &acc)?);
+        let body = body(self, &acc);
+        self.depth = outer;
+        out.push_str(&body?);
         out.push_str(&" }".repeat(closers));
         let _ = write!(out, " {acc} }}");
         Ok(out)

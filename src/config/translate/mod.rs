@@ -117,6 +117,22 @@ struct Translator<'a> {
 /// costs stack in the translator and in Rhai.
 pub const MAX_EXPR_NESTING: usize = 100;
 
+/// Rhai nesting levels that one level of Python nesting may become once
+/// translated: a comprehension's element sits in a block, a `for`, a block,
+/// a statement and a call; an `and` in a block, a `let` and an `if`. A
+/// translated file is compiled with Rhai's expression-depth limit at
+/// [`TRANSLATED_EXPR_DEPTH`], so that a config meets the translator's
+/// bound (a clear message naming the nesting) and never Rhai's (a unit test
+/// in `prepare.rs` compiles every construct at the deepest nesting the
+/// translator allows; 6 levels suffice today, 16 leave room for new
+/// constructs, and cost nothing until a config nests that deep).
+pub const RHAI_LEVELS_PER_NESTING: usize = 16;
+
+/// Rhai's expression-depth limit for translated Python (see
+/// [`RHAI_LEVELS_PER_NESTING`]); the statement around the expression
+/// takes a few levels too.
+pub const TRANSLATED_EXPR_DEPTH: usize = RHAI_LEVELS_PER_NESTING * (MAX_EXPR_NESTING + 2);
+
 /// Top-level statements and items of one dict or list display beyond this
 /// are refused: the evaluator looks names up in a scope that grows with
 /// each binding, so a generated config of 100 000 assignments would take
