@@ -285,3 +285,49 @@ fn a_99_deep_list_resolves_and_101_deep_is_the_nesting_error() {
     let (err, _) = resolve_fails(&f);
     assert!(err.contains("nested more than 100 levels deep"), "{err}");
 }
+
+/// `segtune resolve FILE --cfg-options OPTIONS...`: exit 2, empty stdout,
+/// the stderr, and the seconds it took.
+fn resolve_with_options_fails(file: &PathBuf, options: &[String]) -> (String, f64) {
+    let started = Instant::now();
+    let mut cmd = Command::cargo_bin("segtune").unwrap();
+    cmd.arg("resolve").arg(file);
+    if !options.is_empty() {
+        cmd.arg("--cfg-options").args(options);
+    }
+    let out = cmd.output().unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.lines().count() <= 24, "one screen:\n{err}");
+    (err, seconds)
+}
+
+/// A `--cfg-options` key of 5000 levels used to write 100 MB of Python
+/// that Python cannot parse; it is bounded as a config's nesting is.
+#[test]
+fn a_cfg_options_key_deeper_than_100_levels_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "small.py", "b = 1\n");
+    let key = |levels: usize| vec!["a"; levels].join(".");
+    let (err, seconds) = resolve_with_options_fails(&f, &[format!("{}=1", key(5000))]);
+    let first = err.lines().next().unwrap();
+    assert!(first.contains("--cfg-options key `a.a.a.a"), "{err}");
+    assert!(first.contains("5000 levels deep"), "{err}");
+    assert!(first.contains("limit of 100 levels"), "{err}");
+    assert!(first.len() < 300, "the key is shortened: {first}");
+    println!("a 5000-level key refused in {seconds:.2} s");
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["resolve", "--format", "json"])
+        .arg(&f)
+        .args(["--cfg-options", &format!("{}=1", key(100))])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -3,6 +3,7 @@
 //! describe them.
 
 use super::error::{ConfigError, ErrorKind, Result};
+use super::translate::MAX_EXPR_NESTING;
 use super::value::{python_repr, Dict, Value};
 
 pub const DELETE_KEY: &str = "_delete_";
@@ -107,16 +108,17 @@ pub fn parse_cfg_options(items: &[String]) -> Result<Dict> {
         let Some((key, value)) = item.split_once('=') else {
             return Err(ConfigError::new(
                 ErrorKind::CfgOption,
-                format!("--cfg-options item `{item}` is not KEY=VALUE"),
+                format!("--cfg-options item `{}` is not KEY=VALUE", shown(item)),
             )
             .with_help("write e.g. --cfg-options train_dataloader.batch_size=4"));
         };
         if key.is_empty() || key.split('.').any(str::is_empty) {
             return Err(ConfigError::new(
                 ErrorKind::CfgOption,
-                format!("--cfg-options key `{key}` is not a dotted name"),
+                format!("--cfg-options key `{}` is not a dotted name", shown(key)),
             ));
         }
+        check_key_depth(key)?;
         flat.shift_remove(key);
         let value = parse_option_value(value)?;
         match flat.get_mut(key) {
@@ -132,6 +134,34 @@ pub fn parse_cfg_options(items: &[String]) -> Result<Dict> {
         insert_path(&mut nested, &parts, value, &key)?;
     }
     Ok(nested)
+}
+
+/// An option's text as an error shows it: its first characters.
+fn shown(text: &str) -> String {
+    const SHOWN_CHARS: usize = 60;
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// Refuses a key of more levels than a config may nest
+/// ([`MAX_EXPR_NESTING`]): each level becomes a dict in a dict, and a
+/// config written that deep is one Python cannot read back.
+fn check_key_depth(key: &str) -> Result<()> {
+    let levels = key.split('.').count();
+    if levels <= MAX_EXPR_NESTING {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        ErrorKind::CfgOption,
+        format!(
+            "limit exceeded: --cfg-options key `{}` is {levels} levels deep, more than the \
+             limit of {MAX_EXPR_NESTING} levels (the bound on nesting in a config)",
+            shown(key)
+        ),
+    )
+    .with_help("a real key names a few levels, e.g. model.decode_head.num_classes"))
 }
 
 fn insert_path(d: &mut Dict, parts: &[&str], value: Value, full_key: &str) -> Result<()> {
