@@ -331,3 +331,95 @@ fn a_cfg_options_key_deeper_than_100_levels_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Five lines of lists of lists sharing one long string hold a few MB
+/// while evaluated but would print 1.1 GB (and ten times that abort on a
+/// failed allocation): refused at once, from the measure of the shared
+/// values, before any copy of them is made.
+#[test]
+fn shared_lists_that_would_print_a_gigabyte_are_refused_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let five = |exponent: u32, ext: &str| -> String {
+        let tens = |v: &str| [v; 10].join(", ");
+        let (s, let_) = if ext == "py" {
+            (format!("s = 'a' * 10**{exponent}"), "")
+        } else {
+            (
+                format!("let s = \"\"; s.pad({}, 'a');", 10u64.pow(exponent)),
+                "let ",
+            )
+        };
+        let end = if ext == "py" { "" } else { ";" };
+        format!(
+            "{s}\n{let_}x = [{}]{end}\n{let_}y = [{}]{end}\n{let_}z = [{}]{end}\n{let_}w = [{}]{end}\n",
+            tens("s"),
+            tens("x"),
+            tens("y"),
+            tens("z")
+        )
+    };
+    for (name, text, mib) in [
+        ("five.py", five(5, "py"), "about 1060 MiB"),
+        ("ten_times.py", five(6, "py"), "about 10597 MiB"),
+        ("five.rhai", five(5, "rhai"), "about 1060 MiB"),
+        ("ten_times.rhai", five(6, "rhai"), "about 10597 MiB"),
+    ] {
+        let f = write(&d, name, &text);
+        let (err, seconds) = resolve_fails(&f);
+        let first = err.lines().next().unwrap();
+        assert!(first.starts_with("error: limit exceeded: "), "{err}");
+        assert!(first.contains(&format!("{mib} when written")), "{err}");
+        assert!(first.contains("past the limit of 64 MiB"), "{err}");
+        assert!(first.contains(name), "{err}");
+        assert!(err.contains(&format!("{name}:5:")), "{err}");
+        println!("{name} refused in {seconds:.2} s");
+        assert!(seconds < 10.0, "{name} took {seconds} s");
+    }
+    // Written with `*` (`x = [s] * 10`), the lists are copies, and the
+    // evaluation's budget stops them first.
+    let f = write(
+        &d,
+        "repeat.py",
+        "s = 'a' * 10**6\nx = [s] * 10\ny = [x] * 10\nz = [y] * 10\nw = [z] * 10\n",
+    );
+    let (err, seconds) = resolve_fails(&f);
+    assert!(err.contains("limit exceeded"), "{err}");
+    println!("repeat.py refused in {seconds:.2} s");
+}
+
+/// `--cfg-options` merge after the config is evaluated; the resolved
+/// config is measured again after them.
+#[test]
+fn cfg_options_cannot_take_a_config_past_the_written_limit() {
+    use segtune::config::{self, written};
+    let d = tempfile::tempdir().unwrap();
+    let f = write(&d, "near.py", "s = 'a' * 1000000\nx = [s] * 66\n");
+    let cfg = config::resolve(&f, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let room = written::MAX_WRITTEN_BYTES - written::written_bytes(&cfg);
+    assert!(room < 1 << 20, "{room} bytes of room left");
+    let options: Vec<String> = (0..=room / 100_000)
+        .map(|i| format!("extra{i}={}", "b".repeat(100_000)))
+        .collect();
+    let (err, _) = resolve_with_options_fails(&f, &options);
+    assert!(err.contains("limit exceeded"), "{err}");
+    assert!(err.contains("near.py with its --cfg-options"), "{err}");
+    assert!(err.contains("MiB when written"), "{err}");
+    assert!(err.contains("past the limit of 64 MiB"), "{err}");
+}
+
+/// `x = [x]` line after line nests a value deeper than any expression
+/// may; past the same 100 levels it is refused (Python could not read the
+/// written config back).
+#[test]
+fn a_value_built_deeper_than_100_levels_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let text = format!("x = [1]\n{}", "x = [x]\n".repeat(150));
+    let f = write(&d, "built.py", &text);
+    let (err, _) = resolve_fails(&f);
+    assert!(err.contains("limit exceeded"), "{err}");
+    assert!(
+        err.contains("`x` in ") && err.contains("nests containers 151 levels deep"),
+        "{err}"
+    );
+    assert!(err.contains("limit of 100 levels"), "{err}");
+}

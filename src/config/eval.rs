@@ -99,8 +99,18 @@ fn convert_counted(d: &Dynamic, remaining: &mut usize) -> Result<Value, PyError>
     if let Some(f) = d.clone().try_cast::<rhai::FLOAT>() {
         return Ok(Value::Float(f));
     }
-    if d.is_string() {
-        return Ok(Value::Str(d.clone().into_string().unwrap_or_default()));
+    if let Some(s) = d.read_lock::<ImmutableString>() {
+        // Rhai shares a string between the values that hold it; here each
+        // becomes a copy, so a list of lists of one long string would
+        // expand past any memory: ask the budget before each copy.
+        budget::reserve(s.len()).map_err(|_| {
+            PyError::limit(format!(
+                "copying the config's values out of the evaluation would hold more than {} MiB \
+                 (a long string repeated many times?)",
+                budget::EVALUATION_BUDGET_BYTES >> 20
+            ))
+        })?;
+        return Ok(Value::Str(s.to_string()));
     }
     if let Some(c) = d.clone().try_cast::<char>() {
         return Ok(Value::Str(c.to_string()));

@@ -16,6 +16,7 @@ use super::merge;
 use super::prepare::{Bases, FileKind, Prepared};
 use super::substitute;
 use super::value::Dict;
+use super::written;
 use petgraph::graph::{DiGraph, NodeIndex};
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -97,6 +98,7 @@ impl Loader {
                 RESERVED_KEYS.join(", ")
             )));
         }
+        written::check(&cfg, &abs, "")?;
         Ok((*cfg).clone())
     }
 

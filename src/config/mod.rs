@@ -16,8 +16,9 @@
 //!   builtins from [`pyops`];
 //! - [`merge`]: `_merge_a_into_b`, `_delete_` and `--cfg-options`;
 //! - [`value`] and [`error`]: the values and the diagnostics all of these
-//!   share; [`dump`] writes a resolved config back out; [`presets`] are the
-//!   shipped modules a Rhai config may `import`.
+//!   share; [`dump`] writes a resolved config back out, and [`written`]
+//!   bounds how large that would be; [`presets`] are the shipped modules a
+//!   Rhai config may `import`.
 
 pub mod budget;
 pub mod dump;
@@ -34,6 +35,7 @@ pub mod pyops;
 mod substitute;
 pub mod translate;
 pub mod value;
+pub mod written;
 
 pub use error::{ConfigError, ErrorKind, Location};
 pub use loader::{absolute, Loader, RESERVED_KEYS};
@@ -47,17 +49,29 @@ use std::path::Path;
 /// `Config.fromfile(path)` + `merge_from_dict`.
 pub fn resolve(path: &Path, cfg_options: &[String]) -> Result<Dict, ConfigError> {
     on_evaluation_stack(|| {
-        let cfg = if hf::is_hf_dir(path) {
-            hf::load_dir(path)?
-        } else {
-            Loader::new(Limits::default()).load(path)?
-        };
-        if cfg_options.is_empty() {
-            Ok(cfg)
-        } else {
-            merge::apply_cfg_options(cfg, merge::parse_cfg_options(cfg_options)?)
+        if hf::is_hf_dir(path) {
+            let cfg = hf::load_dir(path)?;
+            let cfg = with_cfg_options(cfg, cfg_options)?;
+            written::check(&cfg, path, "")?;
+            return Ok(cfg);
         }
+        // `load` checks the size of what it resolved; options merge after.
+        let cfg = Loader::new(Limits::default()).load(path)?;
+        if cfg_options.is_empty() {
+            return Ok(cfg);
+        }
+        let cfg = with_cfg_options(cfg, cfg_options)?;
+        written::check(&cfg, &absolute(path), " with its --cfg-options")?;
+        Ok(cfg)
     })
+}
+
+fn with_cfg_options(cfg: Dict, cfg_options: &[String]) -> Result<Dict, ConfigError> {
+    if cfg_options.is_empty() {
+        Ok(cfg)
+    } else {
+        merge::apply_cfg_options(cfg, merge::parse_cfg_options(cfg_options)?)
+    }
 }
 
 /// Stack for loading a config. The parser's syntax trees of a hostile file

@@ -11,6 +11,7 @@ use super::imports::Importer;
 use super::loader::Loader;
 use super::translate::{self, BASE_KEY};
 use super::value::{Dict, Value};
+use super::written;
 use rhai::{Dynamic, Scope};
 use std::collections::HashMap;
 use std::path::Path;
@@ -302,9 +303,18 @@ impl Prepared {
         scope.push(BASE_KEY, eval::to_dynamic(&Value::Dict(base)));
         eval::run(&engine, &mut scope, self.script().0)
             .map_err(|(e, pos)| self.locate(abs, source, e, pos))?;
+        written::check_scope(&scope, &[BASE_KEY], abs).map_err(|(name, e)| {
+            let line = binding_line(source, &name).unwrap_or(1);
+            e.at(Location::from_line_column(abs, source, line, 1))
+        })?;
         let cfg = eval::collect_scope(&scope, &[BASE_KEY]).map_err(|(name, e)| {
             let line = binding_line(source, &name).unwrap_or(1);
-            ConfigError::new(ErrorKind::Evaluation, e.to_string())
+            let kind = if e.is_limit() {
+                ErrorKind::Limit
+            } else {
+                ErrorKind::Evaluation
+            };
+            ConfigError::new(kind, e.to_string())
                 .at(Location::from_line_column(abs, source, line, 1))
         })?;
         let base = scope
