@@ -229,9 +229,10 @@ def case_9(tmp):
     write(tmp, "mut_a.rhai", 'import "mut_b" as b;\nlet x = 1;')
     write(tmp, "mut_b.rhai", 'import "mut_a" as a;\nlet y = 1;')
     refused(["resolve", os.path.join(tmp, "mut_a.rhai")], "cycle", timeout=30)
-    write(tmp, "via_py.py", "_base_ = ['via_rhai.rhai']\nz = 1\n")
-    write(tmp, "via_rhai.rhai", 'import "via_py" as p;\nlet w = 1;')
-    refused(["resolve", os.path.join(tmp, "via_rhai.rhai")], "cycle", timeout=30)
+    write(tmp, "via_a.rhai", 'import "via_m" as m;\nlet w = 1;')
+    write(tmp, "via_m.rhai", 'let _base_ = ["via_c.py"];\nlet v = 1;')
+    write(tmp, "via_c.py", "_base_ = ['via_a.rhai']\nz = 1\n")
+    refused(["resolve", os.path.join(tmp, "via_a.rhai")], "cycle", timeout=30)
     return "self, mutual and via-.py imports: exit 2 naming the cycle"
 
 
