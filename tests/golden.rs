@@ -11,26 +11,106 @@ use std::path::Path;
 
 /// (name, config under mmseg-configs/configs, estimate arguments).
 const CONFIGS: [(&str, &str, &str); 20] = [
-    ("segformer_b0", "segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512", "2 256x256 off"),
-    ("segformer_b2_fp16", "segformer/segformer_mit-b2_8xb2-160k_ade20k-512x512", "2 256x256 fp16"),
-    ("pspnet_r50", "pspnet/pspnet_r50-d8_4xb4-80k_ade20k-512x512", "4 256x256 off"),
-    ("deeplabv3plus_r50", "deeplabv3plus/deeplabv3plus_r50-d8_4xb2-40k_cityscapes-512x1024", "2 256x512 off"),
-    ("fcn_r50_bf16", "fcn/fcn_r50-d8_4xb2-40k_cityscapes-512x1024", "2 256x512 bf16"),
-    ("upernet_r50", "upernet/upernet_r50_4xb4-80k_ade20k-512x512", "2 256x256 off"),
-    ("ocrnet_hr18", "ocrnet/ocrnet_hr18_4xb2-40k_cityscapes-512x1024", "2 256x512 off"),
-    ("unet_hrf", "unet/unet-s5-d16_fcn_4xb4-40k_hrf-256x256", "4 256x256 off"),
-    ("swin_t_upernet", "swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512", "2 256x256 off"),
-    ("vit_deit_s_upernet", "vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512", "2 256x256 off"),
-    ("segmenter_t", "segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512", "1 256x256 off"),
-    ("convnext_t_fp16", "convnext/convnext-tiny_upernet_8xb2-amp-160k_ade20k-512x512", "2 256x256 fp16"),
-    ("knet_r50", "knet/knet-s3_r50-d8_fcn_8xb2-adamw-80k_ade20k-512x512", "2 256x256 off"),
-    ("mask2former_r50", "mask2former/mask2former_r50_8xb2-160k_ade20k-512x512", "2 256x256 off"),
-    ("pointrend_r50", "point_rend/pointrend_r50_4xb2-80k_cityscapes-512x1024", "2 256x512 off"),
-    ("icnet_r18", "icnet/icnet_r18-d8_4xb2-80k_cityscapes-832x832", "2 256x256 off"),
-    ("bisenetv1_r18", "bisenetv1/bisenetv1_r18-d32_4xb4-160k_cityscapes-1024x1024", "2 256x256 off"),
-    ("twins_pcpvt_s", "twins/twins_pcpvt-s_fpn_fpnhead_8xb4-80k_ade20k-512x512", "2 256x256 off"),
-    ("poolformer_s12", "poolformer/fpn_poolformer_s12_8xb4-40k_ade20k-512x512", "2 256x256 off"),
-    ("mobilenet_v2_fcn", "mobilenet_v2/mobilenet-v2-d8_fcn_4xb4-160k_ade20k-512x512", "2 256x256 off"),
+    (
+        "segformer_b0",
+        "segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "segformer_b2_fp16",
+        "segformer/segformer_mit-b2_8xb2-160k_ade20k-512x512",
+        "2 256x256 fp16",
+    ),
+    (
+        "pspnet_r50",
+        "pspnet/pspnet_r50-d8_4xb4-80k_ade20k-512x512",
+        "4 256x256 off",
+    ),
+    (
+        "deeplabv3plus_r50",
+        "deeplabv3plus/deeplabv3plus_r50-d8_4xb2-40k_cityscapes-512x1024",
+        "2 256x512 off",
+    ),
+    (
+        "fcn_r50_bf16",
+        "fcn/fcn_r50-d8_4xb2-40k_cityscapes-512x1024",
+        "2 256x512 bf16",
+    ),
+    (
+        "upernet_r50",
+        "upernet/upernet_r50_4xb4-80k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "ocrnet_hr18",
+        "ocrnet/ocrnet_hr18_4xb2-40k_cityscapes-512x1024",
+        "2 256x512 off",
+    ),
+    (
+        "unet_hrf",
+        "unet/unet-s5-d16_fcn_4xb4-40k_hrf-256x256",
+        "4 256x256 off",
+    ),
+    (
+        "swin_t_upernet",
+        "swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "vit_deit_s_upernet",
+        "vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "segmenter_t",
+        "segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512",
+        "1 256x256 off",
+    ),
+    (
+        "convnext_t_fp16",
+        "convnext/convnext-tiny_upernet_8xb2-amp-160k_ade20k-512x512",
+        "2 256x256 fp16",
+    ),
+    (
+        "knet_r50",
+        "knet/knet-s3_r50-d8_fcn_8xb2-adamw-80k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "mask2former_r50",
+        "mask2former/mask2former_r50_8xb2-160k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "pointrend_r50",
+        "point_rend/pointrend_r50_4xb2-80k_cityscapes-512x1024",
+        "2 256x512 off",
+    ),
+    (
+        "icnet_r18",
+        "icnet/icnet_r18-d8_4xb2-80k_cityscapes-832x832",
+        "2 256x256 off",
+    ),
+    (
+        "bisenetv1_r18",
+        "bisenetv1/bisenetv1_r18-d32_4xb4-160k_cityscapes-1024x1024",
+        "2 256x256 off",
+    ),
+    (
+        "twins_pcpvt_s",
+        "twins/twins_pcpvt-s_fpn_fpnhead_8xb4-80k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "poolformer_s12",
+        "poolformer/fpn_poolformer_s12_8xb4-40k_ade20k-512x512",
+        "2 256x256 off",
+    ),
+    (
+        "mobilenet_v2_fcn",
+        "mobilenet_v2/mobilenet-v2-d8_fcn_4xb4-160k_ade20k-512x512",
+        "2 256x256 off",
+    ),
 ];
 
 /// The configs whose whole search is compared (small enough for the suite).
