@@ -207,6 +207,68 @@ pub enum Command {
     },
 }
 
+/// The GPU to predict for or search on: a shipped preset, or a memory size
+/// and the card's compute capability.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct GpuArgs {
+    /// A shipped GPU preset (see `segtune presets`).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
+    /// are binary (1G = 1 GiB = 1024 MiB, as nvidia-smi's MiB).
+    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
+    pub vram: Option<String>,
+    /// Compute capability for --vram (decides the CUDA context, the cuBLAS
+    /// workspace and bf16; default 8.6).
+    #[arg(long)]
+    pub compute_capability: Option<String>,
+}
+
+impl GpuArgs {
+    fn gpu(&self) -> Result<Gpu> {
+        Gpu::choose(
+            self.preset.as_deref(),
+            self.vram.as_deref(),
+            self.compute_capability.as_deref(),
+        )
+    }
+}
+
+/// What the synthetic batch and the step are: the classes in its label
+/// maps, training or inference, and cuDNN's algorithm choice.
+#[derive(clap::Args, Debug, Clone, Copy, PartialEq)]
+pub struct StepArgs {
+    /// Classes present in each synthetic label map, or `all` (uniform random
+    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
+    /// segment per class present: its memory grows with this (see
+    /// docs/trials.md).
+    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
+    pub gt_segments: Segments,
+    /// train: training steps; infer: test steps (no gradients; the batch
+    /// is the test batch, --crop the image size, model.test_cfg decides
+    /// whole or slide inference; `search` ranks inference settings by
+    /// images/s and emits test_cfg and test_dataloader.batch_size).
+    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
+    pub mode: RunMode,
+    /// torch.backends.cudnn.benchmark: on or off (default: the config's
+    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
+    /// under randomness.deterministic).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub cudnn_benchmark: Option<bool>,
+}
+
+/// What every command that reads a config takes besides it.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct CommonArgs {
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Override settings, as tools/train.py's --cfg-options: KEY=VALUE
+    /// with dotted keys (list items by index: a.0.b=1).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub cfg_options: Vec<String>,
+}
+
 /// `segtune trial` arguments (also the worker's: see [`TrialRequest::to_argv`]).
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrialArgs {
@@ -236,12 +298,8 @@ pub struct TrialArgs {
     /// Fraction of label pixels set to ignore_index in the synthetic batch.
     #[arg(long, default_value_t = 0.05, value_parser = fraction(1.0), allow_negative_numbers = true)]
     pub ignore_fraction: f64,
-    /// Classes present in each synthetic label map, or `all` (uniform random
-    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
-    /// segment per class present: its memory grows with this (see
-    /// docs/trials.md).
-    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
-    pub gt_segments: Segments,
+    #[command(flatten)]
+    pub step: StepArgs,
     /// CPU threads for libtorch (default: libtorch's choice).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
@@ -269,32 +327,20 @@ pub struct TrialArgs {
     /// (meta: no compute, no host memory for tensors).
     #[arg(long, value_parser = named::<OpTrace>(), default_value = "off")]
     pub op_trace: OpTrace,
-    /// train: training steps; infer: test steps (no gradients; the batch
-    /// is the test batch, --crop the image size, model.test_cfg decides
-    /// whole or slide inference).
-    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
-    pub mode: RunMode,
-    /// torch.backends.cudnn.benchmark: on or off (default: the config's
-    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
-    /// under randomness.deterministic).
-    #[arg(long, value_name = "on|off", value_parser = on_off)]
-    pub cudnn_benchmark: Option<bool>,
     /// Seconds before the worker is stopped and the trial reported as timed
     /// out (default: 600 on CUDA; on the CPU scaled from the steps and the
     /// pixels of the batch, as a traced step's deadline).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub timeout: Option<u64>,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
-    pub cfg_options: Vec<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 impl TrialArgs {
     pub fn request(&self) -> TrialRequest {
         TrialRequest {
             config: self.config.clone(),
-            cfg_options: self.cfg_options.clone(),
+            cfg_options: self.common.cfg_options.clone(),
             batch_size: self.batch_size,
             crop: self.crop.0,
             amp: self.amp,
@@ -304,7 +350,7 @@ impl TrialArgs {
             device: self.device,
             seed: self.seed,
             ignore_fraction: self.ignore_fraction,
-            gt_segments: self.gt_segments.0,
+            gt_segments: self.step.gt_segments.0,
             threads: self.threads,
             cpu_cap_bytes: self.cpu_cap,
             vram_budget_bytes: self
@@ -315,8 +361,8 @@ impl TrialArgs {
             setup: self.setup.setup(),
             as_cuda: self.as_cuda,
             op_trace: self.op_trace,
-            mode: self.mode,
-            cudnn_benchmark: self.cudnn_benchmark,
+            mode: self.step.mode,
+            cudnn_benchmark: self.step.cudnn_benchmark,
         }
     }
 }
@@ -380,16 +426,8 @@ impl SetupArgs {
 pub struct EstimateArgs {
     /// The config (.py or .rhai).
     pub config: PathBuf,
-    /// A shipped GPU preset (see `segtune presets`).
-    #[arg(long)]
-    pub preset: Option<String>,
-    /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
-    /// are binary (1G = 1024 MiB, as nvidia-smi's MiB).
-    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
-    pub vram: Option<String>,
-    /// Compute capability for --vram (decides the CUDA context and cuBLAS workspace terms).
-    #[arg(long, default_value = "8.6")]
-    pub compute_capability: String,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Batch size per GPU (default: the recipe's train_dataloader.batch_size).
     #[arg(long, value_parser = at_least(1), allow_negative_numbers = true)]
     pub batch_size: Option<i64>,
@@ -402,12 +440,8 @@ pub struct EstimateArgs {
     /// CPU threads for the traced step (default: every core).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
-    /// Classes present in each synthetic label map, or `all` (uniform random
-    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
-    /// segment per class present: its memory grows with this (see
-    /// docs/trials.md).
-    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
-    pub gt_segments: Segments,
+    #[command(flatten)]
+    pub step: StepArgs,
     #[command(flatten)]
     pub setup: SetupArgs,
     /// How the step is traced: op outputs with meta kernels (meta: no
@@ -420,23 +454,26 @@ pub struct EstimateArgs {
     /// memory with the defaults is shown beside).
     #[arg(long, value_name = "CONF", value_parser = clap::value_parser!(AllocatorSettings), default_value = "")]
     pub alloc_conf: AllocatorSettings,
-    /// train: a training step; infer: an inference (test) step, --batch-size
-    /// the test batch, --crop the image size, model.test_cfg whole or slide.
-    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
-    pub mode: RunMode,
-    /// torch.backends.cudnn.benchmark: on or off (default: the config's
-    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
-    /// under randomness.deterministic).
-    #[arg(long, value_name = "on|off", value_parser = on_off)]
-    pub cudnn_benchmark: Option<bool>,
-    /// Seconds a traced step may take before its worker is stopped (default:
-    /// scaled from the trace kind and the step's pixels).
+    #[command(flatten)]
+    pub timeouts: TraceTimeoutArgs,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// How long a traced step may take.
+#[derive(clap::Args, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceTimeoutArgs {
+    /// Seconds a traced step may take before its worker is stopped and it
+    /// counts as timed out (default: scaled from the trace kind and the
+    /// step's pixels).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub trace_timeout: Option<u64>,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
-    pub cfg_options: Vec<String>,
+}
+
+impl TraceTimeoutArgs {
+    fn deadline(&self) -> Option<std::time::Duration> {
+        self.trace_timeout.map(std::time::Duration::from_secs)
+    }
 }
 
 impl EstimateArgs {
@@ -444,24 +481,20 @@ impl EstimateArgs {
         let (setup, torch_source) = self.setup.predicted_setup();
         Ok(EstimateRequest {
             config: self.config.clone(),
-            cfg_options: self.cfg_options.clone(),
-            gpu: Gpu::choose(
-                self.preset.as_deref(),
-                self.vram.as_deref(),
-                &self.compute_capability,
-            )?,
+            cfg_options: self.common.cfg_options.clone(),
+            gpu: self.gpu.gpu()?,
             batch_size: self.batch_size,
             crop: self.crop.map(|c| c.0),
             amp: self.amp,
             threads: self.threads,
-            gt_segments: self.gt_segments.0,
+            gt_segments: self.step.gt_segments.0,
             setup,
             torch_source: torch_source.to_string(),
             trace: self.trace,
             alloc_conf: self.alloc_conf,
-            mode: self.mode,
-            cudnn_benchmark: self.cudnn_benchmark,
-            trace_timeout: self.trace_timeout.map(std::time::Duration::from_secs),
+            mode: self.step.mode,
+            cudnn_benchmark: self.step.cudnn_benchmark,
+            trace_timeout: self.timeouts.deadline(),
         })
     }
 }
@@ -480,16 +513,9 @@ pub struct SearchArgs {
     /// and preprocessor_config.json for the winner.
     #[arg(long, value_name = "DIR", conflicts_with = "config")]
     pub hf: Option<PathBuf>,
-    /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
-    /// are binary (1G = 1 GiB = 1024 MiB, as nvidia-smi's MiB).
-    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
-    pub vram: Option<String>,
-    /// A shipped GPU preset (see `segtune presets`).
-    #[arg(long)]
-    pub preset: Option<String>,
-    /// Compute capability for --vram (CUDA context, cuBLAS workspace, bf16; default 8.6).
-    #[arg(long)]
-    pub compute_capability: Option<String>,
+    /// The GPU (default: the config's `segtune` settings).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Fraction of the VRAM kept free (default 0.05).
     #[arg(long, value_parser = fraction(0.9), allow_negative_numbers = true)]
     pub margin: Option<f64>,
@@ -506,13 +532,6 @@ pub struct SearchArgs {
     /// Also list the infeasible candidates with their reason.
     #[arg(long)]
     pub all: bool,
-    /// torch.backends.cudnn.benchmark: on or off (default: the config's
-    /// env_cfg.cudnn_benchmark, which MMSeg's default runtime sets on; off
-    /// under randomness.deterministic).
-    #[arg(long, value_name = "on|off", value_parser = on_off)]
-    pub cudnn_benchmark: Option<bool>,
-    #[arg(long)]
-    pub json: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -520,12 +539,8 @@ pub struct SearchArgs {
     /// parts beside the next larger batch's, which does not fit.
     #[arg(long)]
     pub why: bool,
-    /// train: training settings (batch, crop, AMP, accumulation); infer:
-    /// inference settings (test batch, whole vs slide, fp16) for the test
-    /// image size, ranked by images/s, emitted as test_cfg and
-    /// test_dataloader.batch_size.
-    #[arg(long, value_parser = named::<RunMode>(), default_value = "train")]
-    pub mode: RunMode,
+    #[command(flatten)]
+    pub step: StepArgs,
     /// CPU threads for each traced step (predicted mode; two run side by
     /// side; default: half the cores each).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
@@ -539,11 +554,8 @@ pub struct SearchArgs {
     /// Seconds before a CUDA trial counts as timed out.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub trial_timeout: u64,
-    /// Seconds a predicted candidate's traced step may take before its
-    /// worker is stopped and the candidate counts as timed out (default:
-    /// scaled from the trace kind and the step's pixels).
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
-    pub trace_timeout: Option<u64>,
+    #[command(flatten)]
+    pub timeouts: TraceTimeoutArgs,
     /// GPUs training data-parallel (default 1): the batch is per GPU, the
     /// recipe's effective batch is kept as batch x accumulation x GPUs, and
     /// each GPU also holds DDP's gradient buckets.
@@ -554,43 +566,37 @@ pub struct SearchArgs {
     /// Python, else 2.11). Older than 2.11: predicted only.
     #[arg(long, value_name = "X.Y")]
     pub torch: Option<TorchVersion>,
-    /// Classes present in each synthetic label map, or `all` (uniform random
-    /// labels, as MMSeg's CPU oracle). Mask2Former makes one ground-truth
-    /// segment per class present: its memory grows with this (see
-    /// docs/trials.md).
-    #[arg(long, value_name = "N|all", value_parser = segments, default_value = "20", allow_negative_numbers = true)]
-    pub gt_segments: Segments,
-    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
-    pub cfg_options: Vec<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 impl SearchArgs {
     pub fn request(&self) -> SearchRequest {
         SearchRequest {
             config: self.config_path().to_path_buf(),
-            cfg_options: self.cfg_options.clone(),
+            cfg_options: self.common.cfg_options.clone(),
             settings: SearchSpec {
-                vram: self.vram.clone(),
-                preset: self.preset.clone(),
+                vram: self.gpu.vram.clone(),
+                preset: self.gpu.preset.clone(),
                 margin: self.margin,
                 objective: self.objective,
                 device: self.device.clone(),
-                compute_capability: self.compute_capability.clone(),
+                compute_capability: self.gpu.compute_capability.clone(),
                 gpus: self.gpus,
                 torch: self.torch,
             },
             out: self.out.clone(),
             exhaustive: self.exhaustive,
             trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
-            trace_timeout: self.trace_timeout.map(std::time::Duration::from_secs),
+            trace_timeout: self.timeouts.deadline(),
             threads: self.threads,
             trace: self.trace,
-            gt_segments: self.gt_segments.0,
-            mode: self.mode,
+            gt_segments: self.step.gt_segments.0,
+            mode: self.step.mode,
             // `--torch` and the config's `segtune.torch` come before the
             // environment's, which is asked only without them.
             ask_python_torch: self.torch.is_none(),
-            cudnn_benchmark: self.cudnn_benchmark,
+            cudnn_benchmark: self.step.cudnn_benchmark,
         }
     }
 }
@@ -599,10 +605,8 @@ impl SearchArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct InspectArgs {
     pub config: PathBuf,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
-    pub cfg_options: Vec<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 impl SearchArgs {

@@ -155,7 +155,7 @@ fn run(cli: Cli) -> Result<Output> {
                     report.message.as_deref().unwrap_or("no reason given")
                 )));
             }
-            let text = if args.json {
+            let text = if args.common.json {
                 json(&report)
             } else {
                 report::trial(&report)
@@ -168,8 +168,8 @@ fn run(cli: Cli) -> Result<Output> {
             Ok(Output { text, code })
         }
         Command::Inspect(args) => {
-            let summary = Worker::locate()?.inspect(&args.config, &args.cfg_options)?;
-            Ok(Output::ok(if args.json {
+            let summary = Worker::locate()?.inspect(&args.config, &args.common.cfg_options)?;
+            Ok(Output::ok(if args.common.json {
                 json(&summary)
             } else {
                 report::inspect(&summary)
@@ -177,7 +177,7 @@ fn run(cli: Cli) -> Result<Output> {
         }
         Command::Estimate(args) => {
             let estimate = estimate_config(&args.request()?, &Worker::locate()?)?;
-            Ok(Output::ok(if args.json {
+            Ok(Output::ok(if args.common.json {
                 json(&estimate)
             } else {
                 report::estimate(&estimate)
@@ -185,7 +185,7 @@ fn run(cli: Cli) -> Result<Output> {
         }
         Command::Explain(args) => {
             let estimate = estimate_config(&args.request()?, &Worker::locate()?)?;
-            Ok(Output::ok(if args.json {
+            Ok(Output::ok(if args.common.json {
                 json(&estimate)
             } else {
                 report::explain(&estimate)
@@ -193,12 +193,12 @@ fn run(cli: Cli) -> Result<Output> {
         }
         Command::Search(args) => {
             let result = search_with_progress(&args)?;
-            let mut text = if args.json {
+            let mut text = if args.common.json {
                 json(&result)
             } else {
                 report::search(&result, args.all)
             };
-            if args.why && !args.json {
+            if args.why && !args.common.json {
                 text.push_str(&why(&args, &result)?);
             }
             Ok(Output::ok(text))
@@ -237,7 +237,7 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
         indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
             .expect("static template"),
     );
-    if args.json || args.quiet || !std::io::stdout().is_terminal() {
+    if args.common.json || args.quiet || !std::io::stdout().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
@@ -284,8 +284,8 @@ fn why(args: &SearchArgs, result: &SearchResult) -> Result<String> {
         result: result.clone(),
         config: config::absolute(args.config_path()),
         config_hash: String::new(),
-        cfg_options: args.cfg_options.clone(),
-        gt_segments: args.gt_segments.0,
+        cfg_options: args.common.cfg_options.clone(),
+        gt_segments: args.step.gt_segments.0,
     };
     let worker = Worker::locate()?;
     let won = saved::breakdown_of(

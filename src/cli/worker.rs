@@ -39,7 +39,7 @@ pub fn main() -> i32 {
     };
     finish(match cli.command {
         WorkerCommand::Trial(args) => trial::execute(&args.request()).map(|report| Output {
-            text: if args.json {
+            text: if args.common.json {
                 json(&report)
             } else {
                 report::trial(&report)
@@ -51,8 +51,8 @@ pub fn main() -> i32 {
             },
         }),
         WorkerCommand::Inspect(args) => {
-            trial::inspect(&args.config, &args.cfg_options).map(|summary| {
-                Output::ok(if args.json {
+            trial::inspect(&args.config, &args.common.cfg_options).map(|summary| {
+                Output::ok(if args.common.json {
                     json(&summary)
                 } else {
                     report::inspect(&summary)

@@ -7,6 +7,10 @@ use super::kernels::cudnn_speed::GpuMath;
 use crate::config::{presets, Dict, Value};
 use crate::error::{Error, Result};
 
+/// The compute capability of a `--vram` budget that names none (Ampere's
+/// consumer cards: the RTX 30 series and the A10 are 8.6).
+pub const DEFAULT_COMPUTE_CAPABILITY: &str = "8.6";
+
 /// A GPU's figures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gpu {
@@ -37,7 +41,8 @@ impl Gpu {
         let num =
             |d: &Dict, k: &str, default: f64| d.get(k).and_then(Value::as_f64).unwrap_or(default);
         let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
-        let compute_capability = text("compute_capability").unwrap_or_else(|| "8.6".into());
+        let compute_capability =
+            text("compute_capability").unwrap_or_else(|| DEFAULT_COMPUTE_CAPABILITY.into());
         let typical = GpuMath::of_compute_capability(&compute_capability);
         Ok(Gpu {
             name: text("preset").unwrap_or_else(|| name.to_string()),
@@ -84,11 +89,14 @@ impl Gpu {
     pub fn choose(
         preset: Option<&str>,
         vram: Option<&str>,
-        compute_capability: &str,
+        compute_capability: Option<&str>,
     ) -> Result<Gpu> {
         match (preset, vram) {
             (Some(name), _) => Gpu::preset(name),
-            (None, Some(v)) => Gpu::custom(v, compute_capability),
+            (None, Some(v)) => Gpu::custom(
+                v,
+                compute_capability.unwrap_or(DEFAULT_COMPUTE_CAPABILITY),
+            ),
             (None, None) => Err(Error::Input(
                 "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into(),
             )),

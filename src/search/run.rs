@@ -424,7 +424,7 @@ pub(super) fn budget_of(spec: &SearchSpec) -> Result<Budget> {
     let gpu = Gpu::choose(
         spec.preset.as_deref(),
         spec.vram.as_deref(),
-        spec.compute_capability.as_deref().unwrap_or("8.6"),
+        spec.compute_capability.as_deref(),
     )?;
     Budget::new(&gpu, spec.margin.unwrap_or(0.05))
 }

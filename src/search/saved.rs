@@ -145,7 +145,7 @@ pub fn breakdown_of(
         gpu: Gpu::choose(
             None,
             Some(&r.budget.vram_bytes.to_string()),
-            &r.budget.compute_capability,
+            Some(&r.budget.compute_capability),
         )?,
         batch_size: Some(c.batch_size),
         crop: Some(c.crop),

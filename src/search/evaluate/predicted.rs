@@ -512,7 +512,7 @@ mod tests {
         events.extend((0..30).filter(|i| i % 3 != 2).map(|i| event(i, -6 * MIB)));
         events.extend((100..109).map(|i| event(i, 9 * MIB)));
         // 600 MiB: 570 usable, 260 for the allocator besides the context.
-        let gpu = Gpu::choose(None, Some("600M"), "8.6").unwrap();
+        let gpu = Gpu::choose(None, Some("600M"), None).unwrap();
         let budget = Budget::new(&gpu, 0.05).unwrap();
         let c = candidate(1);
         let flops = (1.0, 0.0);
@@ -564,7 +564,7 @@ mod tests {
         let cx = training(false);
         let record = |vram_mib: u64| {
             // sm 7.0 (no TF32): Winograd's transforms win fp32 3x3 convolutions.
-            let gpu = Gpu::choose(None, Some(&format!("{vram_mib}M")), "7.0").unwrap();
+            let gpu = Gpu::choose(None, Some(&format!("{vram_mib}M")), Some("7.0")).unwrap();
             let budget = Budget::new(&gpu, 0.0).unwrap();
             let r = replay_with(
                 &budget,
