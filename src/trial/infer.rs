@@ -6,7 +6,7 @@
 
 use super::batch::Batch;
 use super::memory::{CpuCounter, Phase};
-use super::run::Phases;
+use super::run::PhasePeaks;
 use super::trace::phase_code;
 use super::TrialRequest;
 use crate::models::EncoderDecoder;
@@ -20,7 +20,7 @@ pub fn infer_step(
     counter: &CpuCounter,
     base: i64,
     step: usize,
-) -> Result<(Phases, Vec<(String, Tensor)>), String> {
+) -> Result<(PhasePeaks, Vec<(String, Tensor)>), String> {
     let Batch { images, labels } = batch;
     let device = model.device();
     let (h, w) = request.crop;
@@ -40,11 +40,11 @@ pub fn infer_step(
     drop(images);
     drop(labels);
     Ok((
-        [
-            (Phase::Forward, forward_peak),
-            (Phase::Backward, 0),
-            (Phase::Optimizer, 0),
-        ],
+        PhasePeaks {
+            forward: forward_peak,
+            backward: 0,
+            optimizer: 0,
+        },
         Vec::new(),
     ))
 }

@@ -29,6 +29,7 @@ pub mod amp;
 pub mod autocast_lists;
 pub mod batch;
 pub mod ddp;
+pub mod emulation;
 pub mod execute;
 pub mod infer;
 pub mod kernel_calls;

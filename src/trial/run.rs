@@ -3,7 +3,7 @@
 //! allocator's (or CUDA's) peaks per phase.
 
 use super::batch::Batch;
-use super::memory::{self, CpuCounter, Phase, TraceEvent};
+use super::memory::{self, CpuCounter, Phase};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
@@ -76,7 +76,7 @@ fn apply_vram_budget(
     request: &TrialRequest,
     device: Device,
     budget: u64,
-    counter: &memory::CpuCounter,
+    switches: &super::emulation::Switches,
     base: i64,
 ) -> Result<(), String> {
     match device {
@@ -87,7 +87,7 @@ fn apply_vram_budget(
             Ok(())
         }
         _ if request.as_cuda => {
-            counter.set_cap(base + budget as i64);
+            switches.cap(base + budget as i64);
             Ok(())
         }
         _ => Err("--vram caps a CUDA device's memory (or, with --as-cuda, the CPU stand-in's); a plain CPU trial takes --cpu-cap".into()),
@@ -218,6 +218,34 @@ fn host_out_of_memory(
     report
 }
 
+/// Why a trial stopped before its end: a status and its message, or a
+/// panic (tch turns libtorch's C++ exceptions into panics).
+enum Stop {
+    Failed(TrialStatus, String),
+    Panicked(Box<dyn std::any::Any + Send>),
+}
+
+impl From<String> for Stop {
+    fn from(message: String) -> Stop {
+        Stop::Failed(TrialStatus::Error, message)
+    }
+}
+
+/// A trial's model and what trains it.
+struct Trainee {
+    model: EncoderDecoder,
+    optimizer: OptimWrapper,
+}
+
+/// The trial's setting once prepared: where the counter started, the CUDA
+/// device (if any) and the switches to restore.
+struct Bench<'a> {
+    counter: &'a CpuCounter,
+    base: i64,
+    cuda_index: Option<usize>,
+    switches: super::emulation::Switches<'a>,
+}
+
 fn run_capped(
     cfg: &Dict,
     request: &TrialRequest,
@@ -229,80 +257,157 @@ fn run_capped(
         tch::set_num_threads(n);
     }
     let mut report = TrialReport::new(request, format!("{device:?}").to_lowercase());
+    match run_phases(cfg, request, device, host_budget, &counter, &mut report) {
+        Ok(()) => {
+            report.finish();
+            report
+        }
+        Err(Stop::Failed(status, message)) => report.failed(status, message),
+        Err(Stop::Panicked(panic)) => report.failed_from_panic(panic),
+    }
+}
+
+/// The trial's phases in order: prepare the process, build the model and
+/// its optimizer, set up what the step emulates, run the steps, collect
+/// the traces.
+fn run_phases(
+    cfg: &Dict,
+    request: &TrialRequest,
+    device: Device,
+    host_budget: Option<u64>,
+    counter: &CpuCounter,
+    report: &mut TrialReport,
+) -> Result<(), Stop> {
+    let mut bench = prepare(request, device, host_budget, counter, report)?;
+    let mut trainee = build(cfg, request, device, &bench, report)?;
+    emulate_release(request, device, &mut trainee.optimizer)?;
+    // DistributedDataParallel wraps the model before training starts.
+    let ddp_buckets = ddp::allocate_buckets(&trainee.model.params, request.setup.gpus, device);
+    if request.amp == Amp::Bf16 && device.is_cuda() && !bf16_supported(device) {
+        return Err("this GPU does not support bf16".to_string().into());
+    }
+    if let Some(cap) = request.cpu_cap_bytes {
+        bench.switches.cap(bench.base + cap as i64);
+    }
+    if bench.cuda_index.is_some() {
+        set_cudnn_from_config(report, cfg, request)?;
+    }
+    if request.op_trace == memory::OpTrace::Meta {
+        let classes = request.gt_segments.map_or(trainee.model.num_classes, |g| {
+            g.min(trainee.model.num_classes)
+        });
+        let pixels = request.crop.0 * request.crop.1;
+        bench.switches.shape_only(classes.min(pixels));
+    }
+    let last_items = run_steps(request, &mut trainee, &bench, report)?;
+    drop(last_items);
+    drop(ddp_buckets);
+    collect_traces(request, trainee, bench, report)
+}
+
+/// Before the model: the allocation trace, the host's guard, the op-level
+/// trace, the caps and the seed. Returns the counter's base.
+fn prepare<'a>(
+    request: &TrialRequest,
+    device: Device,
+    host_budget: Option<u64>,
+    counter: &'a CpuCounter,
+    report: &mut TrialReport,
+) -> Result<Bench<'a>, Stop> {
     if request.trace_out.is_some() {
         let _ = counter.take_trace();
         counter.set_phase_code(0);
         counter.tag_model_scopes();
         counter.trace(true);
     }
-    if let Err(why) = check_host_memory(request) {
-        return report.failed(TrialStatus::Error, why);
-    }
+    check_host_memory(request)?;
+    let mut switches = super::emulation::Switches::new(counter);
     if request.op_trace != memory::OpTrace::Off {
         if device != Device::Cpu {
-            return report.failed(
-                TrialStatus::Error,
-                "--op-trace traces a CPU (or meta) step; leave it out on CUDA".into(),
+            return Err(
+                "--op-trace traces a CPU (or meta) step; leave it out on CUDA"
+                    .to_string()
+                    .into(),
             );
         }
-        if let Err(e) = memory::set_op_trace(request.op_trace) {
-            return report.failed(TrialStatus::Error, e);
-        }
+        switches.trace_ops(request.op_trace)?;
         if request.trace_out.is_some() {
-            if let Err(e) = super::kernel_calls::record(true) {
-                return report.failed(TrialStatus::Error, e);
-            }
+            switches.record_kernel_calls()?;
         }
     }
     let base = counter.current();
     if let Some(budget) = host_budget {
-        counter.set_cap(base + budget as i64);
+        switches.cap(base + budget as i64);
     }
     if let Some(budget) = request.vram_budget_bytes {
-        if let Err(e) = apply_vram_budget(&mut report, request, device, budget, &counter, base) {
-            return report.failed(TrialStatus::Error, e);
-        }
+        apply_vram_budget(report, request, device, budget, &switches, base)?;
     }
     tch::manual_seed(request.seed);
+    Ok(Bench {
+        counter,
+        base,
+        cuda_index: match device {
+            Device::Cuda(i) => Some(i),
+            _ => None,
+        },
+        switches,
+    })
+}
+
+/// The model (after checking that an inference trial can infer with it)
+/// and its optimizer wrapper, as the config and the request set them.
+fn build(
+    cfg: &Dict,
+    request: &TrialRequest,
+    device: Device,
+    bench: &Bench,
+    report: &mut TrialReport,
+) -> Result<Trainee, Stop> {
     if request.mode == RunMode::Infer {
         let model = cfg.get("model").and_then(crate::config::Value::as_dict);
-        if let Err(e) = model.map_or(
-            Ok(()),
-            crate::models::segmentors::inference::check_inference,
-        ) {
-            return report.failed(TrialStatus::Error, e.to_string());
-        }
+        model
+            .map_or(
+                Ok(()),
+                crate::models::segmentors::inference::check_inference,
+            )
+            .map_err(|e| e.to_string())?;
     }
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         EncoderDecoder::build(cfg, device)
     }));
     let mut model = match built {
         Ok(Ok(m)) => m,
-        Ok(Err(e)) => return report.failed(TrialStatus::Error, e.to_string()),
-        Err(panic) => return report.failed_from_panic(panic),
+        Ok(Err(e)) => return Err(e.to_string().into()),
+        Err(panic) => return Err(Stop::Panicked(panic)),
     };
     model.set_preprocessor_size(request.crop);
     report.set_params(&model);
-    report.bytes_after_model_build = counter.current() - base;
-    let mut optim_cfg = match OptimCfg::from_cfg(cfg) {
-        Ok(c) => c,
-        Err(e) => return report.failed(TrialStatus::Error, e),
-    };
+    report.bytes_after_model_build = bench.counter.current() - bench.base;
+    let mut optim_cfg = OptimCfg::from_cfg(cfg)?;
     if let Some(n) = request.accumulative_counts {
         optim_cfg.accumulative_counts = n;
     }
     report.optimizer = optim_cfg.type_name.clone();
     report.accumulative_counts = optim_cfg.accumulative_counts;
-    let mut optimizer = OptimWrapper::new(optim_cfg, &model.params, request.amp);
+    let optimizer = OptimWrapper::new(optim_cfg, &model.params, request.amp);
+    Ok(Trainee { model, optimizer })
+}
+
+/// What the PyTorch release and the CUDA stand-in change in the step: the
+/// release's softmax and zero_grad, and on `--as-cuda` CUDA's autocast
+/// rules, fp16's GradScaler, foreach optimizers and mmcv's CUDA ops.
+fn emulate_release(
+    request: &TrialRequest,
+    device: Device,
+    optimizer: &mut OptimWrapper,
+) -> Result<(), Stop> {
     let torch = request.setup.torch;
     if torch != TorchVersion::NEWEST && device != Device::Cpu {
-        return report.failed(
-            TrialStatus::Error,
-            format!(
-                "a trial on a GPU runs the PyTorch segtune links ({}); --torch {torch} is reproduced on the CPU only (estimate, predicted search)",
-                TorchVersion::NEWEST
-            ),
-        );
+        return Err(format!(
+            "a trial on a GPU runs the PyTorch segtune links ({}); --torch {torch} is reproduced on the CPU only (estimate, predicted search)",
+            TorchVersion::NEWEST
+        )
+        .into());
     }
     if torch.has(Switch::SoftmaxKeepsInput) {
         crate::models::layers::emulate_softmax_saving_input(|input, output| {
@@ -313,170 +418,169 @@ fn run_capped(
     if torch.has(Switch::ZeroGradKeepsGradients) {
         optimizer.zero_grad_in_place(true);
     }
-    if request.as_cuda {
-        if device != Device::Cpu {
-            return report.failed(
-                TrialStatus::Error,
-                "--as-cuda makes a CPU trial stand in for a GPU; on CUDA, leave it out".into(),
-            );
-        }
-        if request.amp != Amp::Off {
-            if let Err(e) = memory::autocast_cuda_policy(true)
-                .and_then(|()| memory::autocast_cuda_release(torch))
-            {
-                return report.failed(TrialStatus::Error, e);
-            }
-        }
-        if request.amp == Amp::Fp16 {
-            optimizer.use_grad_scaler();
-        }
-        if torch.has(Switch::ForeachOptimizersOnCuda) {
-            optimizer.use_foreach();
-        }
-        crate::models::layers::emulate_mmcv_cuda_ops();
+    if !request.as_cuda {
+        return Ok(());
     }
-    // DistributedDataParallel wraps the model before training starts.
-    let ddp_buckets = ddp::allocate_buckets(&model.params, request.setup.gpus, device);
-    if request.amp == Amp::Bf16 && device.is_cuda() && !bf16_supported(device) {
-        return report.failed(TrialStatus::Error, "this GPU does not support bf16".into());
+    if device != Device::Cpu {
+        return Err(
+            "--as-cuda makes a CPU trial stand in for a GPU; on CUDA, leave it out"
+                .to_string()
+                .into(),
+        );
     }
-    if let Some(cap) = request.cpu_cap_bytes {
-        counter.set_cap(base + cap as i64);
+    if request.amp != Amp::Off {
+        memory::autocast_cuda_policy(true).and_then(|()| memory::autocast_cuda_release(torch))?;
     }
-    let cuda_index = match device {
-        Device::Cuda(i) => Some(i),
-        _ => None,
-    };
-    if cuda_index.is_some() {
-        if let Err(e) = set_cudnn_from_config(&mut report, cfg, request) {
-            return report.failed(TrialStatus::Error, e);
-        }
+    if request.amp == Amp::Fp16 {
+        optimizer.use_grad_scaler();
     }
-    let total_steps = request.warmup_steps + request.measured_steps;
-    if request.op_trace == memory::OpTrace::Meta {
-        let classes = request
-            .gt_segments
-            .map_or(model.num_classes, |g| g.min(model.num_classes));
-        let pixels = request.crop.0 * request.crop.1;
-        crate::models::layers::host::set_shape_only_segments(Some(classes.min(pixels)));
+    if torch.has(Switch::ForeachOptimizersOnCuda) {
+        optimizer.use_foreach();
     }
-    // mmengine keeps the last step's log_vars alive into the next step.
+    crate::models::layers::emulate_mmcv_cuda_ops();
+    Ok(())
+}
+
+/// The warm-up and measured steps, each recorded in `report`; returns the
+/// last step's log items (mmengine keeps them alive into the next step).
+fn run_steps(
+    request: &TrialRequest,
+    trainee: &mut Trainee,
+    bench: &Bench,
+    report: &mut TrialReport,
+) -> Result<Vec<(String, Tensor)>, Stop> {
+    let (counter, base) = (bench.counter, bench.base);
     let mut previous_items: Vec<(String, Tensor)> = Vec::new();
-    let mut trace: Vec<TraceEvent> = Vec::new();
-    for step in 0..total_steps {
-        let measured = step >= request.warmup_steps;
+    for step in 0..request.warmup_steps + request.measured_steps {
         counter.set_phase_code(phase_code(step + 1, Phase::Data));
         let batch = Batch::synthetic(
             request,
-            model.num_classes,
-            model.ignore_index,
-            model.takes_pixel_values(),
+            trainee.model.num_classes,
+            trainee.model.ignore_index,
+            trainee.model.takes_pixel_values(),
         );
         counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         if step == 0 {
             report.batch_bytes = batch.bytes();
             report.bytes_before_step1 = counter.current() - base;
         }
-        let before = counter.current() - base;
-        if let Some(i) = cuda_index {
-            let _ = memory::device_synchronize(i);
-            let _ = memory::device_reset_peak(i);
-        }
-        counter.reset_peak();
-        let _ = crate::models::layers::take_forward_flops();
-        let _ = crate::models::layers::checkpoint::take_recompute_flops();
-        let started = Instant::now();
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match request.mode {
-                RunMode::Train => train_step(
-                    &model,
-                    &mut optimizer,
-                    batch,
-                    request,
-                    &counter,
-                    base,
-                    step + 1,
-                ),
-                RunMode::Infer => {
-                    super::infer::infer_step(&model, batch, request, &counter, base, step + 1)
-                }
-            }));
-        if let Some(i) = cuda_index {
-            let _ = memory::device_synchronize(i);
-        }
-        report.forward_flops = crate::models::layers::take_forward_flops();
-        report.recompute_flops = crate::models::layers::checkpoint::take_recompute_flops();
-        let seconds = started.elapsed().as_secs_f64();
-        counter.set_phase_code(phase_code(step + 1, Phase::Setup));
-        let (phases, items) = match result {
-            Ok(Ok(v)) => v,
-            Ok(Err(message)) => return report.failed(TrialStatus::Error, message),
-            Err(panic) => {
-                counter.set_cap(0);
-                return report.failed_from_panic(panic);
-            }
-        };
+        let (record, items) = one_step(request, trainee, bench, batch, step, report)?;
         previous_items = items;
-        let loss = previous_items
-            .iter()
-            .find(|(n, _)| n.contains("loss"))
-            .map(|(_, v)| v.double_value(&[]));
-        let mut record = StepRecord {
-            step: step + 1,
-            measured,
-            seconds,
-            bytes_before: before,
-            peak_bytes: phases.iter().map(|p| p.1).max().unwrap_or(0),
-            bytes_after: counter.current() - base,
-            forward_peak: phases[0].1,
-            backward_peak: phases[1].1,
-            optimizer_peak: phases[2].1,
-            loss,
-            cuda: None,
-        };
-        if let Some(i) = cuda_index {
-            record.cuda = memory::device_stats(i).ok();
-        }
+        let loss = record.loss;
+        report.push_step(record);
         if request.mode == RunMode::Train && loss.is_none_or(|l| !l.is_finite()) {
-            report.push_step(record);
-            return report.failed(
+            return Err(Stop::Failed(
                 TrialStatus::NonFiniteLoss,
                 format!("the loss is {loss:?} at step {}", step + 1),
-            );
+            ));
         }
-        report.push_step(record);
     }
-    drop(previous_items);
-    drop(ddp_buckets);
-    counter.set_cap(0);
-    crate::models::layers::host::set_shape_only_segments(None);
-    if request.op_trace != memory::OpTrace::Off {
-        let _ = memory::set_op_trace(memory::OpTrace::Off);
-        if request.op_trace == memory::OpTrace::Meta {
-            report.meta_ops_on_cpu = memory::op_trace_unsupported()
-                .map(|names| names.split(',').map(str::to_string).collect())
-                .unwrap_or_default();
-            report.meta_stand_ins = memory::op_trace_stand_ins();
+    Ok(previous_items)
+}
+
+/// One step (`step` counts from 0): its peaks per phase, time and loss;
+/// its FLOPs go into `report`.
+fn one_step(
+    request: &TrialRequest,
+    trainee: &mut Trainee,
+    bench: &Bench,
+    batch: Batch,
+    step: usize,
+    report: &mut TrialReport,
+) -> Result<(StepRecord, Vec<(String, Tensor)>), Stop> {
+    let (counter, base) = (bench.counter, bench.base);
+    let before = counter.current() - base;
+    if let Some(i) = bench.cuda_index {
+        let _ = memory::device_synchronize(i);
+        let _ = memory::device_reset_peak(i);
+    }
+    counter.reset_peak();
+    let _ = crate::models::layers::take_forward_flops();
+    let _ = crate::models::layers::checkpoint::take_recompute_flops();
+    let started = Instant::now();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match request.mode {
+        RunMode::Train => train_step(
+            &trainee.model,
+            &mut trainee.optimizer,
+            batch,
+            request,
+            counter,
+            base,
+            step + 1,
+        ),
+        RunMode::Infer => {
+            super::infer::infer_step(&trainee.model, batch, request, counter, base, step + 1)
         }
+    }));
+    if let Some(i) = bench.cuda_index {
+        let _ = memory::device_synchronize(i);
+    }
+    report.forward_flops = crate::models::layers::take_forward_flops();
+    report.recompute_flops = crate::models::layers::checkpoint::take_recompute_flops();
+    let seconds = started.elapsed().as_secs_f64();
+    counter.set_phase_code(phase_code(step + 1, Phase::Setup));
+    let (peaks, items) = match result {
+        Ok(Ok(v)) => v,
+        Ok(Err(message)) => return Err(message.into()),
+        Err(panic) => {
+            bench.switches.cap(0);
+            return Err(Stop::Panicked(panic));
+        }
+    };
+    let loss = items
+        .iter()
+        .find(|(n, _)| n.contains("loss"))
+        .map(|(_, v)| v.double_value(&[]));
+    let mut record = StepRecord {
+        step: step + 1,
+        measured: step >= request.warmup_steps,
+        seconds,
+        bytes_before: before,
+        peak_bytes: peaks.max(),
+        bytes_after: counter.current() - base,
+        forward_peak: peaks.forward,
+        backward_peak: peaks.backward,
+        optimizer_peak: peaks.optimizer,
+        loss,
+        cuda: None,
+    };
+    if let Some(i) = bench.cuda_index {
+        record.cuda = memory::device_stats(i).ok();
+    }
+    Ok((record, items))
+}
+
+/// After the steps: the switches restored, the op-level trace's notes, the
+/// allocation trace and kernel calls, the optimizer's state.
+fn collect_traces(
+    request: &TrialRequest,
+    trainee: Trainee,
+    bench: Bench,
+    report: &mut TrialReport,
+) -> Result<(), Stop> {
+    let Bench {
+        counter, switches, ..
+    } = bench;
+    let recorded_calls = (request.trace_out.is_some() && request.op_trace != memory::OpTrace::Off)
+        .then(super::kernel_calls::take)
+        .transpose()?;
+    drop(switches);
+    if request.op_trace == memory::OpTrace::Meta {
+        report.meta_ops_on_cpu = memory::op_trace_unsupported()
+            .map(|names| names.split(',').map(str::to_string).collect())
+            .unwrap_or_default();
+        report.meta_stand_ins = memory::op_trace_stand_ins();
     }
     if request.trace_out.is_some() {
         counter.trace(false);
-        trace.extend(counter.take_trace());
-        if request.op_trace != memory::OpTrace::Off {
-            match super::kernel_calls::take() {
-                Ok(calls) => report.kernel_calls = calls,
-                Err(e) => return report.failed(TrialStatus::Error, e),
-            }
-            let _ = super::kernel_calls::record(false);
-        }
-    }
-    report.optimizer_state_bytes = optimizer.state_bytes();
-    if request.trace_out.is_some() {
-        report.trace = Some(trace);
+        report.trace = Some(counter.take_trace());
         report.model_scopes = crate::models::scope::names();
     }
-    report.finish();
-    report
+    if let Some(calls) = recorded_calls {
+        report.kernel_calls = calls;
+    }
+    report.optimizer_state_bytes = trainee.optimizer.state_bytes();
+    Ok(())
 }
 
 fn bf16_supported(device: Device) -> bool {
@@ -488,7 +592,20 @@ fn bf16_supported(device: Device) -> bool {
     .is_ok()
 }
 
-pub(super) type Phases = [(Phase, i64); 3];
+/// A step's peak (bytes over the counter's base) in each of its phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhasePeaks {
+    pub forward: i64,
+    pub backward: i64,
+    pub optimizer: i64,
+}
+
+impl PhasePeaks {
+    /// The step's peak: the largest of its phases'.
+    pub fn max(&self) -> i64 {
+        self.forward.max(self.backward).max(self.optimizer)
+    }
+}
 
 /// The step's autocast, if it runs in half precision (on the CPU standing
 /// in for CUDA, half precision is held as bf16: the same two bytes).
@@ -514,7 +631,7 @@ fn train_step(
     counter: &CpuCounter,
     base: i64,
     step: usize,
-) -> Result<(Phases, Vec<(String, Tensor)>), String> {
+) -> Result<(PhasePeaks, Vec<(String, Tensor)>), String> {
     let Batch { images, labels } = batch;
     let device = model.device();
     counter.set_phase_code(phase_code(step, Phase::Forward));
@@ -543,11 +660,11 @@ fn train_step(
     drop(images);
     drop(labels);
     Ok((
-        [
-            (Phase::Forward, forward_peak),
-            (Phase::Backward, backward_peak),
-            (Phase::Optimizer, optimizer_peak),
-        ],
+        PhasePeaks {
+            forward: forward_peak,
+            backward: backward_peak,
+            optimizer: optimizer_peak,
+        },
         items,
     ))
 }
