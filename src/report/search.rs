@@ -142,6 +142,16 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     if r.run_mode == crate::trial::RunMode::Infer {
         return super::infer::inference(r, all);
     }
+    let mut out = heading(r);
+    out.push_str(&feasible_table(r, all));
+    out.push_str(&infeasible_table(r, all));
+    out.push_str(&counts_and_notes(r));
+    out.push_str(&winner_lines(r));
+    out
+}
+
+/// The budget, the PyTorch release and the recipe.
+fn heading(r: &SearchResult) -> String {
     let gpus = if r.gpus > 1 {
         format!("{} x ", r.gpus)
     } else {
@@ -172,6 +182,13 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         r.objective.name(),
         r.mode.name()
     ));
+    out
+}
+
+/// The ranked feasible candidates (the device total only, without `all`),
+/// or the sentence that none fits.
+fn feasible_table(r: &SearchResult, all: bool) -> String {
+    let mut out = String::new();
     if r.feasible.is_empty() {
         out.push_str("no candidate fits this budget.\n");
     } else {
@@ -242,6 +259,12 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         ));
         out.push('\n');
     }
+    out
+}
+
+/// The infeasible candidates with their reason (`all`), else their count.
+fn infeasible_table(r: &SearchResult, all: bool) -> String {
+    let mut out = String::new();
     if all && !r.infeasible.is_empty() {
         const INFEASIBLE_COLUMNS: [&str; 9] = [
             "batch", "crop", "amp", "accum", "with_cp", "points", "status", "reason", "how",
@@ -278,6 +301,14 @@ pub fn search(r: &SearchResult, all: bool) -> String {
             r.infeasible.len()
         ));
     }
+    out
+}
+
+/// How many trials ran and were resumed, and the notes on what the user
+/// should know (candidates without a verdict, a stale report, skipped
+/// journal lines, auto_scale_lr).
+fn counts_and_notes(r: &SearchResult) -> String {
+    let mut out = String::new();
     if r.predictions_confirmed_from > 0 {
         out.push_str(&format!(
             "predicted first: {} candidates predicted from CPU traces ({} traces), the best confirmed by real trials from the top down (predicted GiB: the device total predicted for a measured one)\n",
@@ -303,6 +334,12 @@ pub fn search(r: &SearchResult, all: bool) -> String {
     if r.auto_scale_lr {
         out.push_str("note: no batch size keeps the recipe's effective batch; auto_scale_lr is enabled in the emitted config\n");
     }
+    out
+}
+
+/// The winner, what was written and how to train it.
+fn winner_lines(r: &SearchResult) -> String {
+    let mut out = String::new();
     if let Some(w) = &r.winner {
         out.push_str(&format!(
             "winner: batch {} x crop {}x{}, amp {}, accumulation {}{}{} ({})\n",

@@ -8,14 +8,18 @@
 //! emitted as `test_dataloader.batch_size`, `model.test_cfg` and `test_cfg`
 //! overrides, with the `--cfg-options` line for `tools/test.py`.
 
-use super::journal::{hash_text, Journal};
-use super::record::{Outcome, SearchResult};
-use super::run::{budget_of, cuda_device, predictor, CudaTrials, RealTrials, SearchRequest};
+use super::evaluate::Evaluator;
+use super::journal::Journal;
+use super::record::SearchResult;
+use super::run::{
+    assemble, budget_of, cuda_device, predictor, prepare, CudaTrials, Found, RealTrials,
+    ResultHead, SearchRequest,
+};
 use super::space::{Amp, ModelKnobs, Recipe, TestMode};
-use super::spec::{Objective, SearchSpec};
-use super::strategy::{rank, run_search, Progress, SearchSpace};
+use super::spec::Objective;
+use super::strategy::{run_search, Explored, Progress, SearchSpace};
 use super::{emit, saved};
-use crate::config::{self, dump, Dict, Value};
+use crate::config::{Dict, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::BatchLayout;
 use crate::trial::worker::Worker;
@@ -62,15 +66,14 @@ pub fn search_inference(
     worker: &Worker,
     progress: Progress,
 ) -> Result<SearchResult> {
-    let cfg = config::resolve(&request.config, &request.cfg_options)?;
-    let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     // An inference winner is always written as an MMSeg config.
-    super::run::check_outputs(
+    let prepared = prepare(
         request,
-        crate::predict::estimate::BatchLayout::MmSeg,
-        super::emit::INFER_SUFFIX,
+        worker,
+        Some(BatchLayout::MmSeg),
+        emit::INFER_SUFFIX,
     )?;
-    super::run::check_buildable(&cfg, request, worker)?;
+    let cfg = &prepared.cfg;
     let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
     crate::models::segmentors::inference::check_inference(model).map_err(|source| {
         Error::Model {
@@ -78,28 +81,29 @@ pub fn search_inference(
             config: request.config.clone(),
         }
     })?;
-    let crop = crate::predict::estimate::recipe_crop(&cfg).ok_or_else(|| {
+    let crop = crate::predict::estimate::recipe_crop(cfg).ok_or_else(|| {
         Error::Input(
             "the config has no crop size (crop_size, RandomCrop or data_preprocessor.size)".into(),
         )
     })?;
-    let image = test_image_size(&cfg, crop);
+    let image = test_image_size(cfg, crop);
     let test_batch = cfg
         .get("test_dataloader")
         .and_then(|d| d.get_path("batch_size"))
         .and_then(Value::as_i64)
         .unwrap_or(1);
-    let budget = budget_of(&spec)?;
+    let spec = &prepared.spec;
+    let budget = budget_of(spec)?;
     let gpus = spec.gpus.unwrap_or(1);
     // On a CUDA device each setting is a real inference trial; else predicted.
     let real = CudaTrials { request, worker };
-    let (torch, torch_source) = request.torch(&spec);
+    let (torch, torch_source) = request.torch(spec);
     let setup = TrainingSetup { gpus, torch };
-    let cuda = cuda_device(&spec, real.devices(), torch)?;
+    let cuda = cuda_device(spec, real.devices(), torch)?;
     let (mut evaluator, device) = match cuda {
         Some(i) => (real.evaluator(i, &budget, gpus), format!("cuda:{i}:infer")),
         None => (
-            predictor(request, worker, &budget, setup, BatchLayout::of(&cfg)),
+            predictor(request, worker, &budget, setup, prepared.layout),
             format!(
                 "predicted-infer:{}:{}:{:.3}:{}{}",
                 budget.gpu,
@@ -114,10 +118,52 @@ pub fn search_inference(
             ),
         ),
     };
-    let config_hash = hash_text(&dump::to_json(&Value::Dict(cfg.clone())));
-    let mut journal = Journal::open(&request.out, &config_hash, &device)?;
+    let mut journal = Journal::open(&request.out, &prepared.config_hash, &device)?;
+    let explored = explore_test_modes(
+        test_modes(model, crop)?,
+        image,
+        request,
+        evaluator.as_mut(),
+        &mut journal,
+        progress,
+    )?;
+    let found = Found {
+        explored,
+        mode: evaluator.mode(),
+        traces_run: evaluator.traces_run(),
+    };
+    let head = ResultHead {
+        run_mode: RunMode::Infer,
+        budget,
+        gpus,
+        torch: (torch, torch_source.to_string()),
+        recipe: Recipe {
+            batch_size: test_batch,
+            crop: image,
+            effective_batch: test_batch,
+            effective_batch_source:
+                "test_dataloader.batch_size; the image size from the test pipeline's Resize".into(),
+        },
+        objective: Objective::Throughput,
+        grid_size: TEST_BATCHES.len() * 2 * 2,
+    };
+    let mut result = assemble(request, head, found, &journal)?;
+    emit_inference_winner(request, &mut result)?;
+    saved::save_result(request, &result, prepared.config_hash)?;
+    Ok(result)
+}
+
+/// Test batch x precision for each test mode, at the test image size.
+fn explore_test_modes(
+    modes: Vec<TestMode>,
+    image: (i64, i64),
+    request: &SearchRequest,
+    evaluator: &mut dyn Evaluator,
+    journal: &mut Journal,
+    progress: Progress,
+) -> Result<Explored> {
     let (mut outcomes, mut ran, mut resumed) = (Vec::new(), 0, 0);
-    for mode in test_modes(model, crop)? {
+    for mode in modes {
         let space = SearchSpace {
             crops: &[image],
             precisions: &[Amp::Off, Amp::Fp16],
@@ -134,68 +180,38 @@ pub fn search_inference(
             &space,
             Objective::Throughput,
             request.exhaustive,
-            evaluator.as_mut(),
-            &mut journal,
+            evaluator,
+            journal,
             progress,
         )?;
         ran += explored.ran;
         resumed += explored.resumed;
         outcomes.extend(explored.outcomes);
     }
-    super::run::some_verdict(&outcomes)?;
-    let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) =
-        outcomes.into_iter().partition(|o| o.record.fits());
-    let feasible = rank(feasible, Objective::Throughput);
-    let winner = feasible.first().cloned();
-    let mut result = SearchResult {
-        config: request.config.display().to_string(),
-        run_mode: RunMode::Infer,
-        budget,
-        gpus,
-        torch,
-        torch_source: torch_source.to_string(),
-        recipe: Recipe {
-            batch_size: test_batch,
-            crop: image,
-            effective_batch: test_batch,
-            effective_batch_source:
-                "test_dataloader.batch_size; the image size from the test pipeline's Resize".into(),
-        },
-        objective: Objective::Throughput,
-        mode: evaluator.mode(),
-        feasible,
-        infeasible,
-        grid_size: TEST_BATCHES.len() * 2 * 2,
-        trials_run: ran,
-        trials_resumed: resumed,
-        traces_run: evaluator.traces_run(),
-        predictions_confirmed_from: 0,
-        winner: winner.clone(),
-        emitted: Vec::new(),
-        cfg_options: None,
-        auto_scale_lr: false,
-        journal: journal.path().display().to_string(),
-        journal_skipped_lines: journal.skipped_lines(),
-        stale_report: saved::stale_report(&request.out),
+    Ok(Explored::new(outcomes, ran, resumed, 0))
+}
+
+/// Writes an inference winner as `test_dataloader`, `model.test_cfg` and
+/// `test_cfg` overrides, with its `tools/test.py` line.
+fn emit_inference_winner(request: &SearchRequest, result: &mut SearchResult) -> Result<()> {
+    let Some(w) = result.winner.clone() else {
+        return Ok(());
     };
-    if let Some(w) = &winner {
-        let c = w.candidate;
-        let header = format!(
-            "Generated by segtune search --mode infer for {} ({:.2} GiB, margin {:.0}%): test batch {}, {}x{} images, {} inference, amp {} ({}).",
-            result.budget.gpu,
-            result.budget.vram_bytes as f64 / (1u64 << 30) as f64,
-            result.budget.margin * 100.0,
-            c.batch_size,
-            c.crop.0,
-            c.crop.1,
-            c.test_mode.unwrap_or(TestMode::Whole).label(),
-            c.amp,
-            w.record.mode.name(),
-        );
-        let written = emit::emit_inference(&request.config, &c, &request.out, &header)?;
-        result.emitted = written.iter().map(|p| p.display().to_string()).collect();
-        result.cfg_options = Some(emit::inference_cfg_options_line(&c));
-    }
-    saved::save_result(request, &result, config_hash)?;
-    Ok(result)
+    let c = w.candidate;
+    let header = format!(
+        "Generated by segtune search --mode infer for {} ({:.2} GiB, margin {:.0}%): test batch {}, {}x{} images, {} inference, amp {} ({}).",
+        result.budget.gpu,
+        result.budget.vram_bytes as f64 / (1u64 << 30) as f64,
+        result.budget.margin * 100.0,
+        c.batch_size,
+        c.crop.0,
+        c.crop.1,
+        c.test_mode.unwrap_or(TestMode::Whole).label(),
+        c.amp,
+        w.record.mode.name(),
+    );
+    let written = emit::emit_inference(&request.config, &c, &request.out, &header)?;
+    result.emitted = written.iter().map(|p| p.display().to_string()).collect();
+    result.cfg_options = Some(emit::inference_cfg_options_line(&c));
+    Ok(())
 }

@@ -130,174 +130,331 @@ pub fn search_with(
     progress: Progress,
     real: &dyn RealTrials,
 ) -> Result<SearchResult> {
+    let prepared = prepare(request, worker, None, emit::TRAIN_SUFFIX)?;
+    let plan = TrainingPlan::of(&prepared, request, real)?;
+    let mut predictor = predictor(request, worker, &plan.budget, plan.setup, prepared.layout);
+    let mut journal = Journal::open(&request.out, &prepared.config_hash, &plan.predicted_device)?;
+    let space = plan.space();
+    let explored = explore(
+        &plan,
+        &space,
+        request,
+        real,
+        predictor.as_mut(),
+        &mut journal,
+        progress,
+    )?;
+    let found = Found {
+        explored,
+        mode: if plan.cuda.is_some() {
+            Mode::Measured
+        } else {
+            Mode::Predicted
+        },
+        traces_run: predictor.traces_run(),
+    };
+    let head = ResultHead {
+        run_mode: RunMode::Train,
+        budget: plan.budget.clone(),
+        gpus: plan.setup.gpus,
+        torch: (plan.setup.torch, plan.torch_source.clone()),
+        recipe: plan.recipe.clone(),
+        objective: plan.objective,
+        grid_size: plan.batches.len() * plan.crops.len() * plan.precisions.len(),
+    };
+    let mut result = assemble(request, head, found, &journal)?;
+    emit_training_winner(request, &prepared, &plan, &mut result)?;
+    saved::save_result(request, &result, prepared.config_hash)?;
+    Ok(result)
+}
+
+/// A search's config and settings, checked before any trial.
+pub(super) struct Prepared {
+    pub(super) cfg: crate::config::Dict,
+    pub(super) spec: SearchSpec,
+    /// The journal's key: the resolved config's hash.
+    pub(super) config_hash: String,
+    /// How the model takes its batch (MMSeg's, or transformers').
+    pub(super) layout: BatchLayout,
+}
+
+/// Resolves the config and its settings, and refuses before any trial
+/// what would fail late: an `--out` that cannot take the winner (written as
+/// `written_as` says, else as the config's batch layout implies; named
+/// with `suffix`) and a model segtune cannot build.
+pub(super) fn prepare(
+    request: &SearchRequest,
+    worker: &Worker,
+    written_as: Option<BatchLayout>,
+    suffix: &str,
+) -> Result<Prepared> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     let layout = BatchLayout::of(&cfg);
-    // Before any trial: where the winner goes must take it, and a model
-    // segtune cannot build would fail every one.
-    check_outputs(request, layout, emit::TRAIN_SUFFIX)?;
+    check_outputs(request, written_as.unwrap_or(layout), suffix)?;
     check_buildable(&cfg, request, worker)?;
-    let file_name = request
-        .config
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("");
-    let recipe = Recipe::of(&cfg, file_name).map_err(|e| Error::Input(e.to_string()))?;
-    let budget = budget_of(&spec)?;
-    let objective = spec.objective.unwrap_or_default();
-    let gpus = spec.gpus.unwrap_or(1);
-    if gpus < 1 {
-        return Err(Error::Input(format!("gpus = {gpus}: give 1 or more")));
-    }
-    let batches = space::batch_sizes(&recipe, gpus);
-    let crops = space::crops(recipe.crop);
-    let mut precisions = vec![Amp::Off, Amp::Fp16];
-    if budget.bf16 {
-        precisions.push(Amp::Bf16);
-    }
-    let effective = recipe.effective_batch;
-    let accumulation = move |b: i64| match space::accumulation_for(b, gpus, effective) {
-        Some(a) => (a, true),
-        None => (1, false),
-    };
-    let (torch, torch_source) = request.torch(&spec);
-    let setup = TrainingSetup { gpus, torch };
-    let cuda = cuda_device(&spec, real.devices(), torch)?;
-    let mut predictor = predictor(request, worker, &budget, setup, layout);
-    // Trials for another number of GPUs, segments or PyTorch are not reusable.
-    let mut suffix = if gpus > 1 {
-        format!(":x{gpus}")
-    } else {
-        String::new()
-    };
-    if torch != TorchVersion::NEWEST {
-        suffix.push_str(&format!(":torch{torch}"));
-    }
-    if let Some(n) = request.gt_segments {
-        suffix.push_str(&format!(":segments{n}"));
-    }
-    let predicted_device = format!(
-        "predicted:{}:{}:{:.3}:{}{suffix}",
-        budget.gpu, budget.vram_bytes, budget.margin, request.trace
-    );
     let config_hash = hash_text(&dump::to_json(&Value::Dict(cfg.clone())));
-    let mut journal = Journal::open(&request.out, &config_hash, &predicted_device)?;
-    let space = SearchSpace {
-        crops: &crops,
-        precisions: &precisions,
-        batches: &batches,
-        accumulation: &accumulation,
-        checkpoint: space::checkpoint_available(&cfg),
-        num_points: &space::num_points_options(&cfg, recipe.crop),
-        knobs: space::ModelKnobs::default(),
-    };
-    let mut measurer = cuda.map(|i| real.evaluator(i, &budget, gpus));
-    if let Some(i) = cuda {
-        journal.set_device(&format!("cuda:{i}{suffix}"));
-    }
-    let explored = match measurer.as_mut() {
-        // Benchmarks measure every candidate of the grid.
-        Some(m) if request.exhaustive => {
-            run_search(&space, objective, true, m.as_mut(), &mut journal, progress)?
+    Ok(Prepared {
+        cfg,
+        spec,
+        config_hash,
+        layout,
+    })
+}
+
+/// A training search's grid and where it runs: the recipe, the budget, the
+/// batches, crops and precisions, the PyTorch release, the CUDA device for
+/// real trials (if any) and the journal's device keys.
+struct TrainingPlan {
+    recipe: Recipe,
+    budget: Budget,
+    objective: super::spec::Objective,
+    setup: TrainingSetup,
+    torch_source: String,
+    batches: Vec<i64>,
+    crops: Vec<(i64, i64)>,
+    precisions: Vec<Amp>,
+    /// The accumulation that keeps the recipe's effective batch at a batch
+    /// size, and whether one does.
+    accumulation: Box<dyn Fn(i64) -> (i64, bool)>,
+    checkpoint: bool,
+    num_points: Vec<i64>,
+    cuda: Option<usize>,
+    /// The journal's device key of predictions, and the suffix of real
+    /// trials' (`cuda:N<suffix>`): trials for another number of GPUs,
+    /// segments or PyTorch are not reusable.
+    predicted_device: String,
+    trial_suffix: String,
+}
+
+impl TrainingPlan {
+    fn of(prepared: &Prepared, request: &SearchRequest, real: &dyn RealTrials) -> Result<Self> {
+        let (cfg, spec) = (&prepared.cfg, &prepared.spec);
+        let file_name = request
+            .config
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        let recipe = Recipe::of(cfg, file_name).map_err(|e| Error::Input(e.to_string()))?;
+        let budget = budget_of(spec)?;
+        let gpus = spec.gpus.unwrap_or(1);
+        if gpus < 1 {
+            return Err(Error::Input(format!("gpus = {gpus}: give 1 or more")));
         }
-        _ => {
-            journal.set_device(&predicted_device);
+        let mut precisions = vec![Amp::Off, Amp::Fp16];
+        if budget.bf16 {
+            precisions.push(Amp::Bf16);
+        }
+        let (torch, torch_source) = request.torch(spec);
+        let cuda = cuda_device(spec, real.devices(), torch)?;
+        let mut trial_suffix = if gpus > 1 {
+            format!(":x{gpus}")
+        } else {
+            String::new()
+        };
+        if torch != TorchVersion::NEWEST {
+            trial_suffix.push_str(&format!(":torch{torch}"));
+        }
+        if let Some(n) = request.gt_segments {
+            trial_suffix.push_str(&format!(":segments{n}"));
+        }
+        let predicted_device = format!(
+            "predicted:{}:{}:{:.3}:{}{trial_suffix}",
+            budget.gpu, budget.vram_bytes, budget.margin, request.trace
+        );
+        let effective = recipe.effective_batch;
+        Ok(TrainingPlan {
+            batches: space::batch_sizes(&recipe, gpus),
+            crops: space::crops(recipe.crop),
+            accumulation: Box::new(move |b| match space::accumulation_for(b, gpus, effective) {
+                Some(a) => (a, true),
+                None => (1, false),
+            }),
+            checkpoint: space::checkpoint_available(cfg),
+            num_points: space::num_points_options(cfg, recipe.crop),
+            recipe,
+            budget,
+            objective: spec.objective.unwrap_or_default(),
+            setup: TrainingSetup { gpus, torch },
+            torch_source: torch_source.to_string(),
+            precisions,
+            cuda,
+            predicted_device,
+            trial_suffix,
+        })
+    }
+
+    fn space(&self) -> SearchSpace<'_> {
+        SearchSpace {
+            crops: &self.crops,
+            precisions: &self.precisions,
+            batches: &self.batches,
+            accumulation: &*self.accumulation,
+            checkpoint: self.checkpoint,
+            num_points: &self.num_points,
+            knobs: space::ModelKnobs::default(),
+        }
+    }
+}
+
+/// Runs the strategy: predictions first, then on a CUDA device real trials
+/// confirming them from the top down (or, for benchmarks, every candidate
+/// measured).
+fn explore(
+    plan: &TrainingPlan,
+    space: &SearchSpace,
+    request: &SearchRequest,
+    real: &dyn RealTrials,
+    predictor: &mut dyn Evaluator,
+    journal: &mut Journal,
+    progress: Progress,
+) -> Result<Explored> {
+    let gpus = plan.setup.gpus;
+    let mut measurer = plan.cuda.map(|i| real.evaluator(i, &plan.budget, gpus));
+    let cuda_device = |i: usize| format!("cuda:{i}{}", plan.trial_suffix);
+    match (plan.cuda, measurer.as_mut()) {
+        // Benchmarks measure every candidate of the grid.
+        (Some(i), Some(m)) if request.exhaustive => {
+            journal.set_device(&cuda_device(i));
+            run_search(space, plan.objective, true, m.as_mut(), journal, progress)
+        }
+        (cuda, measurer) => {
+            journal.set_device(&plan.predicted_device);
             let explored = run_search(
-                &space,
-                objective,
+                space,
+                plan.objective,
                 request.exhaustive,
-                predictor.as_mut(),
-                &mut journal,
+                predictor,
+                journal,
                 progress,
             )?;
-            if let (Some(i), Some(m)) = (cuda, measurer.as_mut()) {
-                journal.set_device(&format!("cuda:{i}{suffix}"));
-                let mut cx = Confirmation {
-                    objective,
-                    space: &space,
-                    predictor: predictor.as_mut(),
-                    measurer: m.as_mut(),
-                    journal: &mut journal,
-                    predicted_device: &predicted_device,
-                    progress,
-                };
-                confirm_predictions(explored, &mut cx)?
-            } else {
-                explored
-            }
+            let (Some(i), Some(m)) = (cuda, measurer) else {
+                return Ok(explored);
+            };
+            journal.set_device(&cuda_device(i));
+            let mut cx = Confirmation {
+                objective: plan.objective,
+                space,
+                predictor,
+                measurer: m.as_mut(),
+                journal,
+                predicted_device: &plan.predicted_device,
+                progress,
+            };
+            confirm_predictions(explored, &mut cx)
         }
-    };
-    some_verdict(&explored.outcomes)?;
-    let traces_run = predictor.traces_run();
-    let mode = if cuda.is_some() {
-        Mode::Measured
-    } else {
-        Mode::Predicted
-    };
-    // Unconfirmed predictions rank below every measured candidate.
-    let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) =
-        explored.outcomes.into_iter().partition(|o| o.record.fits());
-    let (measured, predicted): (Vec<Outcome>, Vec<Outcome>) =
-        feasible.into_iter().partition(|o| o.record.mode == mode);
-    let mut feasible = rank(measured, objective);
+    }
+}
+
+/// What a search explored, in which mode, and how many traces it took.
+pub(super) struct Found {
+    pub(super) explored: Explored,
+    pub(super) mode: Mode,
+    pub(super) traces_run: usize,
+}
+
+/// The parts of a result each kind of search decides itself.
+pub(super) struct ResultHead {
+    pub(super) run_mode: RunMode,
+    pub(super) budget: Budget,
+    pub(super) gpus: i64,
+    /// The release predicted for and where that choice came from.
+    pub(super) torch: (TorchVersion, String),
+    pub(super) recipe: Recipe,
+    pub(super) objective: super::spec::Objective,
+    pub(super) grid_size: usize,
+}
+
+/// The result of a search, training or inference alike: refused when no
+/// candidate got a verdict; the feasible candidates ranked, measured ones
+/// first (unconfirmed predictions rank below every measured candidate);
+/// the winner the best of those in the search's own mode. Nothing emitted
+/// yet.
+pub(super) fn assemble(
+    request: &SearchRequest,
+    head: ResultHead,
+    found: Found,
+    journal: &Journal,
+) -> Result<SearchResult> {
+    some_verdict(&found.explored.outcomes)?;
+    let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) = found
+        .explored
+        .outcomes
+        .into_iter()
+        .partition(|o| o.record.fits());
+    let (measured, predicted): (Vec<Outcome>, Vec<Outcome>) = feasible
+        .into_iter()
+        .partition(|o| o.record.mode == found.mode);
+    let mut feasible = rank(measured, head.objective);
     let winner = feasible.first().cloned();
-    feasible.extend(rank(predicted, objective));
-    let mut result = SearchResult {
+    feasible.extend(rank(predicted, head.objective));
+    Ok(SearchResult {
         config: request.config.display().to_string(),
-        run_mode: RunMode::Train,
-        budget,
-        gpus,
-        torch,
-        torch_source: torch_source.to_string(),
-        recipe: recipe.clone(),
-        objective,
-        mode,
+        run_mode: head.run_mode,
+        budget: head.budget,
+        gpus: head.gpus,
+        torch: head.torch.0,
+        torch_source: head.torch.1,
+        recipe: head.recipe,
+        objective: head.objective,
+        mode: found.mode,
         feasible,
         infeasible,
-        grid_size: batches.len() * crops.len() * precisions.len(),
-        trials_run: explored.ran,
-        trials_resumed: explored.resumed,
-        traces_run,
-        predictions_confirmed_from: explored.predictions,
-        winner: winner.clone(),
+        grid_size: head.grid_size,
+        trials_run: found.explored.ran,
+        trials_resumed: found.explored.resumed,
+        traces_run: found.traces_run,
+        predictions_confirmed_from: found.explored.predictions,
+        winner,
         emitted: Vec::new(),
         cfg_options: None,
         auto_scale_lr: false,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),
         stale_report: saved::stale_report(&request.out),
+    })
+}
+
+/// Writes a training winner: an MMSeg child config and its `--cfg-options`
+/// line, or for a model fed transformers' batch, transformers' files.
+fn emit_training_winner(
+    request: &SearchRequest,
+    prepared: &Prepared,
+    plan: &TrainingPlan,
+    result: &mut SearchResult,
+) -> Result<()> {
+    let Some(w) = result.winner.clone() else {
+        return Ok(());
     };
-    if let Some(w) = &winner {
-        let c = w.candidate;
-        let keeps = space::accumulation_for(c.batch_size, gpus, effective).is_some();
-        let auto = (!keeps).then_some(effective);
-        result.auto_scale_lr = !keeps;
-        let header = format!(
-            "Generated by segtune search for {}{} ({:.2} GiB, margin {:.0}%): batch {}, crop {}x{}, amp {}, accumulation {}{} ({}).",
-            if gpus > 1 { format!("{gpus} x ") } else { String::new() },
-            result.budget.gpu,
-            result.budget.vram_bytes as f64 / (1u64 << 30) as f64,
-            result.budget.margin * 100.0,
-            c.batch_size,
-            c.crop.0,
-            c.crop.1,
-            c.amp,
-            c.accumulation,
-            knobs_note(&c, w.record.alloc_conf.as_deref()),
-            w.record.mode.name()
-        );
-        // A model fed transformers' batch trains under transformers' Trainer.
-        if layout == BatchLayout::PixelValues {
-            let written = super::emit_hf::emit_hf(&request.config, &c, &request.out)?;
-            result.emitted = written.iter().map(|p| p.display().to_string()).collect();
-        } else {
-            let written = emit::emit(&request.config, &cfg, &c, auto, &request.out, &header)?;
-            result.emitted = written.iter().map(|p| p.display().to_string()).collect();
-            result.cfg_options = Some(emit::cfg_options_line(&cfg, &c, auto));
-        }
-    }
-    saved::save_result(request, &result, config_hash)?;
-    Ok(result)
+    let c = w.candidate;
+    let (gpus, effective) = (plan.setup.gpus, plan.recipe.effective_batch);
+    let keeps = space::accumulation_for(c.batch_size, gpus, effective).is_some();
+    let auto = (!keeps).then_some(effective);
+    result.auto_scale_lr = !keeps;
+    let header = format!(
+        "Generated by segtune search for {}{} ({:.2} GiB, margin {:.0}%): batch {}, crop {}x{}, amp {}, accumulation {}{} ({}).",
+        if gpus > 1 { format!("{gpus} x ") } else { String::new() },
+        result.budget.gpu,
+        result.budget.vram_bytes as f64 / (1u64 << 30) as f64,
+        result.budget.margin * 100.0,
+        c.batch_size,
+        c.crop.0,
+        c.crop.1,
+        c.amp,
+        c.accumulation,
+        knobs_note(&c, w.record.alloc_conf.as_deref()),
+        w.record.mode.name()
+    );
+    // A model fed transformers' batch trains under transformers' Trainer.
+    let written = if prepared.layout == BatchLayout::PixelValues {
+        super::emit_hf::emit_hf(&request.config, &c, &request.out)?
+    } else {
+        let cfg = &prepared.cfg;
+        result.cfg_options = Some(emit::cfg_options_line(cfg, &c, auto));
+        emit::emit(&request.config, cfg, &c, auto, &request.out, &header)?
+    };
+    result.emitted = written.iter().map(|p| p.display().to_string()).collect();
+    Ok(())
 }
 
 /// Refuses, before any trial, an `--out` that cannot take the winner: a
