@@ -94,7 +94,32 @@ pub fn page(
     breakdown: Option<&PeakBreakdown>,
 ) -> ReportPage {
     let r = &saved.result;
-    let b = &r.budget;
+    let svgs = charts(saved, rows, breakdown);
+    let mut html = heading(saved, rows.len());
+    for (name, svg) in &svgs {
+        let id = name.trim_end_matches(".svg");
+        html.push_str(&format!("<h2>{id}</h2><div id=\"{id}\">{svg}</div>\n"));
+    }
+    html.push_str(&format!(
+        "<h2>table</h2><pre>{}</pre>\n",
+        escape(&super::search(r, true))
+    ));
+    // Lets a headless browser report what it rendered.
+    html.push_str(
+        "<script>document.body.dataset.points = \
+         document.querySelectorAll('#memory .point').length;</script>\n</body></html>\n",
+    );
+    ReportPage { html, svgs }
+}
+
+/// The page's charts: memory and throughput against batch (the budget
+/// lines drawn), and the winner's peak by part.
+fn charts(
+    saved: &SavedSearch,
+    rows: &[JournalRow],
+    breakdown: Option<&PeakBreakdown>,
+) -> Vec<(&'static str, String)> {
+    let b = &saved.result.budget;
     let memory = svg::scatter(&chart(
         saved,
         rows,
@@ -134,6 +159,13 @@ pub fn page(
             }),
         ));
     }
+    svgs
+}
+
+/// The page up to its charts: the title, the style, the search in words.
+fn heading(saved: &SavedSearch, shown_rows: usize) -> String {
+    let r = &saved.result;
+    let b = &r.budget;
     let mut html =
         String::from("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     html.push_str(&format!(
@@ -166,7 +198,7 @@ pub fn page(
             Mode::Predicted => "predicted from CPU traces (no GPU was used)",
             Mode::Measured => "measured by real trials (rows marked measured) or predicted",
         },
-        rows.len(),
+        shown_rows,
         match &r.winner {
             Some(w) => format!(
                 "Winner: batch {} x crop {}x{}, {}, accumulation {} ({}).",
@@ -180,18 +212,5 @@ pub fn page(
             None => "No candidate fits.".into(),
         }
     ));
-    for (name, svg) in &svgs {
-        let id = name.trim_end_matches(".svg");
-        html.push_str(&format!("<h2>{id}</h2><div id=\"{id}\">{svg}</div>\n"));
-    }
-    html.push_str(&format!(
-        "<h2>table</h2><pre>{}</pre>\n",
-        escape(&super::search(r, true))
-    ));
-    // Lets a headless browser report what it rendered.
-    html.push_str(
-        "<script>document.body.dataset.points = \
-         document.querySelectorAll('#memory .point').length;</script>\n</body></html>\n",
-    );
-    ReportPage { html, svgs }
+    html
 }

@@ -98,6 +98,24 @@ fn svg_open(out: &mut String, title: &str, height: f64) {
     );
 }
 
+/// A scatter's plot area and the scales into it.
+struct Frame {
+    x_max: f64,
+    y_top: f64,
+    plot_w: f64,
+    plot_h: f64,
+}
+
+impl Frame {
+    fn sx(&self, x: f64) -> f64 {
+        LEFT + self.plot_w * x / self.x_max
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        TOP + self.plot_h * (1.0 - y / self.y_top)
+    }
+}
+
 /// The scatter as an SVG document.
 pub fn scatter(chart: &Scatter) -> String {
     let all = chart.series.iter().flat_map(|s| &s.points);
@@ -108,29 +126,48 @@ pub fn scatter(chart: &Scatter) -> String {
         .fold(0.0, f64::max)
         * 1.08;
     let y_ticks = ticks(y_max);
-    let y_top = *y_ticks.last().unwrap_or(&1.0);
-    let (plot_w, plot_h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
-    let sx = |x: f64| LEFT + plot_w * x / x_max;
-    let sy = |y: f64| TOP + plot_h * (1.0 - y / y_top);
+    let frame = Frame {
+        x_max,
+        y_top: *y_ticks.last().unwrap_or(&1.0),
+        plot_w: WIDTH - LEFT - RIGHT,
+        plot_h: HEIGHT - TOP - BOTTOM,
+    };
     let mut out = String::new();
     svg_open(&mut out, &chart.title, HEIGHT);
-    // Axes, grid and ticks.
-    for t in &y_ticks {
+    scatter_axes(&mut out, chart, &frame, &y_ticks);
+    for (i, series) in chart.series.iter().enumerate() {
+        scatter_series(&mut out, series, i, chart.series.len(), &frame);
+    }
+    let ly = TOP + 14.0 + 18.0 * chart.series.len() as f64 + 8.0;
+    let _ = write!(
+        out,
+        r##"<text x="{}" y="{ly}" fill="#555">filled: fits; hollow: does not;</text><text x="{}" y="{}" fill="#555">cross on top: no figure</text></svg>"##,
+        WIDTH - RIGHT + 14.0,
+        WIDTH - RIGHT + 14.0,
+        ly + 16.0
+    );
+    out
+}
+
+/// The grid, the ticks, the frame with its labels, and the reference lines.
+fn scatter_axes(out: &mut String, chart: &Scatter, frame: &Frame, y_ticks: &[f64]) {
+    let (plot_w, plot_h) = (frame.plot_w, frame.plot_h);
+    for t in y_ticks {
         let _ = write!(
             out,
             r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#e5e5e5"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
             LEFT + plot_w,
             LEFT - 6.0,
-            sy(*t) + 4.0,
+            frame.sy(*t) + 4.0,
             number(*t),
-            y = sy(*t)
+            y = frame.sy(*t)
         );
     }
-    for x in 1..(x_max as i64) {
+    for x in 1..(frame.x_max as i64) {
         let _ = write!(
             out,
             r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#,
-            sx(x as f64),
+            frame.sx(x as f64),
             TOP + plot_h + 16.0
         );
     }
@@ -149,68 +186,61 @@ pub fn scatter(chart: &Scatter) -> String {
             r#"<line class="reference" x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="{c}" stroke-dasharray="6 4" stroke-width="1.5"/><text x="{}" y="{}" fill="{c}" text-anchor="end">{}</text>"#,
             LEFT + plot_w,
             LEFT + plot_w - 4.0,
-            sy(line.y) - 4.0,
+            frame.sy(line.y) - 4.0,
             escape(&line.label),
-            y = sy(line.y),
+            y = frame.sy(line.y),
             c = line.color
         );
     }
-    // Points, and the legend.
-    for (i, series) in chart.series.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        // Series at the same batch are spread a little, to be seen apart.
-        let dx = (i as f64 - chart.series.len() as f64 / 2.0) * 2.5;
-        for p in &series.points {
-            let x = sx(p.x) + dx;
-            let title = format!("<title>{}</title>", escape(&p.title));
-            match p.y {
-                Some(y) => {
-                    let fill = if p.fits { color } else { "white" };
+}
+
+/// The `i`-th of `count` series: its points (the winner ringed, a missing
+/// figure crossed at the top) and its legend entry.
+fn scatter_series(out: &mut String, series: &Series, i: usize, count: usize, frame: &Frame) {
+    let color = PALETTE[i % PALETTE.len()];
+    // Series at the same batch are spread a little, to be seen apart.
+    let dx = (i as f64 - count as f64 / 2.0) * 2.5;
+    for p in &series.points {
+        let x = frame.sx(p.x) + dx;
+        let title = format!("<title>{}</title>", escape(&p.title));
+        match p.y {
+            Some(y) => {
+                let fill = if p.fits { color } else { "white" };
+                let _ = write!(
+                    out,
+                    r#"<circle class="point" cx="{x:.1}" cy="{:.1}" r="5" fill="{fill}" stroke="{color}" stroke-width="2">{title}</circle>"#,
+                    frame.sy(y)
+                );
+                if p.winner {
                     let _ = write!(
                         out,
-                        r#"<circle class="point" cx="{x:.1}" cy="{:.1}" r="5" fill="{fill}" stroke="{color}" stroke-width="2">{title}</circle>"#,
-                        sy(y)
-                    );
-                    if p.winner {
-                        let _ = write!(
-                            out,
-                            r##"<circle class="winner-mark" cx="{x:.1}" cy="{:.1}" r="10" fill="none" stroke="#000" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-weight="bold">winner</text>"##,
-                            sy(y),
-                            x + 12.0,
-                            sy(y) - 8.0
-                        );
-                    }
-                }
-                None => {
-                    let y = TOP + 8.0;
-                    let _ = write!(
-                        out,
-                        r#"<path class="point missing" d="M{:.1} {:.1} l8 8 m0 -8 l-8 8" stroke="{color}" stroke-width="2">{title}</path>"#,
-                        x - 4.0,
-                        y - 4.0
+                        r##"<circle class="winner-mark" cx="{x:.1}" cy="{:.1}" r="10" fill="none" stroke="#000" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-weight="bold">winner</text>"##,
+                        frame.sy(y),
+                        x + 12.0,
+                        frame.sy(y) - 8.0
                     );
                 }
             }
+            None => {
+                let y = TOP + 8.0;
+                let _ = write!(
+                    out,
+                    r#"<path class="point missing" d="M{:.1} {:.1} l8 8 m0 -8 l-8 8" stroke="{color}" stroke-width="2">{title}</path>"#,
+                    x - 4.0,
+                    y - 4.0
+                );
+            }
         }
-        let ly = TOP + 14.0 + 18.0 * i as f64;
-        let _ = write!(
-            out,
-            r#"<circle cx="{}" cy="{ly}" r="5" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
-            WIDTH - RIGHT + 20.0,
-            WIDTH - RIGHT + 30.0,
-            ly + 4.0,
-            escape(&series.label)
-        );
     }
-    let ly = TOP + 14.0 + 18.0 * chart.series.len() as f64 + 8.0;
+    let ly = TOP + 14.0 + 18.0 * i as f64;
     let _ = write!(
         out,
-        r##"<text x="{}" y="{ly}" fill="#555">filled: fits; hollow: does not;</text><text x="{}" y="{}" fill="#555">cross on top: no figure</text></svg>"##,
-        WIDTH - RIGHT + 14.0,
-        WIDTH - RIGHT + 14.0,
-        ly + 16.0
+        r#"<circle cx="{}" cy="{ly}" r="5" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+        WIDTH - RIGHT + 20.0,
+        WIDTH - RIGHT + 30.0,
+        ly + 4.0,
+        escape(&series.label)
     );
-    out
 }
 
 /// A horizontal bar per `(label, value)`, largest first as given, with
