@@ -63,62 +63,15 @@ pub fn breakdown(
     replayed: &ReplayResult,
     context: u64,
 ) -> PeakBreakdown {
-    let last_step = events
-        .iter()
-        .map(|e| phase_of(e.phase).0)
-        .max()
-        .unwrap_or(0);
-    // The trace's tensors live after the events up to the peak.
-    let mut live: HashMap<u64, (u64, u32, u32)> = HashMap::new();
-    for e in &events[..replayed.peak_after_events.min(events.len())] {
-        let phase = phase_of(e.phase).1;
-        if e.bytes > 0 {
-            if phase != Phase::Data && phase != Phase::Preprocess {
-                live.insert(e.id, (e.bytes as u64, e.phase, e.scope));
-            }
-        } else {
-            live.remove(&e.id);
-        }
-    }
-    // Backward allocations still live when the optimizer starts are the
-    // parameters' gradients; the rest are gradients in flight.
-    let mut freed_before_optimizer = std::collections::HashSet::new();
-    for e in &events[replayed.peak_after_events.min(events.len())..] {
-        if phase_of(e.phase) == (last_step, Phase::Optimizer) {
-            break;
-        }
-        if e.bytes < 0 {
-            freed_before_optimizer.insert(e.id);
-        }
-    }
-    let mut by_part: Vec<(String, u64)> = Vec::new();
-    let mut add = |name: String, bytes: u64| match by_part.iter_mut().find(|(n, _)| *n == name) {
+    let mut by_part = tensors_at_peak(events, scopes, replayed);
+    let mut add = |name: &str, bytes: u64| match by_part.iter_mut().find(|(n, _)| n == name) {
         Some((_, b)) => *b += bytes,
-        None => by_part.push((name, bytes)),
+        None => by_part.push((name.to_string(), bytes)),
     };
-    let mut ids: Vec<&u64> = live.keys().collect();
-    ids.sort_unstable();
-    for id in ids {
-        let (bytes, phase, scope) = live[id];
-        let scope = scopes.get(scope as usize).map_or("", String::as_str);
-        let name = if phase_of(phase) == (last_step, Phase::Backward) {
-            if freed_before_optimizer.contains(id) {
-                "backward temporaries (gradients in flight)".to_string()
-            } else {
-                "parameter gradients".to_string()
-            }
-        } else {
-            part_of(phase, scope, last_step)
-        };
-        add(name, round_size(bytes));
-    }
     let batch: u64 = inputs.batch_copies.iter().map(|b| round_size(*b)).sum();
-    add("input batch (device copies)".into(), batch);
+    add("input batch (device copies)", batch);
     if inputs.cublas_workspace > 0 {
-        add(
-            "cuBLAS workspace".into(),
-            round_size(inputs.cublas_workspace),
-        );
+        add("cuBLAS workspace", round_size(inputs.cublas_workspace));
     }
     // The kernels' scratch at their calls (a replay with kernel calls).
     for (name, bytes) in [
@@ -127,7 +80,7 @@ pub fn breakdown(
         ("CUDA kernels' scratch", replayed.kernel_scratch_at_peak),
     ] {
         if bytes > 0 {
-            add(name.into(), round_size(bytes));
+            add(name, round_size(bytes));
         }
     }
     by_part.retain(|(_, bytes)| *bytes > 0);
@@ -161,6 +114,64 @@ pub fn breakdown(
         in_allocated: false,
     });
     PeakBreakdown { parts }
+}
+
+/// The trace's tensors live at the peak, by part (in order of first
+/// appearance by id): activations per model part, parameter gradients
+/// (backward allocations still live when the optimizer starts), gradients
+/// in flight, what is held across steps.
+fn tensors_at_peak(
+    events: &[TraceEvent],
+    scopes: &[String],
+    replayed: &ReplayResult,
+) -> Vec<(String, u64)> {
+    let last_step = events
+        .iter()
+        .map(|e| phase_of(e.phase).0)
+        .max()
+        .unwrap_or(0);
+    let at_peak = replayed.peak_after_events.min(events.len());
+    let mut live: HashMap<u64, (u64, u32, u32)> = HashMap::new();
+    for e in &events[..at_peak] {
+        let phase = phase_of(e.phase).1;
+        if e.bytes > 0 {
+            if phase != Phase::Data && phase != Phase::Preprocess {
+                live.insert(e.id, (e.bytes as u64, e.phase, e.scope));
+            }
+        } else {
+            live.remove(&e.id);
+        }
+    }
+    let mut freed_before_optimizer = std::collections::HashSet::new();
+    for e in &events[at_peak..] {
+        if phase_of(e.phase) == (last_step, Phase::Optimizer) {
+            break;
+        }
+        if e.bytes < 0 {
+            freed_before_optimizer.insert(e.id);
+        }
+    }
+    let mut by_part: Vec<(String, u64)> = Vec::new();
+    let mut ids: Vec<&u64> = live.keys().collect();
+    ids.sort_unstable();
+    for id in ids {
+        let (bytes, phase, scope) = live[id];
+        let scope = scopes.get(scope as usize).map_or("", String::as_str);
+        let name = if phase_of(phase) == (last_step, Phase::Backward) {
+            if freed_before_optimizer.contains(id) {
+                "backward temporaries (gradients in flight)".to_string()
+            } else {
+                "parameter gradients".to_string()
+            }
+        } else {
+            part_of(phase, scope, last_step)
+        };
+        match by_part.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, b)) => *b += round_size(bytes),
+            None => by_part.push((name, round_size(bytes))),
+        }
+    }
+    by_part
 }
 
 #[cfg(test)]

@@ -177,6 +177,52 @@ struct CardFigures {
     high: ReplayResult,
 }
 
+/// The replays of one trace on one card: the trace, its kernel calls and
+/// the batch's device copies, run through the caching allocator's model for
+/// a capacity, allocator settings and figure.
+struct Replayer<'a> {
+    trace: &'a [TraceEvent],
+    calls: &'a [KernelCall],
+    batch_copies: Vec<u64>,
+    /// cuBLAS's workspace placed at the step's start: without kernel calls
+    /// (a trace of every CPU allocation) nothing else places it.
+    injected_workspace: u64,
+    kernels: KernelSetup,
+    target: &'a Gpu,
+}
+
+impl Replayer<'_> {
+    fn inputs(&self, capacity: Option<u64>, settings: AllocatorSettings) -> ReplayInputs {
+        ReplayInputs {
+            batch_copies: self.batch_copies.clone(),
+            cublas_workspace: self.injected_workspace,
+            capacity,
+            settings,
+        }
+    }
+
+    fn run(
+        &self,
+        capacity: Option<u64>,
+        settings: AllocatorSettings,
+        figure: Figure,
+    ) -> ReplayResult {
+        let model = self.kernels.model(
+            &self.target.compute_capability,
+            self.target.conv_math(),
+            figure,
+        );
+        replay_kernels(
+            self.trace,
+            &self.inputs(capacity, settings),
+            (!self.calls.is_empty()).then_some(Kernels {
+                calls: self.calls,
+                model: &model,
+            }),
+        )
+    }
+}
+
 /// Predicts from a trace of a trial.
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
@@ -188,49 +234,35 @@ pub fn estimate(
     alloc_conf: AllocatorSettings,
     batch: &DeviceBatch,
 ) -> Estimate {
-    let (h, w) = crop;
-    let trace = traced.events;
     let amp = kernels.amp;
-    let batch_copies = batch.tensors.clone();
     let with_calls = !traced.calls.is_empty();
-    // Without kernel calls (a trace of every CPU allocation) cuBLAS's
-    // workspace is placed at the step's start.
     let per_handle = kernels.cublas_workspace(&target.compute_capability);
-    let injected_workspace = if with_calls { 0 } else { per_handle };
+    let replayer = Replayer {
+        trace: traced.events,
+        calls: traced.calls,
+        batch_copies: batch.tensors.clone(),
+        injected_workspace: if with_calls { 0 } else { per_handle },
+        kernels,
+        target,
+    };
+    let injected_workspace = replayer.injected_workspace;
     let context = cuda_context_bytes(&target.compute_capability);
     let capacity = target.vram_bytes.saturating_sub(context);
-    let inputs = |capacity: Option<u64>, settings: AllocatorSettings| ReplayInputs {
-        batch_copies: batch_copies.clone(),
-        cublas_workspace: injected_workspace,
-        capacity,
-        settings,
-    };
-    let run = |capacity: Option<u64>, settings: AllocatorSettings, figure: Figure| {
-        let model = kernels.model(&target.compute_capability, target.conv_math(), figure);
-        replay_kernels(
-            trace,
-            &inputs(capacity, settings),
-            with_calls.then_some(Kernels {
-                calls: traced.calls,
-                model: &model,
-            }),
-        )
-    };
-    let least = run(None, alloc_conf, Figure::Least);
-    let least_on_card = run(Some(capacity), alloc_conf, Figure::Least);
+    let least = replayer.run(None, alloc_conf, Figure::Least);
+    let least_on_card = replayer.run(Some(capacity), alloc_conf, Figure::Least);
     let card = CardFigures {
-        likely: run(Some(capacity), alloc_conf, Figure::Likely),
-        low: run(Some(capacity), alloc_conf, Figure::Low),
-        high: run(Some(capacity), alloc_conf, Figure::High),
+        likely: replayer.run(Some(capacity), alloc_conf, Figure::Likely),
+        low: replayer.run(Some(capacity), alloc_conf, Figure::Low),
+        high: replayer.run(Some(capacity), alloc_conf, Figure::High),
     };
     // A card too small for the likeliest workspaces still shows the least.
     let on_card = |r: &ReplayResult| if r.out_of_memory { least } else { *r };
     let likely = on_card(&card.likely);
     let (low, high) = (on_card(&card.low), on_card(&card.high));
     let breakdown = breakdown(
-        trace,
+        traced.events,
         traced.model_scopes,
-        &inputs(Some(capacity), alloc_conf),
+        &replayer.inputs(Some(capacity), alloc_conf),
         &likely,
         context,
     );
@@ -262,7 +294,7 @@ pub fn estimate(
         gpu: target.name.clone(),
         vram_bytes: target.vram_bytes,
         batch_size,
-        crop: [h, w],
+        crop: [crop.0, crop.1],
         amp,
         cudnn_benchmark: kernels.cudnn_benchmark,
         cudnn_deterministic: kernels.cudnn_deterministic,
@@ -283,7 +315,9 @@ pub fn estimate(
         cpu_trace_peak_bytes: traced.cpu_trace_peak_bytes,
         alloc_conf: alloc_conf.env_value(),
         default_peak_reserved_bytes: (alloc_conf != AllocatorSettings::default()).then(|| {
-            run(Some(capacity), AllocatorSettings::default(), Figure::Likely).peak_reserved
+            replayer
+                .run(Some(capacity), AllocatorSettings::default(), Figure::Likely)
+                .peak_reserved
         }),
         notes,
         breakdown,

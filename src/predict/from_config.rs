@@ -65,12 +65,43 @@ pub fn recipe_amp(cfg: &Dict) -> Option<Amp> {
 /// Predicts the GPU memory of the request's training step.
 pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Estimate> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
-    // Refused before any worker runs, named as the model's error.
+    let (batch, crop, amp) = step_setting(request, &cfg)?;
+    let traced = trace_for_estimate(request, worker, batch, crop, amp)?;
+    let kernels = KernelSetup {
+        torch: request.setup.torch,
+        amp,
+        cudnn_benchmark: request
+            .cudnn_benchmark
+            .unwrap_or_else(|| cudnn_benchmark(&cfg)),
+        cudnn_deterministic: cudnn_deterministic(&cfg),
+    };
+    let mut e = estimate::estimate(
+        TracedInput {
+            events: &traced.events,
+            calls: &traced.calls,
+            model_scopes: &traced.scopes,
+            cpu_trace_peak_bytes: traced.cpu_peak,
+        },
+        &request.gpu,
+        batch,
+        crop,
+        kernels,
+        request.alloc_conf,
+        &estimate::BatchLayout::of(&cfg).device_batch(batch, crop, request.mode),
+    );
+    add_notes(&mut e, request, &cfg, batch, traced.cpu_peak.is_none());
+    Ok(e)
+}
+
+/// The step to predict: the batch, crop and precision given or the
+/// recipe's, after refusing (before any worker runs, as the model's error)
+/// a model segtune cannot build, and an allocator setting the release lacks.
+fn step_setting(request: &EstimateRequest, cfg: &config::Dict) -> Result<(i64, (i64, i64), Amp)> {
     let model_error = |source| Error::Model {
         source,
         config: request.config.clone(),
     };
-    crate::models::check_supported(&cfg).map_err(model_error)?;
+    crate::models::check_supported(cfg).map_err(model_error)?;
     if request.mode == RunMode::Infer {
         if let Some(model) = cfg.get("model").and_then(Value::as_dict) {
             crate::models::segmentors::inference::check_inference(model).map_err(model_error)?;
@@ -78,15 +109,15 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
     }
     let batch = request
         .batch_size
-        .or_else(|| recipe_batch_size(&cfg))
+        .or_else(|| recipe_batch_size(cfg))
         .ok_or_else(|| {
             Error::Input("the config has no train_dataloader.batch_size; pass --batch-size".into())
         })?;
     let crop = request
         .crop
-        .or_else(|| recipe_crop(&cfg))
+        .or_else(|| recipe_crop(cfg))
         .ok_or_else(|| Error::Input("the config has no crop size; pass --crop HxW".into()))?;
-    let amp = request.amp.or(recipe_amp(&cfg)).unwrap_or(Amp::Off);
+    let amp = request.amp.or(recipe_amp(cfg)).unwrap_or(Amp::Off);
     let torch = request.setup.torch;
     if request.alloc_conf.expandable_segments && !torch.has(Switch::ExpandableSegments) {
         return Err(Error::Input(format!(
@@ -96,6 +127,28 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
             Switch::ExpandableSegments.spec().source
         )));
     }
+    Ok((batch, crop, amp))
+}
+
+/// The step's trace: its events, kernel calls, the CPU trace's peak
+/// (`None` when extrapolated) and the model's scope names.
+struct EstimateTrace {
+    events: Vec<crate::trial::trace::TraceEvent>,
+    calls: Vec<crate::trial::kernel_calls::KernelCall>,
+    cpu_peak: Option<i64>,
+    scopes: Vec<String>,
+}
+
+/// Traces the step at `batch`; a CPU-allocator trace of a batch above 3 is
+/// extrapolated from two small ones (op-level traces cost little: any
+/// batch is traced as it is).
+fn trace_for_estimate(
+    request: &EstimateRequest,
+    worker: &Worker,
+    batch: i64,
+    crop: (i64, i64),
+    amp: Amp,
+) -> Result<EstimateTrace> {
     let threads = request.threads.unwrap_or_else(crate::trial::host_cores);
     let trace = |batch_size| {
         trace_step(
@@ -117,49 +170,35 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
             },
         )
     };
-    // Op-level traces cost little: any batch is traced as it is.
-    let (events, calls, cpu_peak, scopes) =
-        if batch <= 3 || request.trace != TraceKind::CpuAllocator {
-            let step = trace(batch)?;
-            (
-                step.events,
-                step.kernel_calls,
-                Some(step.cpu_peak_bytes),
-                step.model_scopes,
-            )
-        } else {
-            let (ba, bb) = TRACED_BATCHES;
-            let one = trace(ba)?;
-            let two = trace(bb)?;
-            (
-                extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
-                Vec::new(),
-                None,
-                Vec::new(),
-            )
-        };
-    let kernels = KernelSetup {
-        torch,
-        amp,
-        cudnn_benchmark: request
-            .cudnn_benchmark
-            .unwrap_or_else(|| cudnn_benchmark(&cfg)),
-        cudnn_deterministic: cudnn_deterministic(&cfg),
-    };
-    let mut e = estimate::estimate(
-        TracedInput {
-            events: &events,
-            calls: &calls,
-            model_scopes: &scopes,
-            cpu_trace_peak_bytes: cpu_peak,
-        },
-        &request.gpu,
-        batch,
-        crop,
-        kernels,
-        request.alloc_conf,
-        &estimate::BatchLayout::of(&cfg).device_batch(batch, crop, request.mode),
-    );
+    if batch <= 3 || request.trace != TraceKind::CpuAllocator {
+        let step = trace(batch)?;
+        return Ok(EstimateTrace {
+            events: step.events,
+            calls: step.kernel_calls,
+            cpu_peak: Some(step.cpu_peak_bytes),
+            scopes: step.model_scopes,
+        });
+    }
+    let (ba, bb) = TRACED_BATCHES;
+    let one = trace(ba)?;
+    let two = trace(bb)?;
+    Ok(EstimateTrace {
+        events: extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
+        calls: Vec::new(),
+        cpu_peak: None,
+        scopes: Vec::new(),
+    })
+}
+
+/// The notes that say where the figures come from: the trace, DDP, the
+/// PyTorch release, Mask2Former's segments, an extrapolated batch.
+fn add_notes(
+    e: &mut Estimate,
+    request: &EstimateRequest,
+    cfg: &config::Dict,
+    batch: i64,
+    extrapolated: bool,
+) {
     e.notes[0] = match request.trace {
         TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),
         TraceKind::Cpu => "activations, gradients and optimizer state come from an op-level trace of the same step on CPU kernels (the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator".into(),
@@ -171,7 +210,8 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
             request.setup.gpus
         ));
     }
-    e.notes.push(torch_note(torch, &request.torch_source));
+    e.notes
+        .push(torch_note(request.setup.torch, &request.torch_source));
     let head = cfg
         .get("model")
         .and_then(|m| m.get_path("decode_head.type"))
@@ -184,10 +224,9 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
                 .map_or("every class".to_string(), |n| format!("{n} classes"))
         ));
     }
-    if cpu_peak.is_none() {
+    if extrapolated {
         e.notes.push(format!("batch {batch} was extrapolated from traces at batch 2 and 3 (every step tensor is affine in the batch)"));
     }
-    Ok(e)
 }
 
 /// "predicted for PyTorch X (why), with: the switches where X differs from

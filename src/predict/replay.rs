@@ -91,41 +91,109 @@ pub fn replay_kernels(
         .map(|e| phase_of(e.phase).0)
         .max()
         .unwrap_or(0);
-    let mut alloc = Allocator::new(inputs.capacity, inputs.settings);
-    let mut scratch = kernels.map(|k| KernelScratch::new(k.model, last_step));
-    let calls: &[KernelCall] = kernels.map_or(&[], |k| k.calls);
-    let mut next_call = 0usize;
-    let mut current_step = 0usize;
-    let mut injected_for_step: Vec<u64> = Vec::new();
-    let mut next_injected = INJECTED;
-    let mut workspace_done = inputs.cublas_workspace == 0;
-    let mut out_of_memory = false;
-    let mut best = 0u64;
-    let mut first_step_peak = 0u64;
-    let mut skipped: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut peak = (Phase::Setup, 0usize, ScratchLive::default());
-    let persistent_cublas = |scratch: &Option<KernelScratch>| {
-        scratch
-            .as_ref()
-            .map_or(0, |s| s.persistent().iter().map(|p| p.1).sum::<u64>())
+    let mut replay = Replay {
+        inputs,
+        calls: kernels.map_or(&[], |k| k.calls),
+        last_step,
+        alloc: Allocator::new(inputs.capacity, inputs.settings),
+        scratch: kernels.map(|k| KernelScratch::new(k.model, last_step)),
+        next_call: 0,
+        current_step: 0,
+        injected_for_step: Vec::new(),
+        next_injected: INJECTED,
+        workspace_done: inputs.cublas_workspace == 0,
+        out_of_memory: false,
+        best: 0,
+        first_step_peak: 0,
+        skipped: std::collections::HashSet::new(),
+        peak: (Phase::Setup, 0, ScratchLive::default()),
     };
     for (i, e) in events.iter().enumerate() {
+        replay.event(i, e);
+    }
+    replay.finish()
+}
+
+/// A replay under way: the allocator, the kernels' scratch, where the
+/// calls and the steps are, and the peaks found so far.
+struct Replay<'a> {
+    inputs: &'a ReplayInputs,
+    calls: &'a [KernelCall],
+    last_step: usize,
+    alloc: Allocator,
+    scratch: Option<KernelScratch<'a>>,
+    next_call: usize,
+    current_step: usize,
+    /// The batch copies of the step under way, freed when the next starts.
+    injected_for_step: Vec<u64>,
+    next_injected: u64,
+    workspace_done: bool,
+    out_of_memory: bool,
+    /// The last step's highest allocated bytes so far.
+    best: u64,
+    first_step_peak: u64,
+    /// Allocations of the data and preprocessing phases (host-side work
+    /// the GPU does not see), whose frees are skipped too.
+    skipped: std::collections::HashSet<u64>,
+    /// The last step's peak: its phase, the events before it, the scratch
+    /// live then.
+    peak: (Phase, usize, ScratchLive),
+}
+
+impl Replay<'_> {
+    /// Event `i`: the kernel calls that ran before it, a new step's batch
+    /// copies, then the event's own allocation or free.
+    fn event(&mut self, i: usize, e: &TraceEvent) {
         let (step, phase) = phase_of(e.phase);
-        // The kernel calls that ran before this event.
-        while next_call < calls.len() && calls[next_call].at <= i {
-            let call = &calls[next_call];
-            next_call += 1;
-            let Some(s) = scratch.as_mut() else { break };
+        self.calls_before(i);
+        if phase == Phase::Data || phase == Phase::Preprocess {
+            if e.bytes > 0 {
+                self.skipped.insert(e.id);
+            }
+            return;
+        }
+        if step != self.current_step && phase != Phase::Setup {
+            self.start_step(step, phase, i);
+        }
+        if e.bytes > 0 {
+            self.out_of_memory |= self.alloc.malloc(e.id, e.bytes as u64).is_err();
+            let allocated = self.alloc.stats().allocated;
+            if step == 1 && self.current_step == 1 {
+                self.first_step_peak = self.first_step_peak.max(allocated);
+            }
+            if self.current_step == self.last_step
+                && step == self.last_step
+                && allocated > self.best
+            {
+                self.best = allocated;
+                self.peak = (phase, i + 1, ScratchLive::default());
+            }
+        } else if !self.skipped.contains(&e.id) {
+            self.alloc.free(e.id);
+        }
+    }
+
+    /// The kernel calls recorded before event `i`, each allocating its
+    /// scratch (and perhaps a peak of the last step) at its place.
+    fn calls_before(&mut self, i: usize) {
+        while self.next_call < self.calls.len() && self.calls[self.next_call].at <= i {
+            let call = &self.calls[self.next_call];
+            self.next_call += 1;
+            let Some(s) = self.scratch.as_mut() else {
+                break;
+            };
             let call_step = phase_of(call.phase).0;
-            let measuring = call_step == last_step && current_step == last_step;
+            let measuring = call_step == self.last_step && self.current_step == self.last_step;
             let in_first = call_step == 1;
+            let (first_step_peak, best, peak) =
+                (&mut self.first_step_peak, &mut self.best, &mut self.peak);
             let mut track = |a: &Allocator, live: &[(&'static str, u64)]| {
                 let allocated = a.stats().allocated;
                 if in_first {
-                    first_step_peak = first_step_peak.max(allocated);
+                    *first_step_peak = (*first_step_peak).max(allocated);
                 }
-                if measuring && allocated > best {
-                    best = allocated;
+                if measuring && allocated > *best {
+                    *best = allocated;
                     let mut l = ScratchLive::default();
                     for (what, bytes) in live {
                         if what.starts_with("cuDNN") {
@@ -134,83 +202,76 @@ pub fn replay_kernels(
                             l.kernel += bytes;
                         }
                     }
-                    peak = (phase_of(call.phase).1, i, l);
+                    *peak = (phase_of(call.phase).1, i, l);
                 }
             };
-            if s.at_call(call, &mut alloc, &mut track).is_err() {
-                out_of_memory = true;
+            if s.at_call(call, &mut self.alloc, &mut track).is_err() {
+                self.out_of_memory = true;
             }
-        }
-        if phase == Phase::Data || phase == Phase::Preprocess {
-            if e.bytes > 0 {
-                skipped.insert(e.id);
-            }
-            continue;
-        }
-        if step != current_step && phase != Phase::Setup {
-            // A new step starts: free the last step's batch copies, copy this one's.
-            for id in injected_for_step.drain(..) {
-                alloc.free(id);
-            }
-            current_step = step;
-            if step == last_step {
-                alloc.reset_peaks();
-                best = alloc.stats().allocated;
-                peak = (phase, i, ScratchLive::default());
-            }
-            for bytes in &inputs.batch_copies {
-                out_of_memory |= alloc.malloc(next_injected, *bytes).is_err();
-                injected_for_step.push(next_injected);
-                next_injected += 1;
-            }
-            if !workspace_done {
-                out_of_memory |= alloc
-                    .malloc(next_injected, inputs.cublas_workspace)
-                    .is_err();
-                next_injected += 1;
-                workspace_done = true;
-            }
-            if step == 1 {
-                first_step_peak = first_step_peak.max(alloc.stats().allocated);
-            }
-            if step == last_step && alloc.stats().allocated > best {
-                best = alloc.stats().allocated;
-                peak = (phase, i, ScratchLive::default());
-            }
-        }
-        if e.bytes > 0 {
-            out_of_memory |= alloc.malloc(e.id, e.bytes as u64).is_err();
-            let allocated = alloc.stats().allocated;
-            if step == 1 && current_step == 1 {
-                first_step_peak = first_step_peak.max(allocated);
-            }
-            if current_step == last_step && step == last_step && allocated > best {
-                best = allocated;
-                peak = (phase, i + 1, ScratchLive::default());
-            }
-        } else if !skipped.contains(&e.id) {
-            alloc.free(e.id);
         }
     }
-    for id in injected_for_step {
-        alloc.free(id);
+
+    /// A new step starts at event `i`: the last step's batch copies freed,
+    /// this one's copied (and cuBLAS's workspace before the first step that
+    /// has none placed by a call).
+    fn start_step(&mut self, step: usize, phase: Phase, i: usize) {
+        for id in self.injected_for_step.drain(..) {
+            self.alloc.free(id);
+        }
+        self.current_step = step;
+        if step == self.last_step {
+            self.alloc.reset_peaks();
+            self.best = self.alloc.stats().allocated;
+            self.peak = (phase, i, ScratchLive::default());
+        }
+        for bytes in &self.inputs.batch_copies {
+            self.out_of_memory |= self.alloc.malloc(self.next_injected, *bytes).is_err();
+            self.injected_for_step.push(self.next_injected);
+            self.next_injected += 1;
+        }
+        if !self.workspace_done {
+            self.out_of_memory |= self
+                .alloc
+                .malloc(self.next_injected, self.inputs.cublas_workspace)
+                .is_err();
+            self.next_injected += 1;
+            self.workspace_done = true;
+        }
+        let allocated = self.alloc.stats().allocated;
+        if step == 1 {
+            self.first_step_peak = self.first_step_peak.max(allocated);
+        }
+        if step == self.last_step && allocated > self.best {
+            self.best = allocated;
+            self.peak = (phase, i, ScratchLive::default());
+        }
     }
-    let (peak_phase, peak_after_events, mut live) = peak;
-    live.cublas = persistent_cublas(&scratch);
-    let s: Stats = alloc.stats();
-    ReplayResult {
-        peak_allocated: s.allocated_peak,
-        peak_reserved: s.reserved_peak,
-        peak_phase,
-        allocated_after: s.allocated,
-        out_of_memory,
-        num_alloc_retries: s.num_alloc_retries,
-        peak_after_events,
-        first_step_peak_allocated: first_step_peak,
-        cudnn_workspace_at_peak: live.cudnn,
-        kernel_scratch_at_peak: live.kernel,
-        cublas_at_peak: live.cublas,
-        kernels: scratch.map(|s| s.summary()),
+
+    /// The figures once every event is replayed.
+    fn finish(mut self) -> ReplayResult {
+        for id in std::mem::take(&mut self.injected_for_step) {
+            self.alloc.free(id);
+        }
+        let (peak_phase, peak_after_events, mut live) = self.peak;
+        live.cublas = self
+            .scratch
+            .as_ref()
+            .map_or(0, |s| s.persistent().iter().map(|p| p.1).sum::<u64>());
+        let s: Stats = self.alloc.stats();
+        ReplayResult {
+            peak_allocated: s.allocated_peak,
+            peak_reserved: s.reserved_peak,
+            peak_phase,
+            allocated_after: s.allocated,
+            out_of_memory: self.out_of_memory,
+            num_alloc_retries: s.num_alloc_retries,
+            peak_after_events,
+            first_step_peak_allocated: self.first_step_peak,
+            cudnn_workspace_at_peak: live.cudnn,
+            kernel_scratch_at_peak: live.kernel,
+            cublas_at_peak: live.cublas,
+            kernels: self.scratch.map(|s| s.summary()),
+        }
     }
 }
 

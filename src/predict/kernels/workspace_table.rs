@@ -54,6 +54,105 @@ const COLUMNS: &[&str] = &[
     "workspace_bytes",
 ];
 
+/// One row of a table: a convolution, the algorithm cuDNN chose for it
+/// with benchmark on or off, and its workspace.
+struct Row {
+    problem: ConvProblem,
+    direction: Direction,
+    benchmark: bool,
+    algo: Algo,
+    bytes: u64,
+}
+
+/// Parses a row's `cells` (`at`: each of [`COLUMNS`]' position); `bad`
+/// places a message at the row.
+fn parse_row(at: &[usize], cells: &[&str], bad: &dyn Fn(String) -> String) -> Result<Row, String> {
+    let cell = |j: usize| {
+        cells
+            .get(at[j])
+            .copied()
+            .ok_or_else(|| bad(format!("no `{}`", COLUMNS[j])))
+    };
+    let int = |j: usize| -> Result<i64, String> {
+        cell(j)?
+            .parse()
+            .map_err(|_| bad(format!("`{}` is not an integer", COLUMNS[j])))
+    };
+    let direction = match cell(0)? {
+        "forward" => Direction::Forward,
+        "backward_data" => Direction::BackwardData,
+        "backward_filter" => Direction::BackwardFilter,
+        d => return Err(bad(format!("unknown direction `{d}`"))),
+    };
+    let dtype = match cell(15)? {
+        "f32" => DataType::F32,
+        "f16" => DataType::F16,
+        "bf16" => DataType::Bf16,
+        d => return Err(bad(format!("unknown dtype `{d}`"))),
+    };
+    let channels_last = match cell(16)? {
+        "nchw" => false,
+        "nhwc" => true,
+        l => return Err(bad(format!("unknown layout `{l}` (nchw or nhwc)"))),
+    };
+    let algo_name = cell(18)?;
+    let algo = ALGORITHMS
+        .iter()
+        .find(|a| a.name == algo_name)
+        .map(|a| a.algo)
+        .ok_or_else(|| bad(format!("unknown algorithm `{algo_name}`")))?;
+    if algo.spec().direction != direction {
+        return Err(bad(format!(
+            "{algo_name} does not compute the {}",
+            direction.name()
+        )));
+    }
+    let (n, c, h, w, k, r, s) = (
+        int(1)?,
+        int(2)?,
+        int(3)?,
+        int(4)?,
+        int(5)?,
+        int(6)?,
+        int(7)?,
+    );
+    let stride = [int(8)?, int(9)?];
+    let pad = [int(10)?, int(11)?];
+    let dilation = [int(12)?, int(13)?];
+    let out = |i: usize, size: i64, kernel: i64| {
+        (size + 2 * pad[i] - dilation[i] * (kernel - 1) - 1) / stride[i].max(1) + 1
+    };
+    let problem = ConvProblem {
+        n,
+        c,
+        h,
+        w,
+        k,
+        r,
+        s,
+        ho: out(0, h, r),
+        wo: out(1, w, s),
+        stride,
+        pad,
+        dilation,
+        groups: int(14)?,
+        dtype,
+        channels_last,
+    };
+    let benchmark = int(17)? != 0;
+    let bytes = int(19)?;
+    if bytes < 0 {
+        return Err(bad("negative workspace".into()));
+    }
+    Ok(Row {
+        problem,
+        direction,
+        benchmark,
+        algo,
+        bytes: bytes as u64,
+    })
+}
+
 impl WorkspaceTable {
     /// Parses a table (`name` for messages: `file:line: what`).
     pub fn parse(name: &str, text: &str) -> Result<WorkspaceTable, String> {
@@ -80,87 +179,13 @@ impl WorkspaceTable {
         for (i, line) in lines {
             let cells: Vec<&str> = line.split(',').map(str::trim).collect();
             let bad = |what: String| format!("{name}:{}: {what}", i + 1);
-            let cell = |j: usize| {
-                cells
-                    .get(at[j])
-                    .copied()
-                    .ok_or_else(|| bad(format!("no `{}`", COLUMNS[j])))
-            };
-            let int = |j: usize| -> Result<i64, String> {
-                cell(j)?
-                    .parse()
-                    .map_err(|_| bad(format!("`{}` is not an integer", COLUMNS[j])))
-            };
-            let direction = match cell(0)? {
-                "forward" => Direction::Forward,
-                "backward_data" => Direction::BackwardData,
-                "backward_filter" => Direction::BackwardFilter,
-                d => return Err(bad(format!("unknown direction `{d}`"))),
-            };
-            let dtype = match cell(15)? {
-                "f32" => DataType::F32,
-                "f16" => DataType::F16,
-                "bf16" => DataType::Bf16,
-                d => return Err(bad(format!("unknown dtype `{d}`"))),
-            };
-            let channels_last = match cell(16)? {
-                "nchw" => false,
-                "nhwc" => true,
-                l => return Err(bad(format!("unknown layout `{l}` (nchw or nhwc)"))),
-            };
-            let algo_name = cell(18)?;
-            let algo = ALGORITHMS
-                .iter()
-                .find(|a| a.name == algo_name)
-                .map(|a| a.algo)
-                .ok_or_else(|| bad(format!("unknown algorithm `{algo_name}`")))?;
-            if algo.spec().direction != direction {
-                return Err(bad(format!(
-                    "{algo_name} does not compute the {}",
-                    direction.name()
-                )));
-            }
-            let (n, c, h, w, k, r, s) = (
-                int(1)?,
-                int(2)?,
-                int(3)?,
-                int(4)?,
-                int(5)?,
-                int(6)?,
-                int(7)?,
-            );
-            let stride = [int(8)?, int(9)?];
-            let pad = [int(10)?, int(11)?];
-            let dilation = [int(12)?, int(13)?];
-            let out = |i: usize, size: i64, kernel: i64| {
-                (size + 2 * pad[i] - dilation[i] * (kernel - 1) - 1) / stride[i].max(1) + 1
-            };
-            let p = ConvProblem {
-                n,
-                c,
-                h,
-                w,
-                k,
-                r,
-                s,
-                ho: out(0, h, r),
-                wo: out(1, w, s),
-                stride,
-                pad,
-                dilation,
-                groups: int(14)?,
-                dtype,
-                channels_last,
-            };
-            let benchmark = int(17)? != 0;
-            let bytes = int(19)?;
-            if bytes < 0 {
-                return Err(bad("negative workspace".into()));
-            }
-            table.winners.insert(((p, direction), benchmark), algo);
+            let row = parse_row(&at, &cells, &bad)?;
+            table
+                .winners
+                .insert(((row.problem, row.direction), row.benchmark), row.algo);
             table
                 .workspaces
-                .insert(((p, direction), algo), bytes as u64);
+                .insert(((row.problem, row.direction), row.algo), row.bytes);
         }
         Ok(table)
     }
