@@ -133,40 +133,7 @@ fn run(cli: Cli) -> Result<Output> {
             let cfg = config::resolve(&config, &cfg_options)?;
             Ok(Output::ok(dump::render(&cfg, format)?))
         }
-        Command::Trial(args) => {
-            let request = args.request();
-            let deadline = args
-                .timeout
-                .map(std::time::Duration::from_secs)
-                .unwrap_or_else(|| trial_deadline(&request));
-            let report = Worker::locate()?.trial(&request, Some(deadline))?;
-            // A measurement that says "does not fit" or "cannot train" is an
-            // answer; a trial that broke is not: one line on stderr, exit 2.
-            if matches!(
-                report.status,
-                trial::TrialStatus::Error
-                    | trial::TrialStatus::Crash
-                    | trial::TrialStatus::Timeout
-                    | trial::TrialStatus::HostOom
-            ) {
-                return Err(crate::error::Error::Trial(format!(
-                    "the trial failed ({}): {}",
-                    report.status.name(),
-                    report.message.as_deref().unwrap_or("no reason given")
-                )));
-            }
-            let text = if args.common.json {
-                json(&report)
-            } else {
-                report::trial(&report)
-            };
-            let code = if report.status == trial::TrialStatus::Ok {
-                0
-            } else {
-                1
-            };
-            Ok(Output { text, code })
-        }
+        Command::Trial(args) => trial_command(&args),
         Command::Inspect(args) => {
             let summary = Worker::locate()?.inspect(&args.config, &args.common.cfg_options)?;
             Ok(Output::ok(if args.common.json {
@@ -191,18 +158,7 @@ fn run(cli: Cli) -> Result<Output> {
                 report::explain(&estimate)
             }))
         }
-        Command::Search(args) => {
-            let result = search_with_progress(&args)?;
-            let mut text = if args.common.json {
-                json(&result)
-            } else {
-                report::search(&result, args.all)
-            };
-            if args.why && !args.common.json {
-                text.push_str(&why(&args, &result)?);
-            }
-            Ok(Output::ok(text))
-        }
+        Command::Search(args) => search_command(&args),
         Command::Report { dir } => write_report(&dir),
         Command::Schema { which } => {
             let schema = if which == "search" {
@@ -245,6 +201,57 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
     let result = crate::search::search(&args.request(), &worker, &progress);
     bar.finish_and_clear();
     result
+}
+
+/// `segtune trial`: a measurement that says "does not fit" or "cannot
+/// train" is an answer (exit 1 with its report); a trial that broke is not
+/// (one line on stderr, exit 2).
+fn trial_command(args: &args::TrialArgs) -> Result<Output> {
+    let request = args.request();
+    let deadline = args
+        .timeout
+        .map(std::time::Duration::from_secs)
+        .unwrap_or_else(|| trial_deadline(&request));
+    let report = Worker::locate()?.trial(&request, Some(deadline))?;
+    if matches!(
+        report.status,
+        trial::TrialStatus::Error
+            | trial::TrialStatus::Crash
+            | trial::TrialStatus::Timeout
+            | trial::TrialStatus::HostOom
+    ) {
+        return Err(crate::error::Error::Trial(format!(
+            "the trial failed ({}): {}",
+            report.status.name(),
+            report.message.as_deref().unwrap_or("no reason given")
+        )));
+    }
+    let text = if args.common.json {
+        json(&report)
+    } else {
+        report::trial(&report)
+    };
+    let code = if report.status == trial::TrialStatus::Ok {
+        0
+    } else {
+        1
+    };
+    Ok(Output { text, code })
+}
+
+/// `segtune search`: the table (or JSON), and with `--why` the winner's
+/// peak beside the next batch's.
+fn search_command(args: &SearchArgs) -> Result<Output> {
+    let result = search_with_progress(args)?;
+    let mut text = if args.common.json {
+        json(&result)
+    } else {
+        report::search(&result, args.all)
+    };
+    if args.why && !args.common.json {
+        text.push_str(&why(args, &result)?);
+    }
+    Ok(Output::ok(text))
 }
 
 /// `segtune report DIR`: the page and its charts into `DIR/report/`.

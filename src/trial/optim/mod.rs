@@ -62,6 +62,68 @@ fn num(d: &Dict, k: &str, default: f64) -> Result<f64, String> {
     }
 }
 
+/// The optimizer's algorithm and its settings, from `optim_wrapper.optimizer`.
+fn algorithm_of(type_name: &str, opt: &Dict) -> Result<Algorithm, String> {
+    let algorithm = match type_name {
+        "AdamW" | "Adam" => {
+            let betas = match opt.get("betas").and_then(Value::as_seq) {
+                Some([a, b]) => (a.as_f64().unwrap_or(0.9), b.as_f64().unwrap_or(0.999)),
+                _ => (0.9, 0.999),
+            };
+            Algorithm::Adam {
+                betas,
+                eps: num(opt, "eps", 1e-8)?,
+                decoupled: type_name == "AdamW",
+                amsgrad: opt.get("amsgrad").is_some_and(Value::truthy),
+                fused: opt.get("fused").is_some_and(Value::truthy),
+            }
+        }
+        "SGD" => Algorithm::Sgd {
+            momentum: num(opt, "momentum", 0.0)?,
+            dampening: num(opt, "dampening", 0.0)?,
+            nesterov: opt.get("nesterov").is_some_and(Value::truthy),
+        },
+        other => {
+            return Err(format!(
+                "optimizer `{other}` is not supported (AdamW, Adam, SGD)"
+            ))
+        }
+    };
+    if let Algorithm::Adam {
+        amsgrad: true,
+        fused: true,
+        ..
+    } = algorithm
+    {
+        return Err("optimizer: fused=True with amsgrad=True is not built".into());
+    }
+    Ok(algorithm)
+}
+
+/// `paramwise_cfg.custom_keys` as `(key, lr_mult, decay_mult)`, in the
+/// order mmengine matches them: longer keys first, alphabetically among
+/// equals.
+fn custom_keys_of(pw: Option<&Dict>) -> Result<Vec<(String, f64, f64)>, String> {
+    let mut custom_keys: Vec<(String, f64, f64)> = Vec::new();
+    if let Some(keys) = pw
+        .and_then(|p| p.get("custom_keys"))
+        .and_then(Value::as_dict)
+    {
+        for (k, v) in keys {
+            let d = v
+                .as_dict()
+                .ok_or("paramwise_cfg.custom_keys values must be dicts")?;
+            custom_keys.push((
+                k.clone(),
+                num(d, "lr_mult", 1.0)?,
+                num(d, "decay_mult", 1.0)?,
+            ));
+        }
+    }
+    custom_keys.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+    Ok(custom_keys)
+}
+
 impl OptimCfg {
     pub fn from_cfg(cfg: &Dict) -> Result<OptimCfg, String> {
         let ow = cfg
@@ -86,59 +148,10 @@ impl OptimCfg {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        let algorithm = match type_name.as_str() {
-            "AdamW" | "Adam" => {
-                let betas = match opt.get("betas").and_then(Value::as_seq) {
-                    Some([a, b]) => (a.as_f64().unwrap_or(0.9), b.as_f64().unwrap_or(0.999)),
-                    _ => (0.9, 0.999),
-                };
-                Algorithm::Adam {
-                    betas,
-                    eps: num(opt, "eps", 1e-8)?,
-                    decoupled: type_name == "AdamW",
-                    amsgrad: opt.get("amsgrad").is_some_and(Value::truthy),
-                    fused: opt.get("fused").is_some_and(Value::truthy),
-                }
-            }
-            "SGD" => Algorithm::Sgd {
-                momentum: num(opt, "momentum", 0.0)?,
-                dampening: num(opt, "dampening", 0.0)?,
-                nesterov: opt.get("nesterov").is_some_and(Value::truthy),
-            },
-            other => {
-                return Err(format!(
-                    "optimizer `{other}` is not supported (AdamW, Adam, SGD)"
-                ))
-            }
-        };
-        if let Algorithm::Adam {
-            amsgrad: true,
-            fused: true,
-            ..
-        } = algorithm
-        {
-            return Err("optimizer: fused=True with amsgrad=True is not built".into());
-        }
+        let algorithm = algorithm_of(&type_name, opt)?;
         let default_wd = if type_name == "AdamW" { 0.01 } else { 0.0 };
         let pw = ow.get("paramwise_cfg").and_then(Value::as_dict);
-        let mut custom_keys: Vec<(String, f64, f64)> = Vec::new();
-        if let Some(keys) = pw
-            .and_then(|p| p.get("custom_keys"))
-            .and_then(Value::as_dict)
-        {
-            for (k, v) in keys {
-                let d = v
-                    .as_dict()
-                    .ok_or("paramwise_cfg.custom_keys values must be dicts")?;
-                custom_keys.push((
-                    k.clone(),
-                    num(d, "lr_mult", 1.0)?,
-                    num(d, "decay_mult", 1.0)?,
-                ));
-            }
-        }
-        // mmengine matches longer keys first, alphabetically among equals.
-        custom_keys.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        let custom_keys = custom_keys_of(pw)?;
         let pw_num = |k: &str| -> Result<f64, String> { pw.map_or(Ok(1.0), |p| num(p, k, 1.0)) };
         let clip_grad = match ow.get("clip_grad") {
             None | Some(Value::None) => None,
