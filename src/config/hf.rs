@@ -278,30 +278,7 @@ fn pick(config: &Dict, keys: &[&str], ty: &str) -> Dict {
 
 /// Translates the model directory `dir` into a config (see the module doc).
 pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
-    let config_path = dir.join("config.json");
-    let config_json = read_json(&config_path)?.ok_or_else(|| {
-        ConfigError::new(
-            ErrorKind::Io,
-            format!("{} has no config.json", dir.display()),
-        )
-    })?;
-    let config_json = object(config_json, &config_path)?;
-    match config_json
-        .get("model_type")
-        .and_then(serde_json::Value::as_str)
-    {
-        Some("segformer") => {}
-        other => {
-            return Err(ConfigError::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{}: model_type is {}; segtune builds Hugging Face `segformer` models",
-                    config_path.display(),
-                    other.map_or("missing".to_string(), |t| format!("`{t}`"))
-                ),
-            ))
-        }
-    }
+    let config_json = segformer_config(dir)?;
     let labels = num_labels(&config_json);
     let saved_by = config_json
         .get("transformers_version")
@@ -333,7 +310,6 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
         &args_path,
         major,
     )?;
-
     let mut backbone = pick(&config, ENCODER_KEYS, "SegformerModel");
     backbone.insert("with_cp".into(), Value::Bool(args.gradient_checkpointing));
     let mut decode_head = pick(&config, HEAD_KEYS, "SegformerDecodeHead");
@@ -347,6 +323,63 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
         ("backbone", Value::Dict(backbone)),
         ("decode_head", Value::Dict(decode_head)),
     ]);
+    let mut cfg = Dict::new();
+    cfg.insert("model".into(), model);
+    cfg.insert(
+        "crop_size".into(),
+        Value::Tuple(vec![Value::Int(crop.0), Value::Int(crop.1)]),
+    );
+    cfg.insert(
+        "train_dataloader".into(),
+        dict(vec![("batch_size", Value::Int(args.batch_size))]),
+    );
+    cfg.insert("optim_wrapper".into(), optim_wrapper_of(&args));
+    cfg.insert(
+        "hf".into(),
+        dict(vec![
+            ("dir", Value::Str(dir.display().to_string())),
+            (
+                "transformers_version",
+                saved_by.map_or(Value::None, Value::Str),
+            ),
+            ("config", Value::Dict(config)),
+        ]),
+    );
+    Ok(cfg)
+}
+
+/// `dir/config.json` as an object, refused unless it is a SegFormer's.
+fn segformer_config(dir: &Path) -> Result<serde_json::Map<String, serde_json::Value>, ConfigError> {
+    let config_path = dir.join("config.json");
+    let config_json = read_json(&config_path)?.ok_or_else(|| {
+        ConfigError::new(
+            ErrorKind::Io,
+            format!("{} has no config.json", dir.display()),
+        )
+    })?;
+    let config_json = object(config_json, &config_path)?;
+    match config_json
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+    {
+        Some("segformer") => {}
+        other => {
+            return Err(ConfigError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{}: model_type is {}; segtune builds Hugging Face `segformer` models",
+                    config_path.display(),
+                    other.map_or("missing".to_string(), |t| format!("`{t}`"))
+                ),
+            ))
+        }
+    }
+    Ok(config_json)
+}
+
+/// Trainer's optimizer as MMEngine's `optim_wrapper`: AdamW (fused if the
+/// arguments say so), the accumulation, `max_grad_norm`'s clipping, AMP.
+fn optim_wrapper_of(args: &TrainingArgs) -> Value {
     let amp = args.fp16 || args.bf16;
     let mut optim_wrapper = vec![
         (
@@ -389,27 +422,5 @@ pub fn load_dir(dir: &Path) -> Result<Dict, ConfigError> {
         let dtype = if args.bf16 { "bfloat16" } else { "float16" };
         optim_wrapper.push(("dtype", Value::Str(dtype.into())));
     }
-    let mut cfg = Dict::new();
-    cfg.insert("model".into(), model);
-    cfg.insert(
-        "crop_size".into(),
-        Value::Tuple(vec![Value::Int(crop.0), Value::Int(crop.1)]),
-    );
-    cfg.insert(
-        "train_dataloader".into(),
-        dict(vec![("batch_size", Value::Int(args.batch_size))]),
-    );
-    cfg.insert("optim_wrapper".into(), dict(optim_wrapper));
-    cfg.insert(
-        "hf".into(),
-        dict(vec![
-            ("dir", Value::Str(dir.display().to_string())),
-            (
-                "transformers_version",
-                saved_by.map_or(Value::None, Value::Str),
-            ),
-            ("config", Value::Dict(config)),
-        ]),
-    );
-    Ok(cfg)
+    dict(optim_wrapper)
 }

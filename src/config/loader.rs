@@ -11,9 +11,10 @@
 //! overflows).
 
 use super::error::{ConfigError, ErrorKind, Location};
-use super::eval::{self, Limits};
+use super::eval::Limits;
 use super::merge;
 use super::prepare::{Bases, FileKind, Prepared};
+use super::source;
 use super::substitute;
 use super::value::Dict;
 use super::written;
@@ -81,7 +82,7 @@ impl Loader {
     /// value and never imported.
     pub fn load(&mut self, path: &Path) -> Result<Dict, ConfigError> {
         let abs = absolute(path);
-        if let Some(what) = eval::not_a_regular_file(&abs) {
+        if let Some(what) = source::not_a_regular_file(&abs) {
             return Err(ConfigError::new(
                 ErrorKind::Io,
                 format!("config file {} {what}", path.display()),
@@ -132,7 +133,7 @@ impl Loader {
             return Ok(done);
         }
         let kind = FileKind::of(abs)?;
-        let raw = eval::read_source(abs)?;
+        let raw = source::read_source(abs)?;
         if matches!(kind, FileKind::Python) && raw.starts_with('\u{feff}') {
             // MMEngine reads the file as text and ast.parse refuses the mark.
             return Err(ConfigError::new(
@@ -192,7 +193,7 @@ impl Loader {
         if let Some(done) = cached {
             return Ok(done);
         }
-        let source = eval::read_source(abs)?;
+        let source = source::read_source(abs)?;
         let prepared = Prepared::new(FileKind::Rhai, abs, &source, self.limits)?;
         let base = self.load_bases(abs, &prepared.bases)?;
         let module = rhai::Shared::new(prepared.evaluate_module(abs, &source, base, self)?);
@@ -256,8 +257,8 @@ fn base_file(abs: &Path, rel: &str) -> Result<PathBuf, ConfigError> {
         )
         .with_help("copy the base config next to yours and use a relative path"));
     }
-    let base_path = normalize(&eval::config_dir(abs).join(rel));
-    match eval::not_a_regular_file(&base_path) {
+    let base_path = normalize(&source::config_dir(abs).join(rel));
+    match source::not_a_regular_file(&base_path) {
         None => Ok(base_path),
         Some(problem) => {
             // "not found" for a missing file: the words users know.

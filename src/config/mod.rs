@@ -32,6 +32,7 @@ pub mod merge;
 mod prepare;
 pub mod presets;
 pub mod pyops;
+pub mod source;
 mod substitute;
 pub mod translate;
 pub mod value;
