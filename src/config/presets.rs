@@ -13,6 +13,7 @@ const PRESETS: &[(&str, &str)] = &[
         include_str!("../../presets/rtx3050ti-laptop.rhai"),
     ),
     ("rtx2070", include_str!("../../presets/rtx2070.rhai")),
+    ("rtx3060", include_str!("../../presets/rtx3060.rhai")),
     ("rtx3090", include_str!("../../presets/rtx3090.rhai")),
     ("rtx4090", include_str!("../../presets/rtx4090.rhai")),
     ("h200", include_str!("../../presets/h200.rhai")),
@@ -98,6 +99,8 @@ mod tests {
                 "fp32_tflops",
                 "fp16_tflops",
                 "memory_bandwidth_gbs",
+                "cuda_context_mib",
+                "cublas_workspace_kib",
             ] {
                 assert!(p.contains_key(field), "{name} lacks {field}");
             }
