@@ -57,7 +57,9 @@ impl std::str::FromStr for Crop {
 /// `--vram`: checked when parsed (the library parses it again where a
 /// `segtune` dict in the config can give it too).
 fn vram_size(s: &str) -> std::result::Result<String, String> {
-    crate::predict::budget::parse_vram(s).map(|_| s.to_string())
+    crate::predict::budget::parse_vram(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// A value parser for a count that must be at least `min`.

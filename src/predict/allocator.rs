@@ -133,40 +133,49 @@ impl AllocatorSettings {
     }
 }
 
+/// Why a `PYTORCH_CUDA_ALLOC_CONF` value cannot be modelled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocConfError {
+    #[error("`{item}`: write KEY:VALUE (expandable_segments:True, max_split_size_mb:N)")]
+    NotKeyValue { item: String },
+    #[error("expandable_segments:{value}: write True or False")]
+    NotABool { value: String },
+    #[error("max_split_size_mb:{value}: write a whole number of MiB")]
+    NotMib { value: String },
+    #[error("max_split_size_mb:{mb}: PyTorch requires more than 20 (its large segment size)")]
+    SplitTooSmall { mb: u64 },
+    #[error("`{key}`: segtune models expandable_segments and max_split_size_mb only")]
+    UnmodelledKey { key: String },
+}
+
 impl std::str::FromStr for AllocatorSettings {
-    type Err = String;
+    type Err = AllocConfError;
     /// Parses a `PYTORCH_CUDA_ALLOC_CONF` value: `expandable_segments:True`,
     /// `max_split_size_mb:N` (N > 20, as PyTorch requires), comma-separated.
-    fn from_str(text: &str) -> Result<AllocatorSettings, String> {
+    fn from_str(text: &str) -> Result<AllocatorSettings, AllocConfError> {
         let mut settings = AllocatorSettings::default();
         for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (key, value) = item.split_once(':').ok_or_else(|| {
-                format!("`{item}`: write KEY:VALUE (expandable_segments:True, max_split_size_mb:N)")
-            })?;
+            let (key, value) = item
+                .split_once(':')
+                .ok_or_else(|| AllocConfError::NotKeyValue { item: item.into() })?;
             match key.trim() {
                 "expandable_segments" => {
                     settings.expandable_segments = match value.trim() {
                         "True" | "true" => true,
                         "False" | "false" => false,
-                        v => return Err(format!("expandable_segments:{v}: write True or False")),
+                        v => return Err(AllocConfError::NotABool { value: v.into() }),
                     }
                 }
                 "max_split_size_mb" => {
-                    let mb: u64 = value.trim().parse().map_err(|_| {
-                        format!("max_split_size_mb:{value}: write a whole number of MiB")
+                    let mb: u64 = value.trim().parse().map_err(|_| AllocConfError::NotMib {
+                        value: value.into(),
                     })?;
                     if mb <= 20 {
-                        return Err(format!(
-                            "max_split_size_mb:{mb}: PyTorch requires more than 20 (its large segment size)"
-                        ));
+                        return Err(AllocConfError::SplitTooSmall { mb });
                     }
                     settings.max_split_size = Some(mb << 20);
                 }
-                other => {
-                    return Err(format!(
-                        "`{other}`: segtune models expandable_segments and max_split_size_mb only"
-                    ))
-                }
+                other => return Err(AllocConfError::UnmodelledKey { key: other.into() }),
             }
         }
         Ok(settings)

@@ -2,7 +2,6 @@
 //! a bare `--vram`) and the budget a training step may use on it (VRAM less
 //! the margin, of which the CUDA context takes its share first).
 
-use super::estimate::cuda_context_bytes;
 use super::kernels::cudnn_speed::GpuMath;
 use crate::config::{presets, Dict, Value};
 use crate::error::{Error, Result};
@@ -32,6 +31,64 @@ pub struct Gpu {
     /// Streaming multiprocessors.
     pub sms: i64,
     pub bandwidth_gbs: f64,
+    /// What the device holds besides the tensors: the preset's, or the
+    /// compute capability's typical figures for a card known by `--vram`.
+    pub overheads: DeviceOverheads,
+}
+
+/// Device memory a training process holds besides its tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceOverheads {
+    /// The CUDA context (driver, lazily loaded kernels): nvidia-smi shows
+    /// it, the caching allocator never reports it.
+    pub cuda_context_bytes: u64,
+    /// cuBLAS's workspace per handle, taken from the caching allocator
+    /// (PyTorch >= 1.13).
+    pub cublas_workspace_bytes: u64,
+}
+
+impl DeviceOverheads {
+    /// The fallback for a card known only by its compute capability (a
+    /// preset states its own): cuBLAS's workspace is
+    /// `CUBLAS_WORKSPACE_CONFIG`'s default, `:4096:2:16:8` (8 MiB + 128
+    /// KiB), and `:4096:8` (32 MiB) on Hopper (sm_90); the CUDA context is
+    /// an assumption per architecture, to be calibrated by
+    /// `scripts/gpu-validate.sh` on real cards.
+    pub fn of_compute_capability(compute_capability: &str) -> DeviceOverheads {
+        let hopper = compute_capability.starts_with('9');
+        let context_mib: u64 = match compute_capability {
+            _ if hopper => 520,
+            "8.9" => 330,
+            cc if cc.starts_with('8') => 310,
+            _ => 290,
+        };
+        DeviceOverheads {
+            cuda_context_bytes: context_mib << 20,
+            cublas_workspace_bytes: if hopper {
+                4096 * 1024 * 8
+            } else {
+                4096 * 1024 * 2 + 16 * 1024 * 8
+            },
+        }
+    }
+
+    /// A preset's `cuda_context_mib` and `cublas_workspace_kib`, each
+    /// falling back to [`DeviceOverheads::of_compute_capability`].
+    fn of_preset(preset: &Dict, compute_capability: &str) -> DeviceOverheads {
+        let typical = DeviceOverheads::of_compute_capability(compute_capability);
+        let bytes = |key: &str, unit: u64| {
+            preset
+                .get(key)
+                .and_then(Value::as_i64)
+                .map(|n| n.max(0) as u64 * unit)
+        };
+        DeviceOverheads {
+            cuda_context_bytes: bytes("cuda_context_mib", 1 << 20)
+                .unwrap_or(typical.cuda_context_bytes),
+            cublas_workspace_bytes: bytes("cublas_workspace_kib", 1 << 10)
+                .unwrap_or(typical.cublas_workspace_bytes),
+        }
+    }
 }
 
 impl Gpu {
@@ -55,8 +112,9 @@ impl Gpu {
             bf16_tflops: num(&p, "bf16_tflops", 40.0),
             tf32_tflops: num(&p, "tf32_tflops", typical.tf32),
             sms: p.get("sms").and_then(Value::as_i64).unwrap_or(typical.sms),
-            compute_capability,
             bandwidth_gbs: num(&p, "memory_bandwidth_gbs", 500.0),
+            overheads: DeviceOverheads::of_preset(&p, &compute_capability),
+            compute_capability,
         })
     }
 
@@ -82,6 +140,7 @@ impl Gpu {
             tf32_tflops: typical.tf32,
             sms: typical.sms,
             bandwidth_gbs: 500.0,
+            overheads: DeviceOverheads::of_compute_capability(compute_capability),
         })
     }
 
@@ -167,6 +226,10 @@ pub struct Budget {
     pub bandwidth_gbs: f64,
     pub margin: f64,
     pub cuda_context_bytes: u64,
+    /// cuBLAS's workspace per handle (see [`DeviceOverheads`]); 0 in
+    /// searches saved before it was recorded.
+    #[serde(default)]
+    pub cublas_workspace_bytes: u64,
     /// VRAM x (1 - margin): what reserved memory + context may use.
     pub usable_bytes: u64,
 }
@@ -194,7 +257,7 @@ impl Budget {
                 "--margin {margin} must be in [0, 0.9)"
             )));
         }
-        let context = cuda_context_bytes(&gpu.compute_capability);
+        let context = gpu.overheads.cuda_context_bytes;
         let usable = (gpu.vram_bytes as f64 * (1.0 - margin)) as u64;
         if usable <= context {
             return Err(Error::Input(format!(
@@ -218,6 +281,7 @@ impl Budget {
             bandwidth_gbs: gpu.bandwidth_gbs,
             margin,
             cuda_context_bytes: context,
+            cublas_workspace_bytes: gpu.overheads.cublas_workspace_bytes,
             usable_bytes: usable,
         })
     }
@@ -231,14 +295,15 @@ impl Budget {
 /// Parses a VRAM size. All units are binary (1G = 1 GiB = 1024 MiB, as
 /// nvidia-smi's MiB are): `4G`, `4GB`, `4GiB`, `3.5G`, `4096M`, `4096MiB`,
 /// `512K`, or plain bytes.
-pub fn parse_vram(text: &str) -> std::result::Result<u64, String> {
+pub fn parse_vram(text: &str) -> std::result::Result<u64, VramError> {
     let t = text.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
+    let text = || text.to_string();
     let value: f64 = number
         .trim()
         .parse()
-        .map_err(|_| format!("`{text}` is not a memory size; write e.g. 4G, 4096MiB or 3.5GB"))?;
+        .map_err(|_| VramError::NotASize { text: text() })?;
     let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -246,30 +311,68 @@ pub fn parse_vram(text: &str) -> std::result::Result<u64, String> {
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
         other => {
-            return Err(format!(
-                "`{text}`: unknown unit `{other}` (use K, M, G or T; all binary)"
-            ))
+            return Err(VramError::UnknownUnit {
+                text: text(),
+                unit: other.into(),
+            })
         }
     };
     if !(value.is_finite() && value > 0.0) {
-        return Err(format!("`{text}` must be a positive size"));
+        return Err(VramError::NotPositive { text: text() });
     }
     let bytes = (value * scale as f64).round();
     // `as u64` would saturate: 99999999999G is not a GPU, it is a typo.
     if bytes >= u64::MAX as f64 {
-        return Err(format!(
-            "`{text}` is beyond any memory size (the largest is 16 EiB); write e.g. 24G"
-        ));
+        return Err(VramError::TooLarge { text: text() });
     }
     if bytes < 1.0 {
-        return Err(format!("`{text}` must be a positive size"));
+        return Err(VramError::NotPositive { text: text() });
     }
     Ok(bytes as u64)
+}
+
+/// Why a `--vram` value is not a memory size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VramError {
+    #[error("`{text}` is not a memory size; write e.g. 4G, 4096MiB or 3.5GB")]
+    NotASize { text: String },
+    #[error("`{text}`: unknown unit `{unit}` (use K, M, G or T; all binary)")]
+    UnknownUnit { text: String, unit: String },
+    #[error("`{text}` must be a positive size")]
+    NotPositive { text: String },
+    #[error("`{text}` is beyond any memory size (the largest is 16 EiB); write e.g. 24G")]
+    TooLarge { text: String },
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_presets_overheads_are_its_own_and_a_bare_vram_takes_its_architectures() {
+        // Each shipped preset states both figures; today they equal the
+        // fallback of their architecture (what predictions used before).
+        for gpu in Gpu::presets().unwrap() {
+            assert_eq!(
+                gpu.overheads,
+                DeviceOverheads::of_compute_capability(&gpu.compute_capability),
+                "{}",
+                gpu.name
+            );
+        }
+        let h200 = Gpu::preset("h200").unwrap();
+        assert_eq!(h200.overheads.cuda_context_bytes, 520 << 20);
+        assert_eq!(h200.overheads.cublas_workspace_bytes, 32 << 20);
+        let turing = Gpu::custom("8G", "7.5").unwrap();
+        assert_eq!(turing.overheads.cuda_context_bytes, 290 << 20);
+        assert_eq!(
+            turing.overheads.cublas_workspace_bytes,
+            (8 << 20) + (128 << 10)
+        );
+        let budget = Budget::new(&Gpu::preset("rtx3050ti").unwrap(), 0.0).unwrap();
+        assert_eq!(budget.cuda_context_bytes, 310 << 20);
+        assert_eq!(budget.cublas_workspace_bytes, (8 << 20) + (128 << 10));
+    }
 
     #[test]
     fn vram_sizes() {

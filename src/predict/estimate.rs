@@ -25,31 +25,6 @@ pub struct FixedTerm {
     pub source: &'static str,
 }
 
-/// cuBLAS workspace PyTorch takes from the caching allocator (one handle,
-/// one stream): `CUBLAS_WORKSPACE_CONFIG` defaults to `:4096:2:16:8`
-/// (8 MiB + 128 KiB), and to `:4096:8` (32 MiB) on Hopper (sm_90).
-pub fn cublas_workspace_bytes(compute_capability: &str) -> u64 {
-    if compute_capability.starts_with('9') {
-        4096 * 1024 * 8
-    } else {
-        4096 * 1024 * 2 + 16 * 1024 * 8
-    }
-}
-
-/// The CUDA context (driver, kernels of libtorch/cuDNN/cuBLAS loaded lazily,
-/// as CUDA 12/13 does by default): device memory nvidia-smi shows that the
-/// caching allocator never reports. An assumption per architecture, to be
-/// calibrated by `scripts/gpu-validate.sh` on real cards.
-pub fn cuda_context_bytes(compute_capability: &str) -> u64 {
-    let mib: u64 = match compute_capability {
-        cc if cc.starts_with('9') => 520,
-        "8.9" => 330,
-        cc if cc.starts_with('8') => 310,
-        _ => 290,
-    };
-    mib << 20
-}
-
 /// How the predicted run drives the GPU's kernels: the PyTorch release
 /// (cuDNN's API, cuBLAS's workspace), the precision and cuDNN's flags.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,7 +50,13 @@ impl KernelSetup {
 
     /// The model of a GPU's kernels (its compute capability and rates)
     /// that a replay for `figure` uses.
-    pub fn model(&self, compute_capability: &str, math: GpuMath, figure: Figure) -> KernelModel {
+    pub fn model(
+        &self,
+        compute_capability: &str,
+        cublas_workspace_bytes: u64,
+        math: GpuMath,
+        figure: Figure,
+    ) -> KernelModel {
         KernelModel {
             cudnn: CudnnSettings {
                 benchmark: self.cudnn_benchmark,
@@ -87,14 +68,15 @@ impl KernelSetup {
             },
             figure,
             half_is_fp16: self.amp == Amp::Fp16,
-            cublas_workspace: self.cublas_workspace(compute_capability),
+            cublas_workspace: self.cublas_workspace(cublas_workspace_bytes),
         }
     }
 
-    /// cuBLAS's workspace per handle in the caching allocator (0 before 1.13).
-    pub fn cublas_workspace(&self, compute_capability: &str) -> u64 {
+    /// cuBLAS's workspace per handle in the caching allocator: the card's
+    /// `per_handle` (0 before PyTorch 1.13, which took it outside).
+    pub fn cublas_workspace(&self, per_handle: u64) -> u64 {
         if self.torch.has(Switch::CublasWorkspaceInAllocator) {
-            cublas_workspace_bytes(compute_capability)
+            per_handle
         } else {
             0
         }
@@ -209,6 +191,7 @@ impl Replayer<'_> {
     ) -> ReplayResult {
         let model = self.kernels.model(
             &self.target.compute_capability,
+            self.target.overheads.cublas_workspace_bytes,
             self.target.conv_math(),
             figure,
         );
@@ -236,7 +219,7 @@ pub fn estimate(
 ) -> Estimate {
     let amp = kernels.amp;
     let with_calls = !traced.calls.is_empty();
-    let per_handle = kernels.cublas_workspace(&target.compute_capability);
+    let per_handle = kernels.cublas_workspace(target.overheads.cublas_workspace_bytes);
     let replayer = Replayer {
         trace: traced.events,
         calls: traced.calls,
@@ -246,7 +229,7 @@ pub fn estimate(
         target,
     };
     let injected_workspace = replayer.injected_workspace;
-    let context = cuda_context_bytes(&target.compute_capability);
+    let context = target.overheads.cuda_context_bytes;
     let capacity = target.vram_bytes.saturating_sub(context);
     let least = replayer.run(None, alloc_conf, Figure::Least);
     let least_on_card = replayer.run(Some(capacity), alloc_conf, Figure::Least);

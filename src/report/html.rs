@@ -23,11 +23,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 fn series_label(row: &JournalRow) -> String {
     let c = &row.candidate;
     let mut label = format!("{}x{} {}", c.crop.0, c.crop.1, c.amp);
-    if c.checkpoint {
-        label.push_str(" with_cp");
-    }
-    if let Some(k) = c.num_points {
-        label.push_str(&format!(" K={k}"));
+    for setting in crate::search::knobs::settings(c.knobs()) {
+        label.push_str(&format!(" {}", setting.label()));
     }
     if let Some(mode) = c.test_mode {
         label.push_str(&format!(" {}", mode.label()));

@@ -3,19 +3,20 @@
 //! run or resumed, the winner and what was written.
 
 use super::{gib, gib_or_dash, table_of};
+use crate::search::knobs::{self, spec, Knob};
 use crate::search::{Mode, SearchResult, Step};
 
 /// The feasible table's columns (`--all`); [`SHORT_COLUMNS`] without it.
 /// `points` only where the search lowered Mask2Former's point count.
 const FEASIBLE_COLUMNS: [&str; 16] = [
     "rank",
-    "batch",
-    "crop",
-    "accum",
+    spec(Knob::BatchSize).column,
+    spec(Knob::Crop).column,
+    spec(Knob::Accumulation).column,
     "eff. batch",
-    "amp",
-    "with_cp",
-    "points",
+    spec(Knob::Amp).column,
+    spec(Knob::Checkpoint).column,
+    spec(Knob::NumPoints).column,
     "allocated GiB",
     "first line GiB",
     "reserved GiB",
@@ -83,13 +84,10 @@ pub fn progress_line(step: &Step) -> String {
         (false, Mode::Predicted) => "traced",
         (false, Mode::Measured) => "trial",
     };
-    let mut knobs = String::new();
-    if c.checkpoint {
-        knobs.push_str(" with_cp");
-    }
-    if let Some(k) = c.num_points {
-        knobs.push_str(&format!(" points {k}"));
-    }
+    let knobs: String = knobs::settings(c.knobs())
+        .into_iter()
+        .map(|s| format!(" {}", s.label()))
+        .collect();
     format!(
         "{how}: batch {} crop {}x{} {}{knobs} -> {} | {} done, at most {} left",
         c.batch_size,
@@ -267,7 +265,15 @@ fn infeasible_table(r: &SearchResult, all: bool) -> String {
     let mut out = String::new();
     if all && !r.infeasible.is_empty() {
         const INFEASIBLE_COLUMNS: [&str; 9] = [
-            "batch", "crop", "amp", "accum", "with_cp", "points", "status", "reason", "how",
+            spec(Knob::BatchSize).column,
+            spec(Knob::Crop).column,
+            spec(Knob::Amp).column,
+            spec(Knob::Accumulation).column,
+            spec(Knob::Checkpoint).column,
+            spec(Knob::NumPoints).column,
+            "status",
+            "reason",
+            "how",
         ];
         let rows = r.infeasible.iter().map(|o| {
             let c = o.candidate;

@@ -280,8 +280,7 @@ mod tests {
             precisions: &[Amp::Off, Amp::Fp16, Amp::Bf16],
             batches: &[1, 2, 3, 4, 5, 6, 7, 8],
             accumulation: &|b| (16 / b, 16 % b == 0),
-            checkpoint: false,
-            num_points: &[],
+            fallbacks: &[],
             knobs: crate::search::space::ModelKnobs::default(),
         };
         let explored = run_search(

@@ -83,20 +83,19 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
         loader.push(("dataset", nested));
     }
     o.insert("train_dataloader".into(), dict(loader));
-    let mut model = vec![("data_preprocessor", dict(vec![("size", tuple(c.crop))]))];
-    if c.checkpoint {
-        model.push(("backbone", dict(vec![("with_cp", Value::Bool(true))])));
+    let mut model = Dict::new();
+    model.insert(
+        "data_preprocessor".into(),
+        dict(vec![("size", tuple(c.crop))]),
+    );
+    for (key, value) in super::knobs::settings(c.knobs())
+        .into_iter()
+        .filter_map(super::knobs::Setting::config_item)
+    {
+        let path = key.strip_prefix("model.").expect("a model knob's key");
+        insert_at_path(&mut model, path, value);
     }
-    if let Some(k) = c.num_points {
-        model.push((
-            "decode_head",
-            dict(vec![(
-                "train_cfg",
-                dict(vec![("num_points", Value::Int(k))]),
-            )]),
-        ));
-    }
-    o.insert("model".into(), dict(model));
+    o.insert("model".into(), Value::Dict(model));
     let mut ow = cfg
         .get("optim_wrapper")
         .and_then(Value::as_dict)
@@ -144,6 +143,23 @@ pub fn overrides(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> Dict 
     o
 }
 
+/// Sets `value` at the dotted `path` of `dict`, creating the dicts on the way.
+fn insert_at_path(dict: &mut Dict, path: &str, value: Value) {
+    match path.split_once('.') {
+        None => {
+            dict.insert(path.into(), value);
+        }
+        Some((head, rest)) => {
+            let entry = dict
+                .entry(head.to_string())
+                .or_insert_with(|| Value::Dict(Dict::new()));
+            if let Value::Dict(inner) = entry {
+                insert_at_path(inner, rest, value);
+            }
+        }
+    }
+}
+
 /// The `--cfg-options` line for `tools/train.py`.
 pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -> String {
     let crop = format!("({},{})", c.crop.0, c.crop.1);
@@ -163,12 +179,7 @@ pub fn cfg_options_line(cfg: &Dict, c: &Candidate, auto_scale_lr: Option<i64>) -
         }
     }
     items.push(format!("model.data_preprocessor.size={crop}"));
-    if c.checkpoint {
-        items.push(super::space::CHECKPOINT_OPTION.into());
-    }
-    if let Some(k) = c.num_points {
-        items.push(format!("{}={k}", super::space::NUM_POINTS_KEY));
-    }
+    items.extend(super::knobs::cfg_option_items(c.knobs()));
     match c.amp {
         Amp::Off => items.push("optim_wrapper.type=OptimWrapper".into()),
         half => {

@@ -169,8 +169,7 @@ fn explore_test_modes(
             precisions: &[Amp::Off, Amp::Fp16],
             batches: &TEST_BATCHES,
             accumulation: &|_| (1, true),
-            checkpoint: false,
-            num_points: &[],
+            fallbacks: &[],
             knobs: ModelKnobs {
                 test_mode: Some(mode),
                 ..ModelKnobs::default()

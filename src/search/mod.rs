@@ -9,7 +9,8 @@
 //! once; a re-run redoes none.
 //!
 //! - `spec.rs`: the settings (command line over the config's `segtune` dict).
-//! - `space.rs`: the recipe and the candidates' axes.
+//! - `space.rs`: the recipe and the candidates' axes; `knobs.rs`: every
+//!   knob as data (where it applies, its config keys, cost, stage, column).
 //! - `evaluate/`: measured and predicted evaluators behind one trait.
 //! - `strategy.rs`: the binary search and the ranking.
 //! - `confirm.rs`: on a GPU, real trials confirming the predicted ranking.
@@ -28,6 +29,7 @@ pub mod emit_hf;
 pub mod evaluate;
 pub mod infer;
 pub mod journal;
+pub mod knobs;
 pub mod record;
 pub mod run;
 pub mod saved;

@@ -6,6 +6,7 @@ use super::confirm::{confirm, Confirmation};
 use super::emit;
 use super::evaluate::{Evaluator, MeasuredEvaluator, PredictedEvaluator};
 use super::journal::{hash_text, Journal};
+use super::knobs;
 use super::record::{Mode, Outcome, SearchResult};
 use super::saved;
 use super::space::{self, Amp, Recipe};
@@ -217,8 +218,8 @@ struct TrainingPlan {
     /// The accumulation that keeps the recipe's effective batch at a batch
     /// size, and whether one does.
     accumulation: Box<dyn Fn(i64) -> (i64, bool)>,
-    checkpoint: bool,
-    num_points: Vec<i64>,
+    /// The model knobs tried after the grid, in turn (`knobs::fallback_passes`).
+    fallbacks: Vec<space::ModelKnobs>,
     cuda: Option<usize>,
     /// The journal's device key of predictions, and the suffix of real
     /// trials' (`cuda:N<suffix>`): trials for another number of GPUs,
@@ -270,8 +271,13 @@ impl TrainingPlan {
                 Some(a) => (a, true),
                 None => (1, false),
             }),
-            checkpoint: space::checkpoint_available(cfg),
-            num_points: space::num_points_options(cfg, recipe.crop),
+            fallbacks: knobs::fallback_passes(
+                space::ModelKnobs::default(),
+                knobs::FallbackOptions {
+                    checkpoint: space::checkpoint_available(cfg),
+                    num_points: &space::num_points_options(cfg, recipe.crop),
+                },
+            ),
             recipe,
             budget,
             objective: spec.objective.unwrap_or_default(),
@@ -290,8 +296,7 @@ impl TrainingPlan {
             precisions: &self.precisions,
             batches: &self.batches,
             accumulation: &*self.accumulation,
-            checkpoint: self.checkpoint,
-            num_points: &self.num_points,
+            fallbacks: &self.fallbacks,
             knobs: space::ModelKnobs::default(),
         }
     }
@@ -534,14 +539,8 @@ fn knobs_note(c: &space::Candidate, alloc_conf: Option<&str>) -> String {
             ", only with the environment PYTORCH_CUDA_ALLOC_CONF={conf}"
         ));
     }
-    if c.checkpoint {
-        note.push_str(", gradient checkpointing (model.backbone.with_cp=True)");
-    }
-    if let Some(k) = c.num_points {
-        note.push_str(&format!(
-            ", Mask2Former's point loss on {k} points ({}={k})",
-            space::NUM_POINTS_KEY
-        ));
+    for setting in knobs::settings(c.knobs()) {
+        note.push_str(&format!(", {}", setting.note()));
     }
     note
 }

@@ -179,22 +179,12 @@ pub fn accumulation_for(batch: i64, gpus: i64, effective: i64) -> Option<i64> {
     (effective % per_step == 0).then(|| effective / per_step)
 }
 
-/// The `--cfg-options` item that turns gradient checkpointing on.
-pub const CHECKPOINT_OPTION: &str = "model.backbone.with_cp=True";
-
-/// The config key of Mask2Former's point count.
-pub const NUM_POINTS_KEY: &str = "model.decode_head.train_cfg.num_points";
-
-/// `options`, plus [`CHECKPOINT_OPTION`] and the point count as the knobs
-/// set them: what a trial or trace of a candidate runs with.
+/// `options`, plus the model knobs' items (`knobs::cfg_option_items`) and
+/// an inference search's test mode: what a trial or trace of a candidate
+/// runs with.
 pub fn options_with_knobs(options: &[String], knobs: ModelKnobs) -> Vec<String> {
     let mut out = options.to_vec();
-    if knobs.checkpoint {
-        out.push(CHECKPOINT_OPTION.into());
-    }
-    if let Some(k) = knobs.num_points {
-        out.push(format!("{NUM_POINTS_KEY}={k}"));
-    }
+    out.extend(super::knobs::cfg_option_items(knobs));
     if let Some(mode) = knobs.test_mode {
         out.extend(mode.cfg_options());
     }

@@ -48,17 +48,20 @@ pub enum DeviceSetting {
     Cuda(usize),
 }
 
+/// A `--device` value that names no device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`--device {0}`: write auto, cpu, cuda or cuda:N")]
+pub struct UnknownDevice(pub String);
+
 impl std::str::FromStr for DeviceSetting {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<DeviceSetting, String> {
+    type Err = UnknownDevice;
+    fn from_str(s: &str) -> std::result::Result<DeviceSetting, UnknownDevice> {
         match s {
             "auto" => Ok(DeviceSetting::Auto),
             other => match other.parse::<crate::trial::DeviceChoice>() {
                 Ok(crate::trial::DeviceChoice::Cpu) => Ok(DeviceSetting::Cpu),
                 Ok(crate::trial::DeviceChoice::Cuda(i)) => Ok(DeviceSetting::Cuda(i)),
-                Err(_) => Err(format!(
-                    "`--device {other}`: write auto, cpu, cuda or cuda:N"
-                )),
+                Err(_) => Err(UnknownDevice(other.to_string())),
             },
         }
     }
@@ -69,7 +72,7 @@ impl std::str::FromStr for DeviceSetting {
 pub struct SearchSpec {
     /// GPU memory (`4G`, `4096MiB`, ...; binary units) — or use `preset`.
     pub vram: Option<String>,
-    /// A shipped GPU preset (`rtx3050ti`, `rtx2070`, `rtx3090`, `rtx4090`, `h200`).
+    /// A shipped GPU preset (`rtx3050ti`, `rtx2070`, `rtx3060`, `rtx3090`, `rtx4090`, `h200`).
     pub preset: Option<String>,
     /// Fraction of the VRAM kept free (default 0.05).
     pub margin: Option<f64>,
@@ -209,7 +212,7 @@ impl SearchSpec {
         self.device
             .as_deref()
             .map_or(Ok(DeviceSetting::Auto), str::parse)
-            .map_err(Error::Input)
+            .map_err(|e| Error::Input(e.to_string()))
     }
 }
 

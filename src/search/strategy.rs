@@ -7,6 +7,7 @@
 
 use super::evaluate::{evaluate_retrying, Evaluator};
 use super::journal::Journal;
+use super::knobs::recipe_fidelity;
 use super::record::{Outcome, TrialRecord};
 use super::space::{Amp, Candidate, ModelKnobs};
 use super::spec::Objective;
@@ -21,14 +22,10 @@ pub struct SearchSpace<'a> {
     pub batches: &'a [i64],
     /// Accumulation for a batch size, and whether it keeps the effective batch.
     pub accumulation: &'a dyn Fn(i64) -> (i64, bool),
-    /// Whether the backbone takes gradient checkpointing: then, when no
-    /// candidate keeps the recipe's crop and effective batch, the recipe's
-    /// crop is searched again with it.
-    pub checkpoint: bool,
-    /// Lowered Mask2Former point counts, largest first: tried in turn at
-    /// the recipe's crop (without, then with checkpointing) while nothing
-    /// keeps the recipe's crop and effective batch.
-    pub num_points: &'a [i64],
+    /// The model knobs to search the recipe's crop with, in turn, while no
+    /// candidate keeps the recipe's crop and effective batch
+    /// (`knobs::fallback_passes`).
+    pub fallbacks: &'a [ModelKnobs],
     /// The knobs of every candidate (an inference search's test mode).
     pub knobs: ModelKnobs,
 }
@@ -108,8 +105,7 @@ pub fn run_search(
     } else {
         binary_search_bound(space.batches.len())
     };
-    let passes_after =
-        usize::from(space.checkpoint) * (1 + space.num_points.len()) + space.num_points.len();
+    let passes_after = space.fallbacks.len();
     let mut explored = Explored {
         outcomes: Vec::new(),
         ran: 0,
@@ -157,27 +153,7 @@ pub fn run_search(
                 .any(|b| *b <= o.candidate.batch_size && (space.accumulation)(*b).1)
     };
     let kept = |explored: &Explored| !exhaustive && explored.outcomes.iter().any(keeps_recipe);
-    let cp = ModelKnobs {
-        checkpoint: true,
-        ..space.knobs
-    };
-    let mut passes: Vec<ModelKnobs> = Vec::new();
-    if space.checkpoint {
-        passes.push(cp);
-    }
-    for k in space.num_points {
-        passes.push(ModelKnobs {
-            num_points: Some(*k),
-            ..space.knobs
-        });
-        if space.checkpoint {
-            passes.push(ModelKnobs {
-                num_points: Some(*k),
-                ..cp
-            });
-        }
-    }
-    for knobs in passes {
+    for knobs in space.fallbacks.iter().copied() {
         if kept(&explored) {
             explored.left_at_most = 0;
             break;
@@ -274,8 +250,8 @@ fn search_batches(
 }
 
 /// Ranks feasible outcomes: keep-crop puts the largest crop first, then the
-/// most Mask2Former points (the config's before any lowered count), then
-/// throughput; throughput ranks by images/s alone.
+/// knobs that keep most of the recipe's training (`knobs::recipe_fidelity`),
+/// then throughput; throughput ranks by images/s alone.
 pub fn rank(mut feasible: Vec<Outcome>, objective: Objective) -> Vec<Outcome> {
     feasible.sort_by(|a, b| order(a, b, objective));
     feasible
@@ -284,13 +260,13 @@ pub fn rank(mut feasible: Vec<Outcome>, objective: Objective) -> Vec<Outcome> {
 /// The ranking's order of two feasible outcomes ([`rank`]).
 pub fn order(a: &Outcome, b: &Outcome, objective: Objective) -> std::cmp::Ordering {
     let ips = |o: &Outcome| o.record.images_per_s.unwrap_or(0.0);
-    let points = |o: &Outcome| o.candidate.num_points.unwrap_or(i64::MAX);
+    let fidelity = |o: &Outcome| recipe_fidelity(o.candidate.knobs());
     let by_crop =
         (b.candidate.crop.0 * b.candidate.crop.1).cmp(&(a.candidate.crop.0 * a.candidate.crop.1));
     let by_speed = ips(b).total_cmp(&ips(a));
-    let by_points = points(b).cmp(&points(a));
+    let by_fidelity = fidelity(b).cmp(&fidelity(a));
     match objective {
-        Objective::KeepCrop => by_crop.then(by_points).then(by_speed),
+        Objective::KeepCrop => by_crop.then(by_fidelity).then(by_speed),
         Objective::Throughput => by_speed.then(by_crop),
     }
 }
@@ -298,6 +274,7 @@ pub fn order(a: &Outcome, b: &Outcome, objective: Objective) -> std::cmp::Orderi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::search::knobs::{fallback_passes, FallbackOptions};
     use crate::search::record::{CandidateStatus, Mode};
 
     /// Fits when batch x crop area is at most `capacity`; every
@@ -375,13 +352,19 @@ mod tests {
         num_points: &[i64],
     ) -> (Explored, FakeEvaluator) {
         let mut journal = Journal::open(journal_dir, "hash", "fake").unwrap();
+        let fallbacks = fallback_passes(
+            ModelKnobs::default(),
+            FallbackOptions {
+                checkpoint,
+                num_points,
+            },
+        );
         let space = SearchSpace {
             crops: &[(512, 512), (384, 384)],
             precisions: &[Amp::Off, Amp::Fp16],
             batches: &[1, 2, 3, 4, 5, 6, 7, 8],
             accumulation: &|b| (16 / b, 16 % b == 0),
-            checkpoint,
-            num_points,
+            fallbacks: &fallbacks,
             knobs: ModelKnobs::default(),
         };
         let explored = run_search(
@@ -603,8 +586,13 @@ mod tests {
             precisions: &[Amp::Off, Amp::Fp16],
             batches: &[1, 2, 3, 4, 5, 6, 7, 8],
             accumulation: &|b| (16 / b, 16 % b == 0),
-            checkpoint: true,
-            num_points: &[],
+            fallbacks: &fallback_passes(
+                ModelKnobs::default(),
+                FallbackOptions {
+                    checkpoint: true,
+                    num_points: &[],
+                },
+            ),
             knobs: ModelKnobs::default(),
         };
         let steps = std::cell::RefCell::new(Vec::new());

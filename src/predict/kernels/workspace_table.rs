@@ -66,14 +66,18 @@ struct Row {
 
 /// Parses a row's `cells` (`at`: each of [`COLUMNS`]' position); `bad`
 /// places a message at the row.
-fn parse_row(at: &[usize], cells: &[&str], bad: &dyn Fn(String) -> String) -> Result<Row, String> {
+fn parse_row(
+    at: &[usize],
+    cells: &[&str],
+    bad: &dyn Fn(String) -> TableError,
+) -> Result<Row, TableError> {
     let cell = |j: usize| {
         cells
             .get(at[j])
             .copied()
             .ok_or_else(|| bad(format!("no `{}`", COLUMNS[j])))
     };
-    let int = |j: usize| -> Result<i64, String> {
+    let int = |j: usize| -> Result<i64, TableError> {
         cell(j)?
             .parse()
             .map_err(|_| bad(format!("`{}` is not an integer", COLUMNS[j])))
@@ -153,16 +157,31 @@ fn parse_row(at: &[usize], cells: &[&str], bad: &dyn Fn(String) -> String) -> Re
     })
 }
 
+/// Where a workspace table is malformed (`file:line: what`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{table}{}: {what}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct TableError {
+    pub table: String,
+    /// 1-based, counting blank lines; `None` for the table as a whole.
+    pub line: Option<usize>,
+    pub what: String,
+}
+
 impl WorkspaceTable {
     /// Parses a table (`name` for messages: `file:line: what`).
-    pub fn parse(name: &str, text: &str) -> Result<WorkspaceTable, String> {
+    pub fn parse(name: &str, text: &str) -> Result<WorkspaceTable, TableError> {
+        let error = |line: Option<usize>, what: String| TableError {
+            table: name.to_string(),
+            line,
+            what,
+        };
         let mut lines = text
             .lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty());
         let header: Vec<&str> = lines
             .next()
-            .ok_or_else(|| format!("{name}: empty table"))?
+            .ok_or_else(|| error(None, "empty table".into()))?
             .1
             .split(',')
             .map(str::trim)
@@ -170,7 +189,7 @@ impl WorkspaceTable {
         let col = |c: &str| header.iter().position(|h| *h == c);
         let at: Vec<usize> = COLUMNS
             .iter()
-            .map(|c| col(c).ok_or_else(|| format!("{name}:1: no `{c}` column")))
+            .map(|c| col(c).ok_or_else(|| error(Some(1), format!("no `{c}` column"))))
             .collect::<Result<_, _>>()?;
         let mut table = WorkspaceTable {
             name: name.to_string(),
@@ -178,7 +197,7 @@ impl WorkspaceTable {
         };
         for (i, line) in lines {
             let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-            let bad = |what: String| format!("{name}:{}: {what}", i + 1);
+            let bad = |what: String| error(Some(i + 1), what);
             let row = parse_row(&at, &cells, &bad)?;
             table
                 .winners
@@ -266,11 +285,17 @@ backward_filter,2,64,128,256,64,3,3,1,1,1,1,1,1,1,f16,nhwc,1,CUDNN_CONVOLUTION_B
     fn a_bad_row_is_named_by_file_and_line() {
         let bad = TABLE.replace("f16,nhwc", "f16,nhcw");
         let e = WorkspaceTable::parse("t.csv", &bad).unwrap_err();
+        assert_eq!(e.line, Some(4));
+        let e = e.to_string();
         assert!(e.starts_with("t.csv:4: unknown layout `nhcw`"), "{e}");
         let bad = TABLE.replace("BWD_FILTER_ALGO_1", "FWD_ALGO_GEMM");
-        let e = WorkspaceTable::parse("t.csv", &bad).unwrap_err();
+        let e = WorkspaceTable::parse("t.csv", &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not compute the backward filter"), "{e}");
-        let e = WorkspaceTable::parse("t.csv", "direction,n\nforward,1").unwrap_err();
+        let e = WorkspaceTable::parse("t.csv", "direction,n\nforward,1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no `c` column"), "{e}");
     }
 }

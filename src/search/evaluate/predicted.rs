@@ -9,7 +9,7 @@ use super::Evaluator;
 use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::allocator::AllocatorSettings;
-use crate::predict::estimate::{cublas_workspace_bytes, BatchLayout, KernelSetup};
+use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
 use crate::predict::kernels::cudnn::Figure;
 use crate::predict::replay::{replay_kernels, Kernels, ReplayInputs, ReplayResult};
@@ -408,16 +408,19 @@ fn replay_with(
         batch_copies: cx.layout.tensors(c.batch_size, c.crop, mode),
         cublas_workspace: if with_calls {
             0
-        } else if kernels.cublas_workspace(&budget.compute_capability) > 0 {
-            cublas_workspace_bytes(&budget.compute_capability)
         } else {
-            0
+            kernels.cublas_workspace(budget.cublas_workspace_bytes)
         },
         capacity: Some(budget.allocator_capacity()),
         settings,
     };
     let run = |figure: Figure| -> ReplayResult {
-        let model = kernels.model(&budget.compute_capability, budget.conv_math(), figure);
+        let model = kernels.model(
+            &budget.compute_capability,
+            budget.cublas_workspace_bytes,
+            budget.conv_math(),
+            figure,
+        );
         replay_kernels(
             events,
             &inputs,
