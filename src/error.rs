@@ -23,9 +23,14 @@ pub enum Error {
     #[error("{0}")]
     Input(String),
     /// The machine, not the input: a file that cannot be read or written,
-    /// a worker binary that is missing or cannot start.
-    #[error("{0}")]
-    Environment(String),
+    /// a worker binary that is missing or cannot start; with the system's
+    /// error where there is one.
+    #[error("{what}{}", source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Environment {
+        what: String,
+        #[source]
+        source: Option<std::io::Error>,
+    },
     /// A trial or a traced step that failed (its status and message).
     #[error("{0}")]
     Trial(String),
@@ -45,6 +50,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// An environment error caused by `source` (`cannot write PATH: ...`).
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Environment {
+            what: what.into(),
+            source: Some(source),
+        }
+    }
+
+    /// An environment error with no system error behind it.
+    pub fn environment(what: impl Into<String>) -> Error {
+        Error::Environment {
+            what: what.into(),
+            source: None,
+        }
+    }
+
     /// The text the command line prints on stderr: `error: ...` once, with
     /// config diagnostics and worker messages as they were rendered.
     pub fn render(&self) -> String {

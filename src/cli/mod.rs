@@ -91,7 +91,7 @@ fn write_stdout(text: &str) -> Result<()> {
         .and_then(|()| stdout.flush())
     {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(crate::error::Error::Environment(format!(
+            Err(crate::error::Error::environment(format!(
                 "cannot write to stdout: {e}; the output is incomplete"
             )))
         }
@@ -261,9 +261,8 @@ fn write_report(dir: &std::path::Path) -> Result<Output> {
     let breakdown = saved::winner_breakdown(&search, &Worker::locate()?)?;
     let page = report::page(&search, &rows, breakdown.as_ref());
     let out = dir.join("report");
-    std::fs::create_dir_all(&out).map_err(|e| {
-        crate::error::Error::Environment(format!("cannot create {}: {e}", out.display()))
-    })?;
+    std::fs::create_dir_all(&out)
+        .map_err(|e| crate::error::Error::io(format!("cannot create {}", out.display()), e))?;
     let mut text = String::new();
     for (name, svg) in &page.svgs {
         let path = out.join(name);

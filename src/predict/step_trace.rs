@@ -99,7 +99,7 @@ pub fn trace_deadline(kind: TraceKind, batch_size: i64, crop: (i64, i64)) -> Dur
 /// Traces a warm-up and a measured training step on the CPU in the worker.
 pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
     let dir = crate::trial::worker::LiveTempDir::new()
-        .map_err(|e| Error::Environment(format!("no temporary directory: {e}")))?;
+        .map_err(|e| Error::io("no temporary directory", e))?;
     let trace_path = dir.path().join("step.trace");
     let request = TrialRequest {
         cfg_options: step.cfg_options.to_vec(),
@@ -142,7 +142,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         });
     }
     let text = std::fs::read_to_string(&trace_path)
-        .map_err(|e| Error::Environment(format!("no trace from the worker: {e}")))?;
+        .map_err(|e| Error::io("no trace from the worker", e))?;
     Ok(TracedStep {
         events: trace::from_text(&text).map_err(Error::Trial)?,
         kernel_calls: trace::calls_from_text(&text).map_err(Error::Trial)?,

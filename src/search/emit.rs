@@ -294,11 +294,11 @@ fn write_checked(
     ));
     // The temporary never outlives a failure: a full disk leaves nothing.
     let written = std::fs::write(&tmp, text)
-        .map_err(|e| Error::Environment(format!("cannot write {}: {e}", path.display())))
+        .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
         .and_then(|()| check(&tmp))
         .and_then(|()| {
             std::fs::rename(&tmp, path)
-                .map_err(|e| Error::Environment(format!("cannot write {}: {e}", path.display())))
+                .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
         });
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -469,7 +469,7 @@ fn write_child(
     check: &dyn Fn(&Path) -> Result<()>,
 ) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir)
-        .map_err(|e| Error::Environment(format!("cannot create {}: {e}", out_dir.display())))?;
+        .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
     let targets = targets(input, out_dir, suffix);
     check_targets(input, out_dir, &targets)?;
     let base = relative_path(input, out_dir);

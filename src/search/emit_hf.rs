@@ -64,7 +64,7 @@ fn write_whole(path: &Path, value: &serde_json::Map<String, serde_json::Value>) 
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            Error::Environment(format!("cannot write {}: {e}", path.display()))
+            Error::io(format!("cannot write {}", path.display()), e)
         })
 }
 

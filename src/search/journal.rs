@@ -100,8 +100,8 @@ pub fn check_out_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn environment(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Environment(format!("cannot {what} {}: {e}", path.display()))
+fn environment(path: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::io(format!("cannot {what} {}", path.display()), e)
 }
 
 impl Journal {

@@ -488,7 +488,7 @@ pub(super) fn some_verdict(outcomes: &[super::record::Outcome]) -> Result<()> {
         return Ok(());
     }
     let first = &outcomes[0].record;
-    Err(Error::Environment(format!(
+    Err(Error::environment(format!(
         "no candidate could be judged: the {} tried all failed for a reason of this machine, \
          not of the candidates (the first: {}: {}); nothing is kept as their result: \
          re-run the search once the cause is gone",

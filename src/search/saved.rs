@@ -35,8 +35,7 @@ pub struct SavedSearch {
 /// then renamed over it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let fail =
-        |e: std::io::Error| Error::Environment(format!("cannot write {}: {e}", path.display()));
+    let fail = |e: std::io::Error| Error::io(format!("cannot write {}", path.display()), e);
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
     tmp.write_all(bytes).map_err(fail)?;
     tmp.as_file().sync_data().map_err(fail)?;

@@ -34,9 +34,8 @@ pub fn execute(request: &TrialRequest) -> Result<TrialReport> {
     let mut report = super::run(&cfg, request, device);
     if let (Some(path), Some(trace)) = (&request.trace_out, report.trace.take()) {
         let text = super::trace::to_text_with_calls(&trace, &report.kernel_calls);
-        std::fs::write(path, text).map_err(|e| {
-            Error::Environment(format!("cannot write the trace to {}: {e}", path.display()))
-        })?;
+        std::fs::write(path, text)
+            .map_err(|e| Error::io(format!("cannot write the trace to {}", path.display()), e))?;
     }
     Ok(report)
 }

@@ -54,8 +54,8 @@ impl Worker {
             .map(|d| d.join("segtune-torch"))
             .filter(|w| w.is_file())
             .ok_or_else(|| {
-                Error::Environment(
-                    "segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`".into(),
+                Error::environment(
+                    "segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`",
                 )
             })?;
         Ok(Worker { path })
@@ -112,7 +112,7 @@ impl Worker {
             return Err(e);
         }
         if run.timed_out {
-            return Err(Error::Environment(format!(
+            return Err(Error::environment(format!(
                 "the inspection gave no answer within {} s; its worker was stopped",
                 INSPECT_DEADLINE.as_secs()
             )));
@@ -154,7 +154,7 @@ impl Worker {
         }
         let mut child = command
             .spawn()
-            .map_err(|e| Error::Environment(format!("cannot run {}: {e}", self.path.display())))?;
+            .map_err(|e| Error::io(format!("cannot run {}", self.path.display()), e))?;
         let _registered = LiveWorker::register(child.id());
         // Drained on threads, so that a chatty worker never blocks on a full pipe.
         fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
@@ -355,6 +355,6 @@ mod tests {
     fn a_missing_worker_is_an_environment_error() {
         let worker = Worker::at("/nonexistent/segtune-torch");
         let err = worker.trial(&TrialRequest::new("x.py"), None).unwrap_err();
-        assert!(matches!(err, Error::Environment(_)), "{err}");
+        assert!(matches!(err, Error::Environment { .. }), "{err}");
     }
 }

@@ -74,7 +74,7 @@ impl Evaluator for MeasuredEvaluator {
             Err(e) => {
                 // An input error is the candidate's (its config or model);
                 // a worker that cannot start is the host's.
-                let status = if matches!(e, crate::error::Error::Environment(_)) {
+                let status = if matches!(e, crate::error::Error::Environment { .. }) {
                     CandidateStatus::Environment
                 } else {
                     CandidateStatus::Error

@@ -71,7 +71,7 @@ impl From<crate::error::Error> for TraceFailure {
         use crate::error::Error;
         let status = match &e {
             Error::Unanswered { status, .. } => CandidateStatus::unanswered(*status),
-            Error::Environment(_) => CandidateStatus::Environment,
+            Error::Environment { .. } => CandidateStatus::Environment,
             _ => CandidateStatus::Error,
         };
         TraceFailure {
