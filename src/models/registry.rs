@@ -11,8 +11,8 @@ use super::segmentors::SEGMENTORS;
 use super::ModelError;
 use crate::config::{Dict, Value};
 
-/// The constructor (or check) registered for `name` in `table`, or
-/// `UnknownType` listing the table's names.
+/// The constructor (or reader, or facts) registered for `name` in `table`,
+/// or `UnknownType` listing the table's names.
 pub fn lookup<T: Copy>(
     table: &[(&'static str, T)],
     role: &'static str,
