@@ -15,7 +15,8 @@
 //! Shared parts: [`layers`] (the building blocks), [`losses`], [`params`]
 //! (parameter naming and storage), [`component_config`] (reading a
 //! component's config dict with MMSeg's defaults, refusing keys segtune does
-//! not implement), [`registry`] (table lookups, [`check_supported`]),
+//! not implement), [`registry`] (table lookups, [`check_supported`], the
+//! [`registry::Facts`] each table row carries),
 //! [`scope`] (which part of the model runs, for attributing memory).
 //!
 //! Supported now: `EncoderDecoder` and `CascadeEncoderDecoder` with the

@@ -12,6 +12,8 @@ use super::extrapolate::{extrapolate, TRACED_BATCHES};
 use super::step_trace::{trace_deadline, trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
+use crate::models::decode_heads::DECODE_HEAD_FACTS;
+use crate::models::registry::facts_of;
 use crate::trial::torch_version::SWITCHES;
 use crate::trial::worker::Worker;
 use crate::trial::{Amp, RunMode, Switch, TorchVersion, TrainingSetup};
@@ -216,7 +218,7 @@ fn add_notes(
         .get("model")
         .and_then(|m| m.get_path("decode_head.type"))
         .and_then(Value::as_str);
-    if head == Some("Mask2FormerHead") {
+    if head.is_some_and(|t| facts_of(DECODE_HEAD_FACTS, t).mask_classification) {
         e.notes.push(format!(
             "Mask2Former: one ground-truth segment per class present in an image; the synthetic labels hold {} (--gt-segments N|all), and mmcv's CUDA deformable attention is modelled (what it keeps for backward)",
             request

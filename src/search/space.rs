@@ -2,6 +2,9 @@
 //! the gradient accumulation that keeps the recipe's effective batch.
 
 use crate::config::{Dict, Value};
+use crate::models::backbones::BACKBONE_FACTS;
+use crate::models::decode_heads::DECODE_HEAD_FACTS;
+use crate::models::registry::facts_of;
 use regex::Regex;
 
 pub use crate::models::segmentors::inference::TestMode;
@@ -191,15 +194,20 @@ pub fn options_with_knobs(options: &[String], knobs: ModelKnobs) -> Vec<String> 
     out
 }
 
-/// The lowered `num_points` to try for a Mask2Former config at `crop`,
-/// largest first: the config's K (default 112*112 = 12544) minus
+/// The lowered `num_points` to try for a config whose decode head is a
+/// mask-classification head (Mask2Former's point-sampled mask loss) at
+/// `crop`, largest first: the config's K (default 112*112 = 12544) minus
 /// multiples of K/4, down to the rule of thumb's floor (long side / 10)^2
 /// (its range is (long/10)^2 to (long/8)^2 points). Empty for other heads.
 pub fn num_points_options(cfg: &Dict, crop: (i64, i64)) -> Vec<i64> {
     let Some(head) = cfg.get("model").and_then(|m| m.get_path("decode_head")) else {
         return Vec::new();
     };
-    if head.get_path("type").and_then(Value::as_str) != Some("Mask2FormerHead") {
+    let samples_points = head
+        .get_path("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| facts_of(DECODE_HEAD_FACTS, t).mask_classification);
+    if !samples_points {
         return Vec::new();
     }
     let default = head
@@ -228,7 +236,7 @@ pub fn checkpoint_available(cfg: &Dict) -> bool {
     let accepts = backbone
         .get_path("type")
         .and_then(Value::as_str)
-        .is_some_and(|t| crate::models::backbones::WITH_CP_BACKBONES.contains(&t));
+        .is_some_and(|t| facts_of(BACKBONE_FACTS, t).takes_with_cp);
     let already = backbone.get_path("with_cp").is_some_and(Value::truthy);
     accepts && !already
 }

@@ -1,5 +1,6 @@
 //! Backbones (`mmseg/models/backbones/`): the [`Backbone`] trait and the
-//! [`BACKBONES`] table from MMSeg's `type` name to a constructor.
+//! [`BACKBONES`] table from MMSeg's `type` name to a constructor, with
+//! [`BACKBONE_FACTS`] (which take `with_cp`).
 //!
 //! Adding a backbone: its own file here (see `mit.rs` for the pattern),
 //! plus its `mod` line and its table row below.
@@ -20,6 +21,7 @@ pub mod unet;
 pub mod vit;
 
 use super::params::ParamScope;
+use super::registry::Facts;
 use super::ModelError;
 use crate::config::Dict;
 use tch::Tensor;
@@ -35,37 +37,32 @@ pub trait Backbone {
 /// parameters under `scope` (`backbone`).
 pub type BackboneCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Backbone>, ModelError>;
 
-/// Backbones whose `with_cp` segtune honours (gradient checkpointing, see
-/// `layers::checkpoint`).
-pub const WITH_CP_BACKBONES: &[&str] = &[
-    "SegformerModel",
-    "MixVisionTransformer",
-    "ResNet",
-    "ResNetV1c",
-    "ResNetV1d",
-    "SwinTransformer",
-    "VisionTransformer",
-];
+/// The facts of a backbone whose `with_cp` segtune honours (gradient
+/// checkpointing, see `layers::checkpoint`).
+const WITH_CP: Facts = Facts {
+    takes_with_cp: true,
+    ..Facts::NONE
+};
 
 crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
-    BACKBONES, BACKBONE_NAMES: BackboneCtor = [
+    BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
-        ("MixVisionTransformer", mit::build),
+        ("MixVisionTransformer", mit::build, WITH_CP),
         ("MobileNetV2", mobilenet_v2::build),
         ("PCPVT", twins::build_pcpvt),
         ("ResNeSt", resnet::build_resnest),
-        ("ResNet", resnet::build_resnet),
-        ("ResNetV1c", resnet::build_resnet_v1c),
-        ("ResNetV1d", resnet::build_resnet_v1d),
+        ("ResNet", resnet::build_resnet, WITH_CP),
+        ("ResNetV1c", resnet::build_resnet_v1c, WITH_CP),
+        ("ResNetV1d", resnet::build_resnet_v1d, WITH_CP),
         ("SVT", twins::build_svt),
-        ("SegformerModel", hf_segformer::build),
-        ("SwinTransformer", swin::build),
+        ("SegformerModel", hf_segformer::build, WITH_CP),
+        ("SwinTransformer", swin::build, WITH_CP),
         ("UNet", unet::build),
         ("mmpretrain.ConvNeXt", convnext::build),
         ("mmpretrain.PoolFormer", poolformer::build),
-        ("VisionTransformer", vit::build),
+        ("VisionTransformer", vit::build, WITH_CP),
     ]
 );

@@ -15,7 +15,7 @@
 //! (`loss_ce.s0` ... `loss_ce.s3`).
 
 use super::decode_head::FeatureHead;
-use super::{aspp_head, fcn_head, psp_head, uper_head, DecodeHead};
+use super::{DecodeHead, DECODE_HEADS};
 use crate::config::{Dict, Value};
 use crate::models::component_config::{ComponentConfig, NormCfg};
 use crate::models::layers::{
@@ -31,17 +31,6 @@ const SOURCE: &str = "mmseg/models/decode_heads/knet_head.py";
 
 /// `nn.LayerNorm`'s default eps (`build_norm_layer(dict(type='LN'), ..)`).
 const LN_EPS: f64 = 1e-5;
-
-type FeatureHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn FeatureHead>, ModelError>;
-
-/// The heads that can generate K-Net's kernels: those whose `forward` is
-/// `cls_seg(_forward_feature(inputs))` (MMSeg's K-Net configs use these four).
-const KERNEL_GENERATE_HEADS: [(&str, FeatureHeadCtor); 4] = [
-    ("ASPPHead", aspp_head::build_feature_head),
-    ("FCNHead", fcn_head::build_feature_head),
-    ("PSPHead", psp_head::build_feature_head),
-    ("UPerHead", uper_head::build_feature_head),
-];
 
 /// The registry's constructor (`DECODE_HEADS` row `IterativeDecodeHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
@@ -79,11 +68,18 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("<no type>");
-    let Some((_, build_generate)) = KERNEL_GENERATE_HEADS
+    // The heads that can generate the kernels are the `DECODE_HEADS` rows
+    // with a `FeatureHead` constructor.
+    let Some(build_generate) = DECODE_HEADS
         .iter()
         .find(|(name, _)| *name == generate_type)
+        .and_then(|(_, builders)| builders.build_feature_head)
     else {
-        let names: Vec<&str> = KERNEL_GENERATE_HEADS.iter().map(|(n, _)| *n).collect();
+        let names: Vec<&str> = DECODE_HEADS
+            .iter()
+            .filter(|(_, builders)| builders.build_feature_head.is_some())
+            .map(|(name, _)| *name)
+            .collect();
         return Err(ModelError::Unsupported(format!(
             "IterativeDecodeHead `kernel_generate_head` ({SOURCE}): type '{generate_type}' is not \
              one segtune can generate K-Net's kernels with (supported: {})",

@@ -1,5 +1,7 @@
 //! Decode heads (`mmseg/models/decode_heads/`): the [`DecodeHead`] trait and
-//! the [`DECODE_HEADS`] table from MMSeg's `type` name to a constructor.
+//! the [`DECODE_HEADS`] table from MMSeg's `type` name to its constructors
+//! ([`HeadBuilders`]), with [`DECODE_HEAD_FACTS`] (which take the run's
+//! `train_cfg` and `test_cfg`, which classify masks, ...).
 //! Auxiliary heads are decode heads too, built from the same table.
 //!
 //! Adding a head: its own file here (see `segformer_head.rs` for the
@@ -37,8 +39,10 @@ pub mod setr_up_head;
 pub mod uper_head;
 
 use super::params::ParamScope;
+use super::registry::Facts;
 use super::ModelError;
 use crate::config::Dict;
+use decode_head::FeatureHead;
 use tch::Tensor;
 
 /// A decode (or auxiliary) head in training.
@@ -94,35 +98,83 @@ pub trait DecodeHead {
 /// under `scope` (`decode_head`, `auxiliary_head`, `auxiliary_head.0`).
 pub type DecodeHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn DecodeHead>, ModelError>;
 
+/// Builds a head as a [`FeatureHead`] (K-Net's kernel generate head, under
+/// `kernel_generate_head`).
+pub type FeatureHeadCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn FeatureHead>, ModelError>;
+
+/// A head type's constructors: as a decode head, and, for a head whose
+/// `forward` is `cls_seg(_forward_feature(inputs))`, as a [`FeatureHead`]
+/// that can generate K-Net's kernels.
+#[derive(Clone, Copy)]
+pub struct HeadBuilders {
+    pub build: DecodeHeadCtor,
+    pub build_feature_head: Option<FeatureHeadCtor>,
+}
+
+impl HeadBuilders {
+    /// A head that only builds as a decode head.
+    pub const fn head(build: DecodeHeadCtor) -> HeadBuilders {
+        HeadBuilders {
+            build,
+            build_feature_head: None,
+        }
+    }
+
+    /// A head that can also generate K-Net's kernels.
+    pub const fn feature_head(
+        build: DecodeHeadCtor,
+        build_feature_head: FeatureHeadCtor,
+    ) -> HeadBuilders {
+        HeadBuilders {
+            build,
+            build_feature_head: Some(build_feature_head),
+        }
+    }
+}
+
+/// The facts of PointRend's `PointHead`: it reads the segmentor's
+/// `train_cfg` and `test_cfg` and predicts by subdivision.
+const POINT_HEAD: Facts = Facts {
+    takes_run_cfgs: true,
+    subdivision_inference: true,
+    ..Facts::NONE
+};
+
+/// The facts of a mask-classification head.
+const MASK_CLASSIFICATION: Facts = Facts {
+    mask_classification: true,
+    ..Facts::NONE
+};
+
 crate::models::registry::registry_table!(
     /// Decode head types (`model.decode_head.type`, `model.auxiliary_head.type`).
-    DECODE_HEADS, DECODE_HEAD_NAMES: DecodeHeadCtor = [
-        ("ANNHead", ann_head::build),
-        ("APCHead", apc_head::build),
-        ("ASPPHead", aspp_head::build),
-        ("CCHead", cc_head::build),
-        ("DAHead", da_head::build),
-        ("DMHead", dm_head::build),
-        ("DNLHead", dnl_head::build),
-        ("DepthwiseSeparableASPPHead", sep_aspp_head::build),
-        ("EMAHead", ema_head::build),
-        ("EncHead", enc_head::build),
-        ("FCNHead", fcn_head::build),
-        ("FPNHead", fpn_head::build),
-        ("GCHead", gc_head::build),
-        ("ISAHead", isa_head::build),
-        ("IterativeDecodeHead", knet_head::build),
-        ("Mask2FormerHead", mask2former_head::build),
-        ("NLHead", nl_head::build),
-        ("OCRHead", ocr_head::build),
-        ("PSAHead", psa_head::build),
-        ("PointHead", point_head::build),
-        ("PSPHead", psp_head::build),
-        ("SegformerDecodeHead", hf_segformer_head::build),
-        ("SegformerHead", segformer_head::build),
-        ("SegmenterMaskTransformerHead", segmenter_mask_head::build),
-        ("SETRMLAHead", setr_mla_head::build),
-        ("SETRUPHead", setr_up_head::build),
-        ("UPerHead", uper_head::build),
+    DECODE_HEADS, DECODE_HEAD_FACTS: HeadBuilders = [
+        ("ANNHead", HeadBuilders::head(ann_head::build)),
+        ("APCHead", HeadBuilders::head(apc_head::build)),
+        ("ASPPHead", HeadBuilders::feature_head(aspp_head::build, aspp_head::build_feature_head)),
+        ("CCHead", HeadBuilders::head(cc_head::build)),
+        ("DAHead", HeadBuilders::head(da_head::build)),
+        ("DMHead", HeadBuilders::head(dm_head::build)),
+        ("DNLHead", HeadBuilders::head(dnl_head::build)),
+        ("DepthwiseSeparableASPPHead", HeadBuilders::head(sep_aspp_head::build)),
+        ("EMAHead", HeadBuilders::head(ema_head::build)),
+        ("EncHead", HeadBuilders::head(enc_head::build)),
+        ("FCNHead", HeadBuilders::feature_head(fcn_head::build, fcn_head::build_feature_head)),
+        ("FPNHead", HeadBuilders::head(fpn_head::build)),
+        ("GCHead", HeadBuilders::head(gc_head::build)),
+        ("ISAHead", HeadBuilders::head(isa_head::build)),
+        ("IterativeDecodeHead", HeadBuilders::head(knet_head::build)),
+        ("Mask2FormerHead", HeadBuilders::head(mask2former_head::build), MASK_CLASSIFICATION),
+        ("NLHead", HeadBuilders::head(nl_head::build)),
+        ("OCRHead", HeadBuilders::head(ocr_head::build)),
+        ("PSAHead", HeadBuilders::head(psa_head::build)),
+        ("PointHead", HeadBuilders::head(point_head::build), POINT_HEAD),
+        ("PSPHead", HeadBuilders::feature_head(psp_head::build, psp_head::build_feature_head)),
+        ("SegformerDecodeHead", HeadBuilders::head(hf_segformer_head::build)),
+        ("SegformerHead", HeadBuilders::head(segformer_head::build)),
+        ("SegmenterMaskTransformerHead", HeadBuilders::head(segmenter_mask_head::build)),
+        ("SETRMLAHead", HeadBuilders::head(setr_mla_head::build)),
+        ("SETRUPHead", HeadBuilders::head(setr_up_head::build)),
+        ("UPerHead", HeadBuilders::feature_head(uper_head::build, uper_head::build_feature_head)),
     ]
 );

@@ -30,7 +30,7 @@ pub type NeckCtor = fn(&mut ParamScope, &Dict) -> Result<Box<dyn Neck>, ModelErr
 
 crate::models::registry::registry_table!(
     /// Neck types (`model.neck.type`).
-    NECKS, NECK_NAMES: NeckCtor = [
+    NECKS, NECK_FACTS: NeckCtor = [
         ("FPN", fpn::build),
         ("ICNeck", ic_neck::build),
         ("JPU", jpu::build),

@@ -4,7 +4,7 @@
 //! FCNHead, then an OCRHead). Built by [`EncoderDecoder`](super::encoder_decoder::EncoderDecoder);
 //! this file reads its config and runs its training forward.
 
-use super::encoder_decoder::{check_parts, with_prefix, DecodeHeads, EncoderDecoderCfg};
+use super::encoder_decoder::{with_prefix, DecodeHeads, EncoderDecoderCfg};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::decode_heads::DecodeHead;
@@ -15,7 +15,8 @@ use tch::Tensor;
 const SOURCE: &str = "mmseg/models/segmentors/cascade_encoder_decoder.py";
 
 /// Reads `cfg.model` of a `CascadeEncoderDecoder`: `num_stages` and a list
-/// of that many decode heads (`_init_decode_head`'s assertions).
+/// of that many decode heads (`_init_decode_head`'s assertions). The
+/// `SEGMENTORS` row's reader.
 pub fn read_cfg(model: &Dict) -> Result<EncoderDecoderCfg<'_>, ModelError> {
     let mut c = ComponentConfig::new(model, "CascadeEncoderDecoder", SOURCE);
     let num_stages = match c.value("num_stages") {
@@ -45,11 +46,6 @@ pub fn read_cfg(model: &Dict) -> Result<EncoderDecoderCfg<'_>, ModelError> {
         )));
     }
     EncoderDecoderCfg::read_components(c, DecodeHeads::Cascade(stages))
-}
-
-/// The `SEGMENTORS` row's check.
-pub fn check_components(model: &Dict) -> Result<(), ModelError> {
-    check_parts(&read_cfg(model)?)
 }
 
 /// `CascadeEncoderDecoder._decode_head_forward_train`: the first stage's

@@ -14,13 +14,14 @@
 //! logits.
 
 use super::data_preprocessor::{PreprocessorCfg, SegDataPreProcessor};
+use super::{SEGMENTORS, SEGMENTOR_FACTS};
 use crate::config::{Dict, Value};
-use crate::models::backbones::{Backbone, BACKBONES, BACKBONE_NAMES};
+use crate::models::backbones::{Backbone, BACKBONES, BACKBONE_FACTS};
 use crate::models::component_config::{type_of, ComponentConfig};
-use crate::models::decode_heads::{DecodeHead, DECODE_HEADS, DECODE_HEAD_NAMES};
-use crate::models::necks::{Neck, NECKS, NECK_NAMES};
+use crate::models::decode_heads::{DecodeHead, DECODE_HEADS, DECODE_HEAD_FACTS};
+use crate::models::necks::{Neck, NECKS, NECK_FACTS};
 use crate::models::params::ParamStore;
-use crate::models::registry::{check_supported, check_type, lookup};
+use crate::models::registry::{check_supported, check_type, facts_of, lookup};
 use crate::models::scope;
 use crate::models::ModelError;
 use tch::{Device, Tensor};
@@ -34,11 +35,10 @@ pub struct EncoderDecoderCfg<'a> {
     pub neck: Option<&'a Dict>,
     /// One head, or a cascade's heads in order.
     pub decode_head: DecodeHeads<'a>,
-    /// `(loss prefix, parameter prefix, config)` per auxiliary head:
-    /// `("aux", "auxiliary_head", ..)` for one dict, `("aux_<i>",
-    /// "auxiliary_head.<i>", ..)` for the i-th of a list, as
-    /// `_auxiliary_head_forward_train` and `nn.ModuleList` name them.
-    pub auxiliary_heads: Vec<(String, String, &'a Dict)>,
+    /// One auxiliary head (`aux`, `auxiliary_head`), or the i-th of a list
+    /// (`aux_<i>`, `auxiliary_head.<i>`), as `_auxiliary_head_forward_train`
+    /// and `nn.ModuleList` name them.
+    pub auxiliary_heads: Vec<NamedHead<'a>>,
     pub data_preprocessor: Option<&'a Dict>,
     /// `model.train_cfg`, handed to the heads that read it (PointHead's
     /// point sampling) as their `train_cfg` key.
@@ -56,16 +56,55 @@ pub enum DecodeHeads<'a> {
     Cascade(Vec<&'a Dict>),
 }
 
+/// A head's config with the two names MMSeg gives the head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedHead<'a> {
+    /// What its loss items are prefixed with (`decode`, `decode_<i>`,
+    /// `aux`, `aux_<i>`).
+    pub loss_prefix: String,
+    /// The attribute its parameters are named under (`decode_head`,
+    /// `decode_head.<i>`, `auxiliary_head`, `auxiliary_head.<i>`).
+    pub param_prefix: String,
+    pub cfg: &'a Dict,
+}
+
+impl<'a> NamedHead<'a> {
+    /// The head `cfg` as `role` (`decode` or `aux`), alone or as the i-th of
+    /// a list.
+    fn new(role: Role, index: Option<usize>, cfg: &'a Dict) -> NamedHead<'a> {
+        let (loss, param) = match role {
+            Role::Decode => ("decode", "decode_head"),
+            Role::Auxiliary => ("aux", "auxiliary_head"),
+        };
+        let (loss_prefix, param_prefix) = match index {
+            None => (loss.to_string(), param.to_string()),
+            Some(i) => (format!("{loss}_{i}"), format!("{param}.{i}")),
+        };
+        NamedHead {
+            loss_prefix,
+            param_prefix,
+            cfg,
+        }
+    }
+}
+
+/// Which of the segmentor's head attributes a head belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    Decode,
+    Auxiliary,
+}
+
 impl<'a> DecodeHeads<'a> {
-    /// `(loss prefix, parameter prefix, config)` per head: `decode` and
-    /// `decode_head`, or `decode_<i>` and `decode_head.<i>` in a cascade.
-    pub fn named(&self) -> Vec<(String, String, &'a Dict)> {
+    /// Each head with its names: `decode` and `decode_head`, or `decode_<i>`
+    /// and `decode_head.<i>` in a cascade.
+    pub fn named(&self) -> Vec<NamedHead<'a>> {
         match self {
-            DecodeHeads::Single(d) => vec![("decode".into(), "decode_head".into(), *d)],
+            DecodeHeads::Single(d) => vec![NamedHead::new(Role::Decode, None, d)],
             DecodeHeads::Cascade(stages) => stages
                 .iter()
                 .enumerate()
-                .map(|(i, d)| (format!("decode_{i}"), format!("decode_head.{i}"), *d))
+                .map(|(i, d)| NamedHead::new(Role::Decode, Some(i), d))
                 .collect(),
         }
     }
@@ -109,13 +148,13 @@ impl<'a> EncoderDecoderCfg<'a> {
         };
         let auxiliary_heads = match c.value("auxiliary_head") {
             None | Some(Value::None) => Vec::new(),
-            Some(Value::Dict(d)) => vec![("aux".to_string(), "auxiliary_head".to_string(), d)],
+            Some(Value::Dict(d)) => vec![NamedHead::new(Role::Auxiliary, None, d)],
             Some(Value::List(items)) => items
                 .iter()
                 .enumerate()
                 .map(|(i, item)| {
                     item.as_dict()
-                        .map(|d| (format!("aux_{i}"), format!("auxiliary_head.{i}"), d))
+                        .map(|d| NamedHead::new(Role::Auxiliary, Some(i), d))
                         .ok_or_else(|| {
                             ModelError::Config(format!("model.auxiliary_head[{i}] must be a dict"))
                         })
@@ -147,28 +186,32 @@ impl<'a> EncoderDecoderCfg<'a> {
     }
 }
 
-/// The `SEGMENTORS` row's check: every component's `type` is in its table.
-/// Components are checked in the order MMSeg builds them.
-pub fn check_components(model: &Dict) -> Result<(), ModelError> {
-    check_parts(&EncoderDecoderCfg::from_cfg(model)?)
+/// The `SEGMENTORS` row's reader of an `EncoderDecoder`'s `cfg.model`.
+pub fn read_cfg(model: &Dict) -> Result<EncoderDecoderCfg<'_>, ModelError> {
+    EncoderDecoderCfg::from_cfg(model)
 }
 
 /// Every component's `type` is in its table; all that are not are named,
 /// in MMSeg's build order.
-pub(super) fn check_parts(cfg: &EncoderDecoderCfg) -> Result<(), ModelError> {
-    let mut parts = vec![(BACKBONE_NAMES, "backbone", cfg.backbone, "backbone")];
+pub(crate) fn check_parts(cfg: &EncoderDecoderCfg) -> Result<(), ModelError> {
+    let mut parts = vec![(BACKBONE_FACTS, "backbone", cfg.backbone, "backbone")];
     if let Some(neck) = cfg.neck {
-        parts.push((NECK_NAMES, "neck", neck, "neck"));
+        parts.push((NECK_FACTS, "neck", neck, "neck"));
     }
-    for (_, _, head) in cfg.decode_head.named() {
-        parts.push((DECODE_HEAD_NAMES, "decode head", head, "decode_head"));
+    for head in cfg.decode_head.named() {
+        parts.push((DECODE_HEAD_FACTS, "decode head", head.cfg, "decode_head"));
     }
-    for (_, _, aux) in &cfg.auxiliary_heads {
-        parts.push((DECODE_HEAD_NAMES, "auxiliary head", aux, "auxiliary_head"));
+    for aux in &cfg.auxiliary_heads {
+        parts.push((
+            DECODE_HEAD_FACTS,
+            "auxiliary head",
+            aux.cfg,
+            "auxiliary_head",
+        ));
     }
     let mut unknown = Vec::new();
-    for (names, role, dict, key) in parts {
-        if let Err(e) = check_type(names, role, type_of(dict, key)?) {
+    for (table, role, dict, key) in parts {
+        if let Err(e) = check_type(table, role, type_of(dict, key)?) {
             unknown.push(e);
         }
     }
@@ -196,10 +239,6 @@ pub struct EncoderDecoder {
     pub test_mode: super::inference::TestMode,
 }
 
-/// Heads whose MMSeg `loss` and `predict` take the segmentor's
-/// `train_cfg` and `test_cfg`: they read them as their own keys.
-const HEADS_TAKING_RUN_CFGS: [&str; 1] = ["PointHead"];
-
 impl EncoderDecoder {
     /// Builds `cfg.model` (a resolved config) on `device`, in MMSeg's
     /// registration order: data preprocessor, backbone, neck, decode head,
@@ -207,20 +246,17 @@ impl EncoderDecoder {
     pub fn build(cfg: &Dict, device: Device) -> Result<EncoderDecoder, ModelError> {
         check_supported(cfg)?;
         let model = cfg.get("model").and_then(Value::as_dict).expect("checked");
-        let parts = match type_of(model, "model")? {
-            "CascadeEncoderDecoder" => super::cascade_encoder_decoder::read_cfg(model)?,
-            _ => EncoderDecoderCfg::from_cfg(model)?,
-        };
+        let model_type = type_of(model, "model")?;
+        let read_parts = lookup(SEGMENTORS, "segmentor", model_type)?;
+        let parts = read_parts(model)?;
         let pre_cfg = PreprocessorCfg::from_cfg(parts.data_preprocessor)?;
         let mut params = ParamStore::new(device);
         let preprocessor =
             SegDataPreProcessor::new(&mut params.scope("data_preprocessor"), pre_cfg);
         let build_backbone = lookup(BACKBONES, "backbone", type_of(parts.backbone, "backbone")?)?;
-        // transformers' SegformerForSemanticSegmentation names its encoder `segformer`.
-        let backbone_prefix = match type_of(model, "model")? {
-            super::hf_segformer::TYPE => "segformer",
-            _ => "backbone",
-        };
+        let backbone_prefix = facts_of(SEGMENTOR_FACTS, model_type)
+            .backbone_prefix
+            .unwrap_or("backbone");
         let backbone = build_backbone(&mut params.scope(backbone_prefix), parts.backbone)?;
         let neck = match parts.neck {
             Some(neck_cfg) => {
@@ -231,15 +267,12 @@ impl EncoderDecoder {
         };
         let cascade = matches!(parts.decode_head, DecodeHeads::Cascade(_));
         let mut decode_heads = Vec::new();
-        for (stage, (loss_prefix, param_prefix, head_cfg)) in
-            parts.decode_head.named().into_iter().enumerate()
-        {
-            let build_head = lookup(
-                DECODE_HEADS,
-                "decode head",
-                type_of(head_cfg, "decode_head")?,
-            )?;
-            let head = if HEADS_TAKING_RUN_CFGS.contains(&type_of(head_cfg, "decode_head")?) {
+        for (stage, named) in parts.decode_head.named().into_iter().enumerate() {
+            let (loss_prefix, param_prefix, head_cfg) =
+                (named.loss_prefix, named.param_prefix, named.cfg);
+            let head_type = type_of(head_cfg, "decode_head")?;
+            let build_head = lookup(DECODE_HEADS, "decode head", head_type)?.build;
+            let head = if facts_of(DECODE_HEAD_FACTS, head_type).takes_run_cfgs {
                 let mut with_run_cfgs = head_cfg.clone();
                 for (key, run_cfg) in [("train_cfg", parts.train_cfg), ("test_cfg", parts.test_cfg)]
                 {
@@ -271,14 +304,15 @@ impl EncoderDecoder {
             decode_heads.push((loss_prefix, head));
         }
         let mut auxiliary_heads = Vec::with_capacity(parts.auxiliary_heads.len());
-        for (loss_prefix, param_prefix, head_cfg) in &parts.auxiliary_heads {
+        for aux in &parts.auxiliary_heads {
             let build_aux = lookup(
                 DECODE_HEADS,
                 "auxiliary head",
-                type_of(head_cfg, "auxiliary_head")?,
-            )?;
-            let head = build_aux(&mut params.scope(param_prefix), head_cfg)?;
-            auxiliary_heads.push((loss_prefix.clone(), head));
+                type_of(aux.cfg, "auxiliary_head")?,
+            )?
+            .build;
+            let head = build_aux(&mut params.scope(&aux.param_prefix), aux.cfg)?;
+            auxiliary_heads.push((aux.loss_prefix.clone(), head));
         }
         // CascadeEncoderDecoder takes num_classes from the last stage.
         let last = &decode_heads.last().expect("at least one decode head").1;
@@ -530,7 +564,7 @@ mod tests {
     fn unknown_component_types_list_the_registry() {
         let mut cfg = b0_config(json!({"type": "LRASPPHead", "in_channels": 160, "channels": 64}));
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
-        let heads = crate::models::decode_heads::DECODE_HEAD_NAMES.join(", ");
+        let heads = crate::models::registry::names(DECODE_HEAD_FACTS).join(", ");
         assert_eq!(
             err.to_string(),
             format!("unknown auxiliary head type `LRASPPHead`; segtune supports: {heads}")
@@ -553,7 +587,7 @@ mod tests {
             format!(
                 "unknown component types: neck `Feature2Pyramid`, auxiliary head `LRASPPHead`\n  \
                  necks segtune supports: {necks}\n  heads segtune supports: {heads}",
-                necks = crate::models::necks::NECK_NAMES.join(", ")
+                necks = crate::models::registry::names(NECK_FACTS).join(", ")
             )
         );
     }

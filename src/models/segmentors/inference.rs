@@ -10,7 +10,9 @@
 
 use super::encoder_decoder::EncoderDecoder;
 use crate::config::{Dict, Value};
+use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::layers::shape::resize_bilinear;
+use crate::models::registry::facts_of;
 use crate::models::{scope, ModelError};
 use tch::Tensor;
 
@@ -133,7 +135,8 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
         .is_some_and(|t| !t.is_empty());
     for head in heads {
         if let Some(ty) = head.get_path("type").and_then(Value::as_str) {
-            if ty == "Mask2FormerHead" && slide && test_pads {
+            let facts = facts_of(DECODE_HEAD_FACTS, ty);
+            if facts.mask_classification && slide && test_pads {
                 // Its predict upsamples each crop's masks to the padded
                 // image (`pad_shape`), which slide inference cannot add up.
                 return Err(ModelError::Unsupported(
@@ -143,7 +146,7 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
                         .into(),
                 ));
             }
-            if ty == "PointHead" {
+            if facts.subdivision_inference {
                 // MMSeg reads these as attributes of test_cfg in `predict`.
                 if crate::models::decode_heads::point_head::Subdivision::from_test_cfg(test_cfg)?
                     .is_none()

@@ -1,7 +1,9 @@
 //! Segmentors (`mmseg/models/segmentors/`): the model types a config's
 //! `model.type` names, with the data preprocessor and the loss parsing they
-//! share. [`SEGMENTORS`] maps each type to the check of its components
-//! against the registry tables.
+//! share. [`SEGMENTORS`] maps each type to the reader of its components'
+//! configs (which [`check_supported`](super::check_supported) checks against
+//! the registry tables and `EncoderDecoder` builds), [`SEGMENTOR_FACTS`] to
+//! its facts.
 
 pub mod base;
 pub mod cascade_encoder_decoder;
@@ -10,19 +12,24 @@ pub mod encoder_decoder;
 pub mod hf_segformer;
 pub mod inference;
 
+use super::registry::Facts;
 use super::ModelError;
 use crate::config::Dict;
+use encoder_decoder::EncoderDecoderCfg;
 
-/// Checks the components of a `model` dict of this segmentor type (their
-/// structure and `type`s), without building anything.
-pub type SegmentorCheck = fn(&Dict) -> Result<(), ModelError>;
+/// Reads the components' configs of a `model` dict of this segmentor type
+/// (their structure, not yet their `type`s), without building anything.
+pub type SegmentorReader = fn(&Dict) -> Result<EncoderDecoderCfg<'_>, ModelError>;
 
-/// Segmentor types (`model.type`).
-pub const SEGMENTORS: &[(&str, SegmentorCheck)] = &[
-    (
-        "CascadeEncoderDecoder",
-        cascade_encoder_decoder::check_components,
-    ),
-    ("EncoderDecoder", encoder_decoder::check_components),
-    (hf_segformer::TYPE, encoder_decoder::check_components),
-];
+crate::models::registry::registry_table!(
+    /// Segmentor types (`model.type`).
+    SEGMENTORS, SEGMENTOR_FACTS: SegmentorReader = [
+        ("CascadeEncoderDecoder", cascade_encoder_decoder::read_cfg),
+        ("EncoderDecoder", encoder_decoder::read_cfg),
+        (
+            hf_segformer::TYPE,
+            encoder_decoder::read_cfg,
+            Facts { backbone_prefix: Some("segformer"), ..Facts::NONE }
+        ),
+    ]
+);
