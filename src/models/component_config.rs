@@ -429,10 +429,19 @@ pub(crate) fn type_of<'a>(d: &'a Dict, role: &'static str) -> Result<&'a str, Mo
 
 #[cfg(test)]
 pub(crate) mod test_support {
-    //! Config dicts for unit tests, written as JSON (lists stand for tuples:
-    //! the models read both alike).
+    //! What the model modules' unit tests share: config dicts written as
+    //! JSON (lists stand for tuples: the models read both alike), a module
+    //! built from such a snippet through its role's registry table (as
+    //! `EncoderDecoder` builds it), its build error as text, and small
+    //! CPU inputs and their outputs' shapes.
 
     use crate::config::{Dict, Value};
+    use crate::models::backbones::{Backbone, BACKBONES};
+    use crate::models::decode_heads::{DecodeHead, DECODE_HEADS};
+    use crate::models::necks::{Neck, NECKS};
+    use crate::models::params::{ParamScope, ParamStore};
+    use crate::models::ModelError;
+    use tch::{Device, Kind, Tensor};
 
     /// `dump`'s JSON reader: lists stay lists (the models read tuples alike).
     pub use crate::config::dump::from_json as to_value;
@@ -442,6 +451,103 @@ pub(crate) mod test_support {
             Value::Dict(d) => d,
             other => panic!("not a dict: {other:?}"),
         }
+    }
+
+    /// `j` with `key` set to `value` (added, or replacing the config's).
+    pub fn with_key(
+        mut j: serde_json::Value,
+        key: &str,
+        value: serde_json::Value,
+    ) -> serde_json::Value {
+        j.as_object_mut()
+            .expect("a component config is a JSON object")
+            .insert(key.to_string(), value);
+        j
+    }
+
+    type Ctor<T> = fn(&mut ParamScope, &Dict) -> Result<T, ModelError>;
+
+    /// The module of `j`'s `type` from `table`, built on the CPU with its
+    /// parameters under `scope`, and the store holding them.
+    fn build_from<T>(
+        table: &[(&'static str, Ctor<T>)],
+        role: &'static str,
+        scope: &str,
+        j: serde_json::Value,
+    ) -> Result<(ParamStore, T), ModelError> {
+        let cfg = dict(j);
+        let ctor = crate::models::registry::lookup(table, role, super::type_of(&cfg, role)?)?;
+        let mut store = ParamStore::new(Device::Cpu);
+        let module = ctor(&mut store.scope(scope), &cfg)?;
+        Ok((store, module))
+    }
+
+    fn expect_built<T>(built: Result<(ParamStore, T), ModelError>) -> (ParamStore, T) {
+        built.unwrap_or_else(|e| panic!("the module does not build: {e}"))
+    }
+
+    fn expect_refused<T>(built: Result<(ParamStore, T), ModelError>) -> String {
+        match built {
+            Ok(_) => panic!("the module builds, but its config should be refused"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A backbone (`model.backbone`), parameters under `backbone`.
+    pub fn backbone(j: serde_json::Value) -> (ParamStore, Box<dyn Backbone>) {
+        expect_built(build_from(BACKBONES, "backbone", "backbone", j))
+    }
+
+    /// Why the backbone of `j` does not build.
+    pub fn backbone_error(j: serde_json::Value) -> String {
+        expect_refused(build_from(BACKBONES, "backbone", "backbone", j))
+    }
+
+    /// A neck (`model.neck`), parameters under `neck`.
+    pub fn neck(j: serde_json::Value) -> (ParamStore, Box<dyn Neck>) {
+        expect_built(build_from(NECKS, "neck", "neck", j))
+    }
+
+    /// Why the neck of `j` does not build.
+    pub fn neck_error(j: serde_json::Value) -> String {
+        expect_refused(build_from(NECKS, "neck", "neck", j))
+    }
+
+    /// A decode or auxiliary head, parameters under `scope` (`decode_head`,
+    /// `auxiliary_head`).
+    pub fn head(j: serde_json::Value, scope: &str) -> (ParamStore, Box<dyn DecodeHead>) {
+        expect_built(build_from(DECODE_HEADS, "decode head", scope, j))
+    }
+
+    /// Why the head of `j` does not build.
+    pub fn head_error(j: serde_json::Value) -> String {
+        expect_refused(build_from(DECODE_HEADS, "decode head", "decode_head", j))
+    }
+
+    /// A `[batch, 3, h, w]` image batch of standard normal values.
+    pub fn image(batch: i64, h: i64, w: i64) -> Tensor {
+        Tensor::randn([batch, 3, h, w], (Kind::Float, Device::Cpu))
+    }
+
+    /// Multi-level features `[batch, c, h, w]`, one per `(c, h, w)`, of
+    /// standard normal values.
+    pub fn features(batch: i64, levels: &[(i64, i64, i64)]) -> Vec<Tensor> {
+        levels
+            .iter()
+            .map(|&(c, h, w)| Tensor::randn([batch, c, h, w], (Kind::Float, Device::Cpu)))
+            .collect()
+    }
+
+    /// Per-image `[1, h, w]` label maps of class 0, as heads' `loss` takes them.
+    pub fn labels(batch: i64, h: i64, w: i64) -> Vec<Tensor> {
+        (0..batch)
+            .map(|_| Tensor::zeros([1, h, w], (Kind::Int64, Device::Cpu)))
+            .collect()
+    }
+
+    /// The shape of each tensor.
+    pub fn shapes(tensors: &[Tensor]) -> Vec<Vec<i64>> {
+        tensors.iter().map(Tensor::size).collect()
     }
 }
 

@@ -299,3 +299,7 @@ impl Backbone for BiSeNetV1 {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "bisenetv1_tests.rs"]
+mod tests;

@@ -294,3 +294,7 @@ impl Backbone for ConvNext {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "convnext_tests.rs"]
+mod tests;

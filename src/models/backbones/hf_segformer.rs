@@ -414,3 +414,7 @@ impl Backbone for SegformerModel {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "hf_segformer_tests.rs"]
+mod tests;

@@ -211,3 +211,7 @@ impl Backbone for IcNet {
         output
     }
 }
+
+#[cfg(test)]
+#[path = "icnet_tests.rs"]
+mod tests;

@@ -334,3 +334,7 @@ impl Backbone for PoolFormer {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "poolformer_tests.rs"]
+mod tests;

@@ -205,3 +205,7 @@ impl SplitBottleneck {
         self.bn3.forward(&out, bn_training)
     }
 }
+
+#[cfg(test)]
+#[path = "resnest_tests.rs"]
+mod tests;

@@ -444,3 +444,7 @@ impl Backbone for Twins {
         outputs
     }
 }
+
+#[cfg(test)]
+#[path = "twins_tests.rs"]
+mod tests;

@@ -261,3 +261,7 @@ impl BaseHead for AnnHead {
         self.base.cls_seg(output, training)
     }
 }
+
+#[cfg(test)]
+#[path = "ann_head_tests.rs"]
+mod tests;

@@ -198,3 +198,7 @@ pub(super) fn fuse_with_input(
     drop(cat);
     base.cls_seg(output, training)
 }
+
+#[cfg(test)]
+#[path = "apc_head_tests.rs"]
+mod tests;

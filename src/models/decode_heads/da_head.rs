@@ -228,3 +228,7 @@ impl DecodeHead for DaHead {
 
     crate::models::decode_heads::decode_head::settings_from_base!();
 }
+
+#[cfg(test)]
+#[path = "da_head_tests.rs"]
+mod tests;

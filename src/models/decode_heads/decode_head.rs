@@ -346,3 +346,7 @@ impl<H: BaseHead> DecodeHead for H {
         self.base().cfg.align_corners
     }
 }
+
+#[cfg(test)]
+#[path = "decode_head_tests.rs"]
+mod tests;

@@ -181,3 +181,7 @@ impl BaseHead for DmHead {
         super::apc_head::fuse_with_input(&self.base, &self.bottleneck, &x, outs, training)
     }
 }
+
+#[cfg(test)]
+#[path = "dm_head_tests.rs"]
+mod tests;

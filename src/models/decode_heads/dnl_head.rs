@@ -21,3 +21,7 @@ const SOURCE: &str = "mmseg/models/decode_heads/dnl_head.py";
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
     build_with_block(p, cfg, ("DNLHead", SOURCE), Some(0.05), "dnl_block")
 }
+
+#[cfg(test)]
+#[path = "dnl_head_tests.rs"]
+mod tests;

@@ -224,3 +224,7 @@ impl BaseHead for EmaHead {
         logits
     }
 }
+
+#[cfg(test)]
+#[path = "ema_head_tests.rs"]
+mod tests;

@@ -321,3 +321,7 @@ impl DecodeHead for EncHead {
 
     crate::models::decode_heads::decode_head::settings_from_base!();
 }
+
+#[cfg(test)]
+#[path = "enc_head_tests.rs"]
+mod tests;

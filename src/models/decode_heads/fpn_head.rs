@@ -116,3 +116,7 @@ impl BaseHead for FpnHead {
         self.base.cls_seg(output, training)
     }
 }
+
+#[cfg(test)]
+#[path = "fpn_head_tests.rs"]
+mod tests;

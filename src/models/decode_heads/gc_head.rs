@@ -189,3 +189,7 @@ impl MidBlock for ContextBlock {
         out
     }
 }
+
+#[cfg(test)]
+#[path = "gc_head_tests.rs"]
+mod tests;

@@ -159,3 +159,7 @@ impl DecodeHead for SegformerDecodeHead {
         false
     }
 }
+
+#[cfg(test)]
+#[path = "hf_segformer_head_tests.rs"]
+mod tests;

@@ -179,3 +179,7 @@ impl BaseHead for IsaHead {
         self.base.cls_seg(fused, training)
     }
 }
+
+#[cfg(test)]
+#[path = "isa_head_tests.rs"]
+mod tests;

@@ -533,3 +533,7 @@ impl DecodeHead for Mask2FormerHead {
         false
     }
 }
+
+#[cfg(test)]
+#[path = "mask2former_head_tests.rs"]
+mod tests;

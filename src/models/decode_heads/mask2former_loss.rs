@@ -586,3 +586,7 @@ impl Mask2FormerLoss {
         items
     }
 }
+
+#[cfg(test)]
+#[path = "mask2former_loss_tests.rs"]
+mod tests;

@@ -281,3 +281,7 @@ impl MidBlock for NonLocal2d {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "nl_head_tests.rs"]
+mod tests;

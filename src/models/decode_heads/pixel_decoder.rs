@@ -473,3 +473,7 @@ impl MsDeformAttnPixelDecoder {
         (mask_feature, multi_scale)
     }
 }
+
+#[cfg(test)]
+#[path = "pixel_decoder_tests.rs"]
+mod tests;

@@ -429,3 +429,7 @@ impl DecodeHead for PointHead {
 
     crate::models::decode_heads::decode_head::settings_from_base!();
 }
+
+#[cfg(test)]
+#[path = "point_head_tests.rs"]
+mod tests;

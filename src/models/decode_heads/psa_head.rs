@@ -320,3 +320,7 @@ impl BaseHead for PsaHead {
         logits
     }
 }
+
+#[cfg(test)]
+#[path = "psa_head_tests.rs"]
+mod tests;

@@ -184,3 +184,7 @@ impl BaseHead for SegmenterMaskHead {
         masks.permute([0, 2, 1]).contiguous().view([b, -1, h, w])
     }
 }
+
+#[cfg(test)]
+#[path = "segmenter_mask_head_tests.rs"]
+mod tests;

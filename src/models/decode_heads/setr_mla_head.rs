@@ -126,3 +126,7 @@ impl BaseHead for SetrMlaHead {
         logits
     }
 }
+
+#[cfg(test)]
+#[path = "setr_mla_head_tests.rs"]
+mod tests;

@@ -156,3 +156,7 @@ impl BaseHead for SetrUpHead {
         self.base.cls_seg(x, training)
     }
 }
+
+#[cfg(test)]
+#[path = "setr_up_head_tests.rs"]
+mod tests;

@@ -163,3 +163,7 @@ impl MultiheadAttention {
         out
     }
 }
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

@@ -152,3 +152,7 @@ pub fn checkpoint_inputs<'a>(
     // SAFETY: a new heap tensor from the shim, now owned here.
     unsafe { Tensor::from_ptr(out) }
 }
+
+#[cfg(test)]
+#[path = "checkpoint_tests.rs"]
+mod tests;

@@ -226,3 +226,7 @@ impl DepthwiseSeparableConvModule {
         self.pointwise_conv.forward(&x, training)
     }
 }
+
+#[cfg(test)]
+#[path = "conv_tests.rs"]
+mod tests;

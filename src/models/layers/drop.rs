@@ -55,3 +55,7 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Tensor {
     let _ = out.g_mul_scalar_(1.0 / (1.0 - p));
     out
 }
+
+#[cfg(test)]
+#[path = "drop_tests.rs"]
+mod tests;

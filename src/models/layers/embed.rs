@@ -91,3 +91,7 @@ impl PatchEmbed {
         (x, out_size)
     }
 }
+
+#[cfg(test)]
+#[path = "embed_tests.rs"]
+mod tests;

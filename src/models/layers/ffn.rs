@@ -85,3 +85,7 @@ impl Ffn {
         (out, dropped)
     }
 }
+
+#[cfg(test)]
+#[path = "ffn_tests.rs"]
+mod tests;

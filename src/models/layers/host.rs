@@ -63,3 +63,7 @@ pub fn values_unavailable() -> bool {
 pub fn shape_only_segments() -> Option<i64> {
     SHAPE_ONLY_SEGMENTS.with(Cell::get)
 }
+
+#[cfg(test)]
+#[path = "host_tests.rs"]
+mod tests;

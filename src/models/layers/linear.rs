@@ -22,3 +22,7 @@ impl Linear {
         x.linear(&self.weight, self.bias.as_ref())
     }
 }
+
+#[cfg(test)]
+#[path = "linear_tests.rs"]
+mod tests;

@@ -177,3 +177,7 @@ pub fn multi_scale_deformable_attn_pytorch(
     drop((sampling_value_list, sampling_grids, value_list));
     output
 }
+
+#[cfg(test)]
+#[path = "ms_deform_attn_tests.rs"]
+mod tests;

@@ -243,3 +243,7 @@ pub fn normalize(x: &Tensor, p: f64, dim: i64) -> Tensor {
         .clamp_min(1e-12);
     x / denom.expand_as(x)
 }
+
+#[cfg(test)]
+#[path = "norm_tests.rs"]
+mod tests;

@@ -74,3 +74,7 @@ pub fn grid_priors(h: i64, w: i64, stride: i64, device: Device) -> Tensor {
     let yy = shift_y.view([-1, 1]).repeat([1, w]).view([-1]);
     Tensor::stack(&[xx, yy], -1)
 }
+
+#[cfg(test)]
+#[path = "positional_encoding_tests.rs"]
+mod tests;

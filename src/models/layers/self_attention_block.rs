@@ -211,3 +211,7 @@ impl SelfAttentionBlock {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "self_attention_block_tests.rs"]
+mod tests;

@@ -31,3 +31,7 @@ pub fn channel_layer_norm(norm: &LayerNorm, x: &Tensor) -> Tensor {
     let tokens = norm.forward(&tokens);
     tokens.transpose(1, 2).reshape([n, c, h, w]).contiguous()
 }
+
+#[cfg(test)]
+#[path = "shape_tests.rs"]
+mod tests;

@@ -34,3 +34,7 @@ pub fn accuracy(pred: &Tensor, target: &Tensor, ignore_index: i64) -> Tensor {
     drop((pred_value, pred_label, correct));
     result
 }
+
+#[cfg(test)]
+#[path = "accuracy_tests.rs"]
+mod tests;

@@ -147,3 +147,7 @@ impl CrossEntropyCfg {
         reduced * self.loss_weight
     }
 }
+
+#[cfg(test)]
+#[path = "cross_entropy_loss_tests.rs"]
+mod tests;

@@ -131,3 +131,7 @@ impl OhemPixelSampler {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "ohem_pixel_sampler_tests.rs"]
+mod tests;

@@ -282,3 +282,7 @@ impl Neck for Fpn {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "fpn_tests.rs"]
+mod tests;

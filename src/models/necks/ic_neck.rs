@@ -123,3 +123,7 @@ impl Neck for IcNeck {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "ic_neck_tests.rs"]
+mod tests;

@@ -143,3 +143,7 @@ impl Neck for MlaNeck {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "mla_neck_tests.rs"]
+mod tests;

@@ -129,3 +129,7 @@ impl Neck for MultiLevelNeck {
         outs
     }
 }
+
+#[cfg(test)]
+#[path = "multilevel_neck_tests.rs"]
+mod tests;

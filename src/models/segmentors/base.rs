@@ -32,3 +32,7 @@ pub fn parse_losses(items: Vec<(String, Tensor)>) -> StepLosses {
     let loss = loss.unwrap_or_else(|| Tensor::zeros([], (Kind::Float, Device::Cpu)));
     StepLosses { loss, items }
 }
+
+#[cfg(test)]
+#[path = "base_tests.rs"]
+mod tests;

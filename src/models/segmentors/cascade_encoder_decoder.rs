@@ -79,3 +79,7 @@ pub fn decode_head_forward_train(
     }
     items
 }
+
+#[cfg(test)]
+#[path = "cascade_encoder_decoder_tests.rs"]
+mod tests;

@@ -8,3 +8,7 @@
 
 /// The `model.type` this segmentor is registered under.
 pub const TYPE: &str = crate::config::hf::HF_SEGFORMER;
+
+#[cfg(test)]
+#[path = "hf_segformer_tests.rs"]
+mod tests;

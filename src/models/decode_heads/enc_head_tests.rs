@@ -1,0 +1,44 @@
+//! Unit tests of `enc_head.rs`: the parameter count of a real config's decode head, one forward's shape, a refused key.
+use crate::models::component_config::test_support::{features, head, head_error, shapes, with_key};
+use serde_json::json;
+
+/// `model.decode_head` of encnet/encnet_r101-d8_4xb2-40k_cityscapes-512x1024.py
+/// (resolved; tuples as lists).
+fn encnet_r101_d8() -> serde_json::Value {
+    json!({
+        "type": "EncHead",
+        "in_channels": [512, 1024, 2048],
+        "in_index": [1, 2, 3],
+        "channels": 512,
+        "num_codes": 32,
+        "use_se_loss": true,
+        "add_lateral": false,
+        "dropout_ratio": 0.1,
+        "num_classes": 19,
+        "norm_cfg": {"type": "SyncBN", "requires_grad": true},
+        "align_corners": false,
+        "loss_decode": {"type": "CrossEntropyLoss", "use_sigmoid": false, "loss_weight": 1.0},
+        "loss_se_decode": {"type": "CrossEntropyLoss", "use_sigmoid": true, "loss_weight": 0.2}
+    })
+}
+
+#[test]
+fn encnet_r101_d8_has_mmsegs_parameter_count() {
+    // params_all.json, encnet/encnet_r101-d8_4xb2-40k_cityscapes-512x1024.py:
+    // params.by_prefix.decode_head.total
+    assert_eq!(head(encnet_r101_d8(), "decode_head").0.total(), 10_000_006);
+}
+
+#[test]
+fn the_head_classifies_at_the_features_resolution() {
+    // ResNet-D8 features of a 64x64 image, batch 2.
+    let (_, h) = head(encnet_r101_d8(), "decode_head");
+    let inputs = features(2, &[(256, 8, 8), (512, 8, 8), (1024, 8, 8), (2048, 8, 8)]);
+    assert_eq!(shapes(&[h.forward(&inputs, None, true)]), [[2, 19, 8, 8]]);
+}
+
+#[test]
+fn an_unknown_key_is_refused_by_name() {
+    let err = head_error(with_key(encnet_r101_d8(), "num_convs_typo", json!(1)));
+    assert!(err.contains("`num_convs_typo`"), "{err}");
+}
