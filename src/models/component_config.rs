@@ -516,12 +516,17 @@ pub(crate) mod test_support {
     /// A decode or auxiliary head, parameters under `scope` (`decode_head`,
     /// `auxiliary_head`).
     pub fn head(j: serde_json::Value, scope: &str) -> (ParamStore, Box<dyn DecodeHead>) {
-        expect_built(build_from(DECODE_HEADS, "decode head", scope, j))
+        expect_built(build_from(&head_ctors(), "decode head", scope, j))
+    }
+
+    /// The decode heads' table with each row's head constructor.
+    fn head_ctors() -> Vec<(&'static str, Ctor<Box<dyn DecodeHead>>)> {
+        DECODE_HEADS.iter().map(|(n, b)| (*n, b.build)).collect()
     }
 
     /// Why the head of `j` does not build.
     pub fn head_error(j: serde_json::Value) -> String {
-        expect_refused(build_from(DECODE_HEADS, "decode head", "decode_head", j))
+        expect_refused(build_from(&head_ctors(), "decode head", "decode_head", j))
     }
 
     /// A `[batch, 3, h, w]` image batch of standard normal values.

@@ -52,11 +52,12 @@ pub enum Applies {
     Always,
     /// fp16 everywhere; bf16 on cards that have it (the preset's `bf16`).
     CardPrecisions,
-    /// Backbones whose registry row takes `with_cp`, where the config does
-    /// not set it already.
+    /// Backbones whose registry row takes `with_cp` (the fact
+    /// `takes_with_cp`), where the config does not set it already.
     BackboneTakesWithCp,
     /// Decode heads whose mask loss samples points (Mask2Former's
-    /// `train_cfg.num_points`), down to the rule of thumb's floor.
+    /// `train_cfg.num_points`; the registry fact `mask_classification`),
+    /// down to the rule of thumb's floor.
     PointSampledHead,
     /// PyTorch >= 2.1 (`expandable_segments`).
     ExpandableSegments,

@@ -152,6 +152,6 @@ fn num_stages_must_match_the_heads_and_unknown_keys_are_refused() {
     let err = read_cfg(&model).err().unwrap().to_string();
     assert!(err.contains("num_stages"), "{err}");
     let model = dict(with_key(ocrnet_hr18s(), "auxiliary_heads", json!([])));
-    let err = check_components(&model).unwrap_err().to_string();
+    let err = read_cfg(&model).err().unwrap().to_string();
     assert!(err.contains("`auxiliary_heads`"), "{err}");
 }
