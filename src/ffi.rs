@@ -44,12 +44,15 @@ pub fn check(rc: c_int, call: &'static str) -> Result<(), ShimError> {
 
 /// A tensor the shim returned (now owned here), or its error as
 /// [`ShimError::last`] of `call` for a null pointer.
-pub fn owned_tensor(p: *mut C_tensor, call: &'static str) -> Result<tch::Tensor, ShimError> {
+///
+/// # Safety
+/// `p` is what `call` just returned: null, or a new heap tensor that
+/// nothing else owns.
+pub unsafe fn owned_tensor(p: *mut C_tensor, call: &'static str) -> Result<tch::Tensor, ShimError> {
     if p.is_null() {
         return Err(ShimError::last(call));
     }
-    // SAFETY: a non-null pointer from the shim is a new heap tensor that
-    // nothing else owns.
+    // SAFETY: as the caller promises.
     Ok(unsafe { tch::Tensor::from_ptr(p) })
 }
 

@@ -440,7 +440,8 @@ pub fn add_alpha_(t: &mut tch::Tensor, other: &tch::Tensor, alpha: f64) {
 pub fn add_alpha(t: &tch::Tensor, other: &tch::Tensor, alpha: f64) -> tch::Tensor {
     // SAFETY: live tensors; the shim returns a new heap tensor or null.
     let p = unsafe { ffi::segtune_add_alpha(t.as_ptr(), other.as_ptr(), alpha) };
-    ffi::owned_tensor(p, "segtune_add_alpha").unwrap_or_else(|e| panic!("{e}"))
+    // SAFETY: `p` is what the call just returned.
+    unsafe { ffi::owned_tensor(p, "segtune_add_alpha") }.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `param.grad = None`.

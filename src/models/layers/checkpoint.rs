@@ -143,7 +143,8 @@ fn checkpoint_block(inputs: &[Tensor], block: Block<'static>) -> Tensor {
             release_block,
         )
     };
-    match ffi::owned_tensor(out, "segtune_checkpoint") {
+    // SAFETY: `out` is what the call just returned.
+    match unsafe { ffi::owned_tensor(out, "segtune_checkpoint") } {
         Ok(tensor) => tensor,
         Err(e) => panic!("gradient checkpointing failed: {e}"),
     }

@@ -6,9 +6,10 @@ use crate::ffi::{self, segtune_histc, segtune_psamask};
 use tch::Tensor;
 
 /// A new tensor from the shim, or the shim's error as a panic (as tch's
-/// own ops panic on a libtorch error).
+/// own ops panic on a libtorch error). `p` is what `call` just returned.
 fn owned(p: *mut torch_sys::C_tensor, call: &'static str) -> Tensor {
-    ffi::owned_tensor(p, call).unwrap_or_else(|e| panic!("{e}"))
+    // SAFETY: the shim's ops return null or a new heap tensor.
+    unsafe { ffi::owned_tensor(p, call) }.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// mmcv's `PSAMask(psa_type, mask_size)` (`'collect'` or `'distribute'`):
