@@ -1,6 +1,8 @@
 //! Compiles the memory shim (src/trial/shim.cpp, shim_checkpoint.cpp,
-//! shim_meta_rules.cpp, shim_psamask.cpp, shim_kernel_calls.cpp) against the libtorch that
-//! torch-sys found, and gives the torch-linked binaries an rpath to it so
+//! shim_meta_rules.cpp, shim_psamask.cpp, shim_kernel_calls.cpp,
+//! shim_autocast.cpp; their C
+//! interface in segtune_ffi.h) against the libtorch that torch-sys found,
+//! warning-free under -Wall -Wextra, and gives the torch-linked binaries an rpath to it so
 //! they run without LD_LIBRARY_PATH.
 
 use std::path::PathBuf;
@@ -12,7 +14,9 @@ fn main() {
         "shim_meta_rules.cpp",
         "shim_psamask.cpp",
         "shim_kernel_calls.cpp",
+        "shim_autocast.cpp",
         "shim.h",
+        "segtune_ffi.h",
     ] {
         println!("cargo:rerun-if-changed=src/trial/{file}");
     }
@@ -24,20 +28,33 @@ fn main() {
         .parent()
         .expect("libtorch lib dir has a parent")
         .join("include");
+    // libtorch's headers are system headers (-isystem): their own warnings
+    // are libtorch's; the shim's must stay at none under -Wall -Wextra.
     cc::Build::new()
         .cpp(true)
         .pic(true)
         .std("c++17")
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
+        .flag("-isystem")
+        .flag(include.to_str().expect("libtorch's include dir is UTF-8"))
+        .flag("-isystem")
+        .flag(
+            include
+                .join("torch/csrc/api/include")
+                .to_str()
+                .expect("libtorch's include dir is UTF-8"),
+        )
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-DGLOG_USE_GLOG_EXPORT")
-        .warnings(false)
+        .flag("-Wall")
+        .flag("-Wextra")
+        // Every exported function is declared in segtune_ffi.h first.
+        .flag("-Wmissing-declarations")
         .file("src/trial/shim.cpp")
         .file("src/trial/shim_checkpoint.cpp")
         .file("src/trial/shim_meta_rules.cpp")
         .file("src/trial/shim_psamask.cpp")
         .file("src/trial/shim_kernel_calls.cpp")
+        .file("src/trial/shim_autocast.cpp")
         .compile("segtune_shim");
     cudnn_tables();
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());

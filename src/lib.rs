@@ -6,12 +6,13 @@
 //! modules in libtorch) → [`trial`] (training steps measured in a worker
 //! process) → [`predict`] (GPU memory from CPU traces) → [`search`] (the best
 //! feasible candidate) → [`report`] (text and tables) → [`cli`] (the command
-//! lines). [`error`] is the one error type after the config layer. See
-//! `docs/architecture.md`.
+//! lines). [`error`] is the one error type after the config layer; [`ffi`] is
+//! the one seam to the C++ shim. See `docs/architecture.md`.
 
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod ffi;
 pub mod models;
 pub mod named;
 pub mod predict;

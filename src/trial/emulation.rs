@@ -6,6 +6,7 @@
 //! one on for whatever runs next in the process.
 
 use super::memory::{self, CpuCounter, OpTrace};
+use crate::ffi::ShimError;
 
 /// The switches a trial has turned on; see the module doc.
 pub struct Switches<'a> {
@@ -27,14 +28,14 @@ impl<'a> Switches<'a> {
     }
 
     /// Traces every ATen op's outputs (`Cpu` or `Meta` kernels).
-    pub fn trace_ops(&mut self, mode: OpTrace) -> Result<(), String> {
+    pub fn trace_ops(&mut self, mode: OpTrace) -> Result<(), ShimError> {
         memory::set_op_trace(mode)?;
         self.op_trace = mode != OpTrace::Off;
         Ok(())
     }
 
     /// Records the calls of the ops whose CUDA kernels take scratch.
-    pub fn record_kernel_calls(&mut self) -> Result<(), String> {
+    pub fn record_kernel_calls(&mut self) -> Result<(), ShimError> {
         super::kernel_calls::record(true)?;
         self.kernel_calls = true;
         Ok(())

@@ -5,6 +5,7 @@
 //! evaluator reads them), then the batch and the predictions freed.
 
 use super::batch::Batch;
+use super::error::TrialError;
 use super::memory::{CpuCounter, Phase};
 use super::run::PhasePeaks;
 use super::trace::phase_code;
@@ -20,16 +21,16 @@ pub fn infer_step(
     counter: &CpuCounter,
     base: i64,
     step: usize,
-) -> Result<(PhasePeaks, Vec<(String, Tensor)>), String> {
+) -> Result<(PhasePeaks, Vec<(String, Tensor)>), TrialError> {
     let Batch { images, labels } = batch;
     let device = model.device();
     let (h, w) = request.crop;
-    let predictions = tch::no_grad(|| -> Result<_, String> {
+    let predictions = tch::no_grad(|| -> Result<_, TrialError> {
         let _autocast = super::run::autocast(request, device)?;
         counter.set_phase_code(phase_code(step, Phase::Preprocess));
         // `cast_data` copies the labels to the device with the images.
         let labels_on_device: Vec<Tensor> = labels.iter().map(|l| l.to_device(device)).collect();
-        let (inputs, paddings) = model.preprocess_test(&images).map_err(|e| e.to_string())?;
+        let (inputs, paddings) = model.preprocess_test(&images)?;
         counter.set_phase_code(phase_code(step, Phase::Forward));
         let predictions = model.predict(&inputs, &paddings, (h, w));
         drop(inputs);

@@ -5,8 +5,7 @@
 //! can add what the CUDA kernel would allocate there (`predict::kernels`).
 //! Recorded by the shim's op-level fallback (`shim_kernel_calls.cpp`).
 
-use std::ffi::CStr;
-use std::os::raw::{c_char, c_int};
+use crate::ffi::{self, ShimError};
 
 /// The ops recorded (ATen names, with the overload where only one is meant).
 /// What the predictor models for each is in `predict::kernels`.
@@ -52,6 +51,29 @@ pub enum Layout {
     ChannelsLast,
     /// Neither: a strided view.
     Strided,
+}
+
+/// A line that is not a recorded call ([`KernelCall::to_line`]'s form).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kernel call `{line}`: {fault}")]
+pub struct KernelCallParseError {
+    pub line: String,
+    pub fault: LineFault,
+}
+
+/// What is wrong with a [`KernelCallParseError`]'s line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LineFault {
+    #[error("does not start with `k`")]
+    NoMarker,
+    /// A field (`position`, `phase`, `scope`, `op`) missing.
+    #[error("no {0}")]
+    Missing(&'static str),
+    /// A number field that does not parse.
+    #[error("bad {0}")]
+    Bad(&'static str),
+    #[error("bad argument `{0}`")]
+    BadArgument(String),
 }
 
 /// A recorded call: the op ran after `at` trace events (its outputs among
@@ -154,25 +176,31 @@ impl KernelCall {
     }
 
     /// Parses [`KernelCall::to_line`]'s form.
-    pub fn from_line(line: &str) -> Result<KernelCall, String> {
-        let bad = |what: &str| format!("kernel call `{line}`: {what}");
+    pub fn from_line(line: &str) -> Result<KernelCall, KernelCallParseError> {
+        let bad = |fault| KernelCallParseError {
+            line: line.to_string(),
+            fault,
+        };
         let mut parts = line.split_ascii_whitespace();
         if parts.next() != Some("k") {
-            return Err(bad("does not start with `k`"));
+            return Err(bad(LineFault::NoMarker));
         }
-        let mut number = |what: &str| -> Result<u64, String> {
+        let mut number = |what: &'static str| -> Result<u64, KernelCallParseError> {
             parts
                 .next()
-                .ok_or_else(|| bad(&format!("no {what}")))?
+                .ok_or_else(|| bad(LineFault::Missing(what)))?
                 .parse()
-                .map_err(|_| bad(&format!("bad {what}")))
+                .map_err(|_| bad(LineFault::Bad(what)))
         };
         let at = number("position")? as usize;
         let phase = number("phase")? as u32;
         let scope = number("scope")? as u32;
-        let op = parts.next().ok_or_else(|| bad("no op"))?.to_string();
+        let op = parts
+            .next()
+            .ok_or_else(|| bad(LineFault::Missing("op")))?
+            .to_string();
         let args = parts
-            .map(|a| parse_arg(a).ok_or_else(|| bad(&format!("bad argument `{a}`"))))
+            .map(|a| parse_arg(a).ok_or_else(|| bad(LineFault::BadArgument(a.to_string()))))
             .collect::<Result<_, _>>()?;
         Ok(KernelCall {
             at,
@@ -238,15 +266,10 @@ fn parse_arg(text: &str) -> Option<KernelArg> {
     })
 }
 
-extern "C" {
-    fn segtune_kernel_calls_record(ops: *const c_char) -> c_int;
-    fn segtune_kernel_calls_take() -> *const c_char;
-}
-
 /// Starts recording [`RECORDED_OPS`] (`true`) or stops (`false`); either
 /// forgets the calls recorded so far. Calls are recorded only while an
 /// op-level trace runs.
-pub fn record(on: bool) -> Result<(), String> {
+pub fn record(on: bool) -> Result<(), ShimError> {
     let list = if on {
         RECORDED_OPS.join(",")
     } else {
@@ -254,20 +277,21 @@ pub fn record(on: bool) -> Result<(), String> {
     };
     let list = std::ffi::CString::new(list).expect("op names have no NUL");
     // SAFETY: a NUL-terminated string the shim copies.
-    let rc = unsafe { segtune_kernel_calls_record(list.as_ptr()) };
+    let rc = unsafe { ffi::segtune_kernel_calls_record(list.as_ptr()) };
     if rc == 0 {
         Ok(())
     } else {
-        Err("cannot record kernel calls".into())
+        Err(ShimError {
+            call: "segtune_kernel_calls_record",
+            message: "cannot record kernel calls".into(),
+        })
     }
 }
 
 /// Takes the calls recorded so far.
-pub fn take() -> Result<Vec<KernelCall>, String> {
+pub fn take() -> Result<Vec<KernelCall>, KernelCallParseError> {
     // SAFETY: the shim returns a NUL-terminated string it keeps until the next call.
-    let text = unsafe { CStr::from_ptr(segtune_kernel_calls_take()) }
-        .to_string_lossy()
-        .into_owned();
+    let text = unsafe { ffi::shim_string(ffi::segtune_kernel_calls_take()) };
     text.lines().map(KernelCall::from_line).collect()
 }
 

@@ -1,53 +1,13 @@
 //! Memory measurement through the C++ shim (`shim.cpp`): a counting CPU
 //! allocator installed in libtorch (current and peak bytes, an optional trace
 //! of every allocation and free, an optional cap that raises out-of-memory),
-//! and the CUDA caching allocator's statistics via `at::accelerator`.
+//! and the CUDA caching allocator's statistics via `at::accelerator`: the
+//! safe side of `crate::ffi`'s declarations.
 
-use std::ffi::CStr;
-use std::os::raw::{c_char, c_int};
+use crate::ffi::{self, check, RawDeviceStats, ShimError};
+use std::os::raw::c_int;
 
 pub use crate::trial::trace::{Phase, TraceEvent};
-
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-struct RawDeviceStats {
-    allocated_current: i64,
-    allocated_peak: i64,
-    reserved_current: i64,
-    reserved_peak: i64,
-    requested_peak: i64,
-    num_alloc_retries: i64,
-    num_ooms: i64,
-    free_bytes: i64,
-    total_bytes: i64,
-}
-
-extern "C" {
-    fn segtune_cpu_alloc_install();
-    fn segtune_cpu_alloc_current() -> i64;
-    fn segtune_cpu_alloc_peak() -> i64;
-    fn segtune_cpu_alloc_reset_peak();
-    fn segtune_cpu_alloc_count() -> i64;
-    fn segtune_cpu_alloc_set_cap(bytes: i64);
-    fn segtune_cpu_alloc_set_phase(phase: u32);
-    fn segtune_cpu_alloc_set_scope(scope: u32);
-    fn segtune_cpu_alloc_trace(on: bool);
-    fn segtune_cpu_alloc_trace_take(out: *mut TraceEvent, capacity: usize) -> usize;
-    fn segtune_cpu_alloc_trace_len() -> usize;
-    fn segtune_last_error() -> *const c_char;
-    fn segtune_device_stats(device: c_int, out: *mut RawDeviceStats) -> c_int;
-    fn segtune_device_reset_peak(device: c_int) -> c_int;
-    fn segtune_device_empty_cache() -> c_int;
-    fn segtune_device_synchronize(device: c_int) -> c_int;
-    fn segtune_autocast_enter(device_type: c_int, dtype: c_int) -> c_int;
-    fn segtune_autocast_exit(device_type: c_int) -> c_int;
-    fn segtune_op_trace(mode: c_int) -> c_int;
-    fn segtune_cudnn_set_flags(benchmark: bool, deterministic: bool) -> c_int;
-    fn segtune_cuda_mem_info(device: c_int, free_bytes: *mut u64, total_bytes: *mut u64) -> c_int;
-    fn segtune_cuda_allocator_settings(settings: *const c_char) -> c_int;
-    fn segtune_op_trace_stand_ins() -> i64;
-    fn segtune_op_trace_unsupported() -> *const c_char;
-}
 
 /// What a trace counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -69,36 +29,49 @@ crate::named::named_enum!(OpTrace, "a trace level", {
 });
 
 /// Switches op-level tracing (see `shim.cpp`) on this thread.
-pub fn set_op_trace(mode: OpTrace) -> Result<(), String> {
+pub fn set_op_trace(mode: OpTrace) -> Result<(), ShimError> {
     let code = match mode {
         OpTrace::Off => 0,
         OpTrace::Cpu => 1,
         OpTrace::Meta => 2,
     };
     // SAFETY: plain call into the shim.
-    check(unsafe { segtune_op_trace(code) })
+    check(unsafe { ffi::segtune_op_trace(code) }, "segtune_op_trace")
 }
 
 /// Sets `torch.backends.cudnn.benchmark` and `.deterministic`.
-pub fn set_cudnn_flags(benchmark: bool, deterministic: bool) -> Result<(), String> {
+pub fn set_cudnn_flags(benchmark: bool, deterministic: bool) -> Result<(), ShimError> {
     // SAFETY: plain call into the shim.
-    check(unsafe { segtune_cudnn_set_flags(benchmark, deterministic) })
+    check(
+        unsafe { ffi::segtune_cudnn_set_flags(benchmark, deterministic) },
+        "segtune_cudnn_set_flags",
+    )
 }
 
 /// `cudaMemGetInfo` of a CUDA device: (free, total) bytes.
-pub fn cuda_mem_info(device: usize) -> Result<(u64, u64), String> {
+pub fn cuda_mem_info(device: usize) -> Result<(u64, u64), ShimError> {
     let (mut free, mut total) = (0u64, 0u64);
     // SAFETY: the shim writes the two counts through the pointers.
-    check(unsafe { segtune_cuda_mem_info(device as c_int, &mut free, &mut total) })?;
+    check(
+        unsafe { ffi::segtune_cuda_mem_info(device as c_int, &mut free, &mut total) },
+        "segtune_cuda_mem_info",
+    )?;
     Ok((free, total))
 }
 
 /// Applies caching-allocator settings (`PYTORCH_CUDA_ALLOC_CONF` syntax)
 /// at run time, as `torch._C._accelerator_setAllocatorSettings` does.
-pub fn set_cuda_allocator_settings(settings: &str) -> Result<(), String> {
-    let c = std::ffi::CString::new(settings).map_err(|e| e.to_string())?;
+pub fn set_cuda_allocator_settings(settings: &str) -> Result<(), ShimError> {
+    const CALL: &str = "segtune_cuda_allocator_settings";
+    let c = std::ffi::CString::new(settings).map_err(|e| ShimError {
+        call: CALL,
+        message: e.to_string(),
+    })?;
     // SAFETY: a NUL-terminated string the shim only reads.
-    check(unsafe { segtune_cuda_allocator_settings(c.as_ptr()) })
+    check(
+        unsafe { ffi::segtune_cuda_allocator_settings(c.as_ptr()) },
+        CALL,
+    )
 }
 
 /// The caching allocator's share of a device that a `--vram` budget
@@ -106,14 +79,13 @@ pub fn set_cuda_allocator_settings(settings: &str) -> Result<(), String> {
 /// memory (`per_process_memory_fraction`, what
 /// `torch.cuda.set_per_process_memory_fraction` sets). `None` where the
 /// device has no more than that anyway.
-pub fn memory_fraction(budget: u64, total: u64, context: u64) -> Result<Option<f64>, String> {
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+pub fn memory_fraction(
+    budget: u64,
+    total: u64,
+    context: u64,
+) -> Result<Option<f64>, BudgetBelowContext> {
     if budget <= context {
-        return Err(format!(
-            "--vram {:.2} GiB leaves nothing after this device's CUDA context ({:.2} GiB)",
-            gib(budget),
-            gib(context)
-        ));
+        return Err(BudgetBelowContext { budget, context });
     }
     let cap = budget - context;
     if cap >= total.saturating_sub(context) {
@@ -125,27 +97,30 @@ pub fn memory_fraction(budget: u64, total: u64, context: u64) -> Result<Option<f
 /// How many data-dependent values (`.item()`) a meta trace stood in for.
 pub fn op_trace_stand_ins() -> i64 {
     // SAFETY: plain call into the shim.
-    unsafe { segtune_op_trace_stand_ins() }
+    unsafe { ffi::segtune_op_trace_stand_ins() }
 }
 
 /// The first op a meta trace could not run, if any.
 pub fn op_trace_unsupported() -> Option<String> {
     // SAFETY: the shim returns a NUL-terminated string it keeps alive.
-    let name = unsafe { CStr::from_ptr(segtune_op_trace_unsupported()) }
-        .to_string_lossy()
-        .into_owned();
+    let name = unsafe { ffi::shim_string(ffi::segtune_op_trace_unsupported()) };
     (!name.is_empty()).then_some(name)
 }
 
-fn check(rc: c_int) -> Result<(), String> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string.
-        Err(unsafe { CStr::from_ptr(segtune_last_error()) }
-            .to_string_lossy()
-            .into_owned())
-    }
+/// A `--vram` budget no larger than the device's CUDA context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--vram {:.2} GiB leaves nothing after this device's CUDA context ({:.2} GiB)",
+    gib(.budget),
+    gib(.context)
+)]
+pub struct BudgetBelowContext {
+    pub budget: u64,
+    pub context: u64,
+}
+
+fn gib(bytes: &u64) -> f64 {
+    *bytes as f64 / (1u64 << 30) as f64
 }
 
 /// The counting CPU allocator. Installing it is process-wide and permanent;
@@ -155,58 +130,58 @@ pub struct CpuCounter;
 impl CpuCounter {
     pub fn install() -> CpuCounter {
         // SAFETY: plain calls into the shim; installation is idempotent.
-        unsafe { segtune_cpu_alloc_install() };
+        unsafe { ffi::segtune_cpu_alloc_install() };
         CpuCounter
     }
     pub fn current(&self) -> i64 {
-        unsafe { segtune_cpu_alloc_current() }
+        unsafe { ffi::segtune_cpu_alloc_current() }
     }
     pub fn peak(&self) -> i64 {
-        unsafe { segtune_cpu_alloc_peak() }
+        unsafe { ffi::segtune_cpu_alloc_peak() }
     }
     /// Sets the peak to the current count.
     pub fn reset_peak(&self) {
-        unsafe { segtune_cpu_alloc_reset_peak() }
+        unsafe { ffi::segtune_cpu_alloc_reset_peak() }
     }
     pub fn allocations(&self) -> i64 {
-        unsafe { segtune_cpu_alloc_count() }
+        unsafe { ffi::segtune_cpu_alloc_count() }
     }
     /// Makes any allocation that would exceed `bytes` live bytes fail with
     /// an out-of-memory error (0 removes the cap).
     pub fn set_cap(&self, bytes: i64) {
-        unsafe { segtune_cpu_alloc_set_cap(bytes) }
+        unsafe { ffi::segtune_cpu_alloc_set_cap(bytes) }
     }
     /// Tags the following trace events (see `trial::phase_code`).
     pub fn set_phase_code(&self, code: u32) {
-        unsafe { segtune_cpu_alloc_set_phase(code) }
+        unsafe { ffi::segtune_cpu_alloc_set_phase(code) }
     }
     /// Tags the following trace events with the model part running
     /// (`models::scope` tells each change once this is called).
     pub fn tag_model_scopes(&self) {
         fn set_scope(id: u32) {
-            unsafe { segtune_cpu_alloc_set_scope(id) }
+            unsafe { ffi::segtune_cpu_alloc_set_scope(id) }
         }
         crate::models::scope::set_hook(set_scope);
     }
     pub fn trace(&self, on: bool) {
-        unsafe { segtune_cpu_alloc_trace(on) }
+        unsafe { ffi::segtune_cpu_alloc_trace(on) }
     }
     /// Takes every trace event recorded so far.
     pub fn take_trace(&self) -> Vec<TraceEvent> {
-        let n = unsafe { segtune_cpu_alloc_trace_len() };
-        let mut out = vec![
-            TraceEvent {
-                id: 0,
-                bytes: 0,
-                phase: 0,
-                scope: 0
-            };
-            n
-        ];
-        // SAFETY: `out` has room for `n` events.
-        let got = unsafe { segtune_cpu_alloc_trace_take(out.as_mut_ptr(), n) };
-        out.truncate(got);
-        out
+        // SAFETY: plain call into the shim.
+        let n = unsafe { ffi::segtune_cpu_alloc_trace_len() };
+        let mut raw = vec![ffi::RawTraceEvent::default(); n];
+        // SAFETY: `raw` has room for `n` events.
+        let got = unsafe { ffi::segtune_cpu_alloc_trace_take(raw.as_mut_ptr(), n) };
+        raw.truncate(got);
+        raw.into_iter()
+            .map(|e| TraceEvent {
+                id: e.id,
+                bytes: e.bytes,
+                phase: e.phase,
+                scope: e.scope,
+            })
+            .collect()
     }
 }
 
@@ -236,9 +211,13 @@ pub fn cap_failure_bytes(message: &str) -> Option<u64> {
     Some(asked.saturating_add(in_use))
 }
 
-pub fn device_stats(device: usize) -> Result<DeviceStats, String> {
+pub fn device_stats(device: usize) -> Result<DeviceStats, ShimError> {
     let mut raw = RawDeviceStats::default();
-    check(unsafe { segtune_device_stats(device as c_int, &mut raw) })?;
+    // SAFETY: the shim writes the statistics through the pointer.
+    check(
+        unsafe { ffi::segtune_device_stats(device as c_int, &mut raw) },
+        "segtune_device_stats",
+    )?;
     Ok(DeviceStats {
         allocated_current: raw.allocated_current,
         allocated_peak: raw.allocated_peak,
@@ -252,16 +231,28 @@ pub fn device_stats(device: usize) -> Result<DeviceStats, String> {
     })
 }
 
-pub fn device_reset_peak(device: usize) -> Result<(), String> {
-    check(unsafe { segtune_device_reset_peak(device as c_int) })
+pub fn device_reset_peak(device: usize) -> Result<(), ShimError> {
+    // SAFETY: plain call into the shim.
+    check(
+        unsafe { ffi::segtune_device_reset_peak(device as c_int) },
+        "segtune_device_reset_peak",
+    )
 }
 
-pub fn device_empty_cache() -> Result<(), String> {
-    check(unsafe { segtune_device_empty_cache() })
+pub fn device_empty_cache() -> Result<(), ShimError> {
+    // SAFETY: plain call into the shim.
+    check(
+        unsafe { ffi::segtune_device_empty_cache() },
+        "segtune_device_empty_cache",
+    )
 }
 
-pub fn device_synchronize(device: usize) -> Result<(), String> {
-    check(unsafe { segtune_device_synchronize(device as c_int) })
+pub fn device_synchronize(device: usize) -> Result<(), ShimError> {
+    // SAFETY: plain call into the shim.
+    check(
+        unsafe { ffi::segtune_device_synchronize(device as c_int) },
+        "segtune_device_synchronize",
+    )
 }
 
 /// c10's `ScalarType` number of a kind.
@@ -282,26 +273,20 @@ pub struct AutocastGuard {
 }
 
 impl AutocastGuard {
-    pub fn new(device: tch::Device, dtype: tch::Kind) -> Result<AutocastGuard, String> {
+    pub fn new(device: tch::Device, dtype: tch::Kind) -> Result<AutocastGuard, ShimError> {
         let device_type = if device.is_cuda() { 1 } else { 0 };
-        check(unsafe { segtune_autocast_enter(device_type, scalar_type(dtype)) })?;
+        // SAFETY: plain call into the shim.
+        check(
+            unsafe { ffi::segtune_autocast_enter(device_type, scalar_type(dtype)) },
+            "segtune_autocast_enter",
+        )?;
         Ok(AutocastGuard { device_type })
     }
 }
 
-extern "C" {
-    fn segtune_autocast_cuda_policy(on: bool) -> c_int;
-    fn segtune_autocast_cuda_release(
-        unlisted: *const *const std::ffi::c_char,
-        n_unlisted: c_int,
-        gelu_fp32: bool,
-        grid_sampler_fp32: bool,
-    ) -> c_int;
-}
-
 /// With [`autocast_cuda_policy`] on: CUDA autocast as `torch` had it
 /// (its lists, from `autocast_lists.rs`) instead of 2.11's.
-pub fn autocast_cuda_release(torch: super::TorchVersion) -> Result<(), String> {
+pub fn autocast_cuda_release(torch: super::TorchVersion) -> Result<(), ShimError> {
     use super::autocast_lists::{fp32_in_release, unlisted_in};
     let names: Vec<std::ffi::CString> = unlisted_in(torch)
         .into_iter()
@@ -311,72 +296,55 @@ pub fn autocast_cuda_release(torch: super::TorchVersion) -> Result<(), String> {
     let fp32 = fp32_in_release(torch);
     // SAFETY: `pointers` point into `names`, alive across the call; the
     // shim copies the names.
-    check(unsafe {
-        segtune_autocast_cuda_release(
-            pointers.as_ptr(),
-            pointers.len() as c_int,
-            fp32.contains(&"aten::gelu"),
-            fp32.contains(&"aten::grid_sampler"),
-        )
-    })
+    check(
+        unsafe {
+            ffi::segtune_autocast_cuda_release(
+                pointers.as_ptr(),
+                pointers.len() as c_int,
+                fp32.contains(&"aten::gelu"),
+                fp32.contains(&"aten::grid_sampler"),
+            )
+        },
+        "segtune_autocast_cuda_release",
+    )
 }
 
 /// While on, CPU autocast casts as CUDA's autocast does (CUDA's op lists
 /// and rules; see `shim.cpp`), so that a CPU trace keeps the tensors a CUDA
 /// run would keep in half precision. Process-wide.
-pub fn autocast_cuda_policy(on: bool) -> Result<(), String> {
+pub fn autocast_cuda_policy(on: bool) -> Result<(), ShimError> {
     // SAFETY: a plain call; the shim registers or drops dispatcher kernels.
-    check(unsafe { segtune_autocast_cuda_policy(on) })
+    check(
+        unsafe { ffi::segtune_autocast_cuda_policy(on) },
+        "segtune_autocast_cuda_policy",
+    )
 }
 
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
-        let _ = check(unsafe { segtune_autocast_exit(self.device_type) });
+        // SAFETY: plain call into the shim. A failure to leave autocast has
+        // nowhere to go from a destructor.
+        let _ = unsafe { ffi::segtune_autocast_exit(self.device_type) };
     }
-}
-
-extern "C" {
-    fn segtune_addcmul_(
-        s: *mut torch_sys::C_tensor,
-        t1: *const torch_sys::C_tensor,
-        t2: *const torch_sys::C_tensor,
-        value: f64,
-    ) -> c_int;
-    fn segtune_addcdiv_(
-        s: *mut torch_sys::C_tensor,
-        t1: *const torch_sys::C_tensor,
-        t2: *const torch_sys::C_tensor,
-        value: f64,
-    ) -> c_int;
 }
 
 /// `t.addcmul_(t1, t2, value=value)`.
 pub fn addcmul_(t: &mut tch::Tensor, t1: &tch::Tensor, t2: &tch::Tensor, value: f64) {
     // SAFETY: tch tensors wrap `at::Tensor*`, which the shim takes as such.
-    let rc = unsafe { segtune_addcmul_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) };
-    check(rc).expect("addcmul_ on tensors of matching shapes");
+    let rc = unsafe { ffi::segtune_addcmul_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) };
+    check(rc, "segtune_addcmul_").expect("addcmul_ on tensors of matching shapes");
 }
 
 /// `t.addcdiv_(t1, t2, value=value)`.
 pub fn addcdiv_(t: &mut tch::Tensor, t1: &tch::Tensor, t2: &tch::Tensor, value: f64) {
     // SAFETY: as in `addcmul_`.
-    let rc = unsafe { segtune_addcdiv_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) };
-    check(rc).expect("addcdiv_ on tensors of matching shapes");
+    let rc = unsafe { ffi::segtune_addcdiv_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) };
+    check(rc, "segtune_addcdiv_").expect("addcdiv_ on tensors of matching shapes");
 }
 
-extern "C" {
-    fn segtune_clip_grad_norm_(
-        grads: *const *mut torch_sys::C_tensor,
-        n: usize,
-        max_norm: f64,
-        norm_type: f64,
-    ) -> f64;
-    fn segtune_amp_unscale_(
-        grads: *const *mut torch_sys::C_tensor,
-        n: usize,
-        found_inf: *mut torch_sys::C_tensor,
-        inv_scale: *const torch_sys::C_tensor,
-    ) -> c_int;
+/// The shim's pointers to `tensors`, live while they are.
+fn pointers(tensors: &mut [tch::Tensor]) -> Vec<*mut torch_sys::C_tensor> {
+    tensors.iter_mut().map(|t| t.as_mut_ptr()).collect()
 }
 
 /// `torch.nn.utils.clip_grad_norm_(grads, max_norm, norm_type)` (foreach path); returns the total norm.
@@ -384,34 +352,16 @@ pub fn clip_grad_norm_(
     grads: &mut [tch::Tensor],
     max_norm: f64,
     norm_type: f64,
-) -> Result<f64, String> {
-    let ptrs: Vec<*mut torch_sys::C_tensor> = grads.iter_mut().map(|g| g.as_mut_ptr()).collect();
+) -> Result<f64, ShimError> {
+    let ptrs = pointers(grads);
     // SAFETY: every pointer is a live tensor for the duration of the call.
-    let total = unsafe { segtune_clip_grad_norm_(ptrs.as_ptr(), ptrs.len(), max_norm, norm_type) };
+    let total =
+        unsafe { ffi::segtune_clip_grad_norm_(ptrs.as_ptr(), ptrs.len(), max_norm, norm_type) };
     if total < 0.0 {
-        Err(unsafe { CStr::from_ptr(segtune_last_error()) }
-            .to_string_lossy()
-            .into_owned())
+        Err(ShimError::last("segtune_clip_grad_norm_"))
     } else {
         Ok(total)
     }
-}
-
-extern "C" {
-    fn segtune_fused_adam_(
-        params: *const *mut torch_sys::C_tensor,
-        grads: *const *mut torch_sys::C_tensor,
-        exp_avgs: *const *mut torch_sys::C_tensor,
-        exp_avg_sqs: *const *mut torch_sys::C_tensor,
-        steps: *const *mut torch_sys::C_tensor,
-        n: usize,
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        weight_decay: f64,
-        eps: f64,
-        decoupled: bool,
-    ) -> c_int;
 }
 
 /// The tensors of one fused Adam(W) update, parameter by parameter.
@@ -429,23 +379,20 @@ pub fn fused_adam_(
     lists: FusedAdamLists<'_>,
     hyper: (f64, f64, f64, f64, f64),
     decoupled: bool,
-) -> Result<(), String> {
-    let ptrs = |ts: &mut [tch::Tensor]| -> Vec<*mut torch_sys::C_tensor> {
-        ts.iter_mut().map(|t| t.as_mut_ptr()).collect()
-    };
+) -> Result<(), ShimError> {
     let n = lists.params.len();
     let (p, g, m, v, s) = (
-        ptrs(lists.params),
-        ptrs(lists.grads),
-        ptrs(lists.exp_avgs),
-        ptrs(lists.exp_avg_sqs),
-        ptrs(lists.steps),
+        pointers(lists.params),
+        pointers(lists.grads),
+        pointers(lists.exp_avgs),
+        pointers(lists.exp_avg_sqs),
+        pointers(lists.steps),
     );
     let (lr, beta1, beta2, weight_decay, eps) = hyper;
     // SAFETY: every pointer is a live tensor for the duration of the call,
     // and the five lists have `n` entries each.
-    check(unsafe {
-        segtune_fused_adam_(
+    let rc = unsafe {
+        ffi::segtune_fused_adam_(
             p.as_ptr(),
             g.as_ptr(),
             m.as_ptr(),
@@ -459,7 +406,8 @@ pub fn fused_adam_(
             eps,
             decoupled,
         )
-    })
+    };
+    check(rc, "segtune_fused_adam_")
 }
 
 /// `torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)`.
@@ -467,71 +415,48 @@ pub fn amp_unscale_(
     grads: &mut [tch::Tensor],
     found_inf: &mut tch::Tensor,
     inv_scale: &tch::Tensor,
-) -> Result<(), String> {
-    let ptrs: Vec<*mut torch_sys::C_tensor> = grads.iter_mut().map(|g| g.as_mut_ptr()).collect();
+) -> Result<(), ShimError> {
+    let ptrs = pointers(grads);
     // SAFETY: as in `clip_grad_norm_`.
-    check(unsafe {
-        segtune_amp_unscale_(
+    let rc = unsafe {
+        ffi::segtune_amp_unscale_(
             ptrs.as_ptr(),
             ptrs.len(),
             found_inf.as_mut_ptr(),
             inv_scale.as_ptr(),
         )
-    })
-}
-
-extern "C" {
-    fn segtune_add_alpha_(
-        s: *mut torch_sys::C_tensor,
-        other: *const torch_sys::C_tensor,
-        alpha: f64,
-    ) -> c_int;
-    fn segtune_add_alpha(
-        s: *const torch_sys::C_tensor,
-        other: *const torch_sys::C_tensor,
-        alpha: f64,
-    ) -> *mut torch_sys::C_tensor;
-    fn segtune_grad_set_none(s: *mut torch_sys::C_tensor) -> c_int;
+    };
+    check(rc, "segtune_amp_unscale_")
 }
 
 /// `t.add_(other, alpha=alpha)`.
 pub fn add_alpha_(t: &mut tch::Tensor, other: &tch::Tensor, alpha: f64) {
     // SAFETY: live tensors.
-    check(unsafe { segtune_add_alpha_(t.as_mut_ptr(), other.as_ptr(), alpha) })
-        .expect("add_ of matching shapes");
+    let rc = unsafe { ffi::segtune_add_alpha_(t.as_mut_ptr(), other.as_ptr(), alpha) };
+    check(rc, "segtune_add_alpha_").expect("add_ of matching shapes");
 }
 
 /// `t.add(other, alpha=alpha)`.
 pub fn add_alpha(t: &tch::Tensor, other: &tch::Tensor, alpha: f64) -> tch::Tensor {
-    // SAFETY: the shim returns a new heap tensor (or null on error), which tch then owns.
-    let p = unsafe { segtune_add_alpha(t.as_ptr(), other.as_ptr(), alpha) };
-    if p.is_null() {
-        panic!(
-            "{}",
-            unsafe { CStr::from_ptr(segtune_last_error()) }.to_string_lossy()
-        );
-    }
-    unsafe { tch::Tensor::from_ptr(p) }
+    // SAFETY: live tensors; the shim returns a new heap tensor or null.
+    let p = unsafe { ffi::segtune_add_alpha(t.as_ptr(), other.as_ptr(), alpha) };
+    // SAFETY: `p` is what the call just returned.
+    unsafe { ffi::owned_tensor(p, "segtune_add_alpha") }.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `param.grad = None`.
 pub fn grad_set_none(t: &mut tch::Tensor) {
     // SAFETY: a live tensor.
-    check(unsafe { segtune_grad_set_none(t.as_mut_ptr()) }).expect("clearing a gradient");
-}
-
-extern "C" {
-    fn segtune_hold_until_freed(
-        keep: *const torch_sys::C_tensor,
-        until: *const torch_sys::C_tensor,
-    ) -> c_int;
+    let rc = unsafe { ffi::segtune_grad_set_none(t.as_mut_ptr()) };
+    check(rc, "segtune_grad_set_none").expect("clearing a gradient");
 }
 
 /// Keeps `keep` alive until the storage of `until` is freed (both counted
 /// CPU tensors): what an autograd node that saved both would do.
-pub fn hold_until_freed(keep: &tch::Tensor, until: &tch::Tensor) -> Result<(), String> {
+pub fn hold_until_freed(keep: &tch::Tensor, until: &tch::Tensor) -> Result<(), ShimError> {
     // SAFETY: live tensors; the shim copies `keep` (a new reference).
-    check(unsafe { segtune_hold_until_freed(keep.as_ptr(), until.as_ptr()) })
+    let rc = unsafe { ffi::segtune_hold_until_freed(keep.as_ptr(), until.as_ptr()) };
+    check(rc, "segtune_hold_until_freed")
 }
 
 #[cfg(test)]
@@ -568,7 +493,9 @@ mod vram_cap_tests {
 
     #[test]
     fn a_budget_the_context_eats_is_refused_with_both_figures() {
-        let e = memory_fraction(GIB / 4, 24 * GIB, GIB / 2).unwrap_err();
+        let e = memory_fraction(GIB / 4, 24 * GIB, GIB / 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("0.25 GiB") && e.contains("0.50 GiB"), "{e}");
     }
 }

@@ -16,12 +16,14 @@
 //! - `request.rs`, `report.rs`: the protocol's two types.
 //! - `worker.rs`: the parent side (spawn, timeout, crash, reply).
 //! - `execute.rs`: the worker side (resolve, check, run, inspect).
-//! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process;
+//! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process
+//!   (`error.rs`: why it could not run);
 //!   `torch_version.rs`, `autocast_lists.rs`: the PyTorch release it
 //!   reproduces;
 //!   `infer.rs`: its step in inference mode.
 //! - `optim/`, `amp.rs`, `ddp.rs`: what the optimizer wrapper and DDP hold.
-//! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory;
+//! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory
+//!   (every shim function is declared in `crate::ffi` and `segtune_ffi.h`);
 //!   `kernel_calls.rs` + `shim_kernel_calls.cpp`: the calls whose CUDA
 //!   kernels take scratch memory, recorded with a trace.
 
@@ -30,6 +32,7 @@ pub mod autocast_lists;
 pub mod batch;
 pub mod ddp;
 pub mod emulation;
+pub mod error;
 pub mod execute;
 pub mod infer;
 pub mod kernel_calls;
@@ -44,6 +47,7 @@ pub mod trace;
 pub mod worker;
 
 pub use amp::Amp;
+pub use error::TrialError;
 pub use execute::{execute, inspect, ModelSummary};
 pub use memory::OpTrace;
 pub use report::{StepRecord, TrialReport, TrialStatus};

@@ -16,10 +16,18 @@ pub enum DeviceChoice {
     Cuda(usize),
 }
 
+/// A `--device` value that names no device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`--device {given}`: write cpu, cuda or cuda:N")]
+pub struct UnknownDevice {
+    /// What was given.
+    pub given: String,
+}
+
 impl std::str::FromStr for DeviceChoice {
-    type Err = String;
+    type Err = UnknownDevice;
     /// `cpu`, `cuda` (device 0) or `cuda:N`.
-    fn from_str(s: &str) -> Result<DeviceChoice, String> {
+    fn from_str(s: &str) -> Result<DeviceChoice, UnknownDevice> {
         match s {
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda(0)),
@@ -27,7 +35,9 @@ impl std::str::FromStr for DeviceChoice {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(DeviceChoice::Cuda)
-                .ok_or_else(|| format!("`--device {other}`: write cpu, cuda or cuda:N")),
+                .ok_or_else(|| UnknownDevice {
+                    given: other.to_string(),
+                }),
         }
     }
 }

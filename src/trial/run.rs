@@ -3,12 +3,14 @@
 //! allocator's (or CUDA's) peaks per phase.
 
 use super::batch::Batch;
+use super::error::TrialError;
 use super::memory::{self, CpuCounter, Phase};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
 use super::{ddp, RunMode, Switch, TorchVersion, TrialRequest};
 use crate::config::Dict;
+use crate::ffi::ShimError;
 use crate::models::EncoderDecoder;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -78,7 +80,7 @@ fn apply_vram_budget(
     budget: u64,
     switches: &super::emulation::Switches,
     base: i64,
-) -> Result<(), String> {
+) -> Result<(), TrialError> {
     match device {
         Device::Cuda(i) => {
             let (context, fraction) = cap_cuda_allocator(i, budget)?;
@@ -90,7 +92,7 @@ fn apply_vram_budget(
             switches.cap(base + budget as i64);
             Ok(())
         }
-        _ => Err("--vram caps a CUDA device's memory (or, with --as-cuda, the CPU stand-in's); a plain CPU trial takes --cpu-cap".into()),
+        _ => Err(TrialError::VramOnPlainCpu),
     }
 }
 
@@ -101,7 +103,7 @@ fn set_cudnn_from_config(
     report: &mut TrialReport,
     cfg: &Dict,
     request: &TrialRequest,
-) -> Result<(), String> {
+) -> Result<(), TrialError> {
     let deterministic = super::setup::cudnn_deterministic(cfg);
     let benchmark = request
         .cudnn_benchmark
@@ -115,7 +117,7 @@ fn set_cudnn_from_config(
 /// Caps CUDA device `index`'s caching allocator at `budget` less the CUDA
 /// context measured now; returns the context and the fraction set (`None`
 /// where the device has no more than the budget).
-fn cap_cuda_allocator(index: usize, budget: u64) -> Result<(u64, Option<f64>), String> {
+fn cap_cuda_allocator(index: usize, budget: u64) -> Result<(u64, Option<f64>), TrialError> {
     let (free, total) = memory::cuda_mem_info(index)?;
     let context = total.saturating_sub(free);
     let fraction = memory::memory_fraction(budget, total, context)?;
@@ -127,10 +129,10 @@ fn cap_cuda_allocator(index: usize, budget: u64) -> Result<(u64, Option<f64>), S
         let past = (f * total as f64) as i64 + (2 << 20);
         if let Ok(t) = Tensor::f_empty([past], (Kind::Uint8, Device::Cuda(index))) {
             drop(t);
-            return Err(format!(
-                "the --vram cap ({:.2} GiB for the allocator) did not take effect on cuda:{index}: this PyTorch ignores per_process_memory_fraction",
-                (f * total as f64) / (1u64 << 30) as f64
-            ));
+            return Err(TrialError::VramCapIgnored {
+                allocator_bytes: f * total as f64,
+                device: index,
+            });
         }
     }
     Ok((context, fraction))
@@ -225,9 +227,9 @@ enum Stop {
     Panicked(Box<dyn std::any::Any + Send>),
 }
 
-impl From<String> for Stop {
-    fn from(message: String) -> Stop {
-        Stop::Failed(TrialStatus::Error, message)
+impl<E: Into<TrialError>> From<E> for Stop {
+    fn from(error: E) -> Stop {
+        Stop::Failed(TrialStatus::Error, error.into().to_string())
     }
 }
 
@@ -284,7 +286,7 @@ fn run_phases(
     // DistributedDataParallel wraps the model before training starts.
     let ddp_buckets = ddp::allocate_buckets(&trainee.model.params, request.setup.gpus, device);
     if request.amp == Amp::Bf16 && device.is_cuda() && !bf16_supported(device) {
-        return Err("this GPU does not support bf16".to_string().into());
+        return Err(TrialError::Bf16Unsupported.into());
     }
     if let Some(cap) = request.cpu_cap_bytes {
         bench.switches.cap(bench.base + cap as i64);
@@ -324,11 +326,7 @@ fn prepare<'a>(
     let mut switches = super::emulation::Switches::new(counter);
     if request.op_trace != memory::OpTrace::Off {
         if device != Device::Cpu {
-            return Err(
-                "--op-trace traces a CPU (or meta) step; leave it out on CUDA"
-                    .to_string()
-                    .into(),
-            );
+            return Err(TrialError::OpTraceOnCuda.into());
         }
         switches.trace_ops(request.op_trace)?;
         if request.trace_out.is_some() {
@@ -365,19 +363,17 @@ fn build(
 ) -> Result<Trainee, Stop> {
     if request.mode == RunMode::Infer {
         let model = cfg.get("model").and_then(crate::config::Value::as_dict);
-        model
-            .map_or(
-                Ok(()),
-                crate::models::segmentors::inference::check_inference,
-            )
-            .map_err(|e| e.to_string())?;
+        model.map_or(
+            Ok(()),
+            crate::models::segmentors::inference::check_inference,
+        )?;
     }
     let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         EncoderDecoder::build(cfg, device)
     }));
     let mut model = match built {
         Ok(Ok(m)) => m,
-        Ok(Err(e)) => return Err(e.to_string().into()),
+        Ok(Err(e)) => return Err(e.into()),
         Err(panic) => return Err(Stop::Panicked(panic)),
     };
     model.set_preprocessor_size(request.crop);
@@ -403,11 +399,7 @@ fn emulate_release(
 ) -> Result<(), Stop> {
     let torch = request.setup.torch;
     if torch != TorchVersion::NEWEST && device != Device::Cpu {
-        return Err(format!(
-            "a trial on a GPU runs the PyTorch segtune links ({}); --torch {torch} is reproduced on the CPU only (estimate, predicted search)",
-            TorchVersion::NEWEST
-        )
-        .into());
+        return Err(TrialError::OlderTorchOnGpu { torch }.into());
     }
     if torch.has(Switch::SoftmaxKeepsInput) {
         crate::models::layers::emulate_softmax_saving_input(|input, output| {
@@ -422,11 +414,7 @@ fn emulate_release(
         return Ok(());
     }
     if device != Device::Cpu {
-        return Err(
-            "--as-cuda makes a CPU trial stand in for a GPU; on CUDA, leave it out"
-                .to_string()
-                .into(),
-        );
+        return Err(TrialError::AsCudaOnCuda.into());
     }
     if request.amp != Amp::Off {
         memory::autocast_cuda_policy(true).and_then(|()| memory::autocast_cuda_release(torch))?;
@@ -521,7 +509,7 @@ fn one_step(
     counter.set_phase_code(phase_code(step + 1, Phase::Setup));
     let (peaks, items) = match result {
         Ok(Ok(v)) => v,
-        Ok(Err(message)) => return Err(message.into()),
+        Ok(Err(error)) => return Err(error.into()),
         Err(panic) => {
             bench.switches.cap(0);
             return Err(Stop::Panicked(panic));
@@ -612,7 +600,7 @@ impl PhasePeaks {
 pub(super) fn autocast(
     request: &TrialRequest,
     device: Device,
-) -> Result<Option<memory::AutocastGuard>, String> {
+) -> Result<Option<memory::AutocastGuard>, ShimError> {
     Ok(match request.amp.kind() {
         Some(_) if request.as_cuda => Some(memory::AutocastGuard::new(device, Kind::BFloat16)?),
         Some(kind) => Some(memory::AutocastGuard::new(device, kind)?),
@@ -631,7 +619,7 @@ fn train_step(
     counter: &CpuCounter,
     base: i64,
     step: usize,
-) -> Result<(PhasePeaks, Vec<(String, Tensor)>), String> {
+) -> Result<(PhasePeaks, Vec<(String, Tensor)>), TrialError> {
     let Batch { images, labels } = batch;
     let device = model.device();
     counter.set_phase_code(phase_code(step, Phase::Forward));
@@ -691,7 +679,7 @@ fn kb_field(text: &str, name: &str) -> Option<u64> {
 /// labels, before any activation) would not fit in this host's RAM: on the
 /// CPU every activation of the step is host memory too, and a typo such as
 /// `--batch-size 1000000000` must not grow until the kernel kills it.
-fn check_host_memory(request: &TrialRequest) -> Result<(), String> {
+fn check_host_memory(request: &TrialRequest) -> Result<(), TrialError> {
     let (h, w) = request.crop;
     let pixels = (request.batch_size as u128) * (h as u128) * (w as u128);
     // 3 fp32 channels + one int64 label per pixel.
@@ -700,14 +688,12 @@ fn check_host_memory(request: &TrialRequest) -> Result<(), String> {
         return Ok(());
     };
     if input_bytes > total as u128 / 2 {
-        let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-        return Err(format!(
-            "batch {} x {h}x{w}: the input batch alone is {:.1} GiB, more than half of this \
-             host's {:.1} GiB of RAM; a training step needs many times that",
-            request.batch_size,
-            gib(input_bytes),
-            gib(total as u128)
-        ));
+        return Err(TrialError::BatchExceedsHost {
+            batch_size: request.batch_size,
+            crop: (h, w),
+            input_bytes,
+            host_bytes: total as u128,
+        });
     }
     Ok(())
 }

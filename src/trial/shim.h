@@ -1,5 +1,7 @@
 // What the shim's translation units (shim.cpp, shim_checkpoint.cpp,
-// shim_meta_rules.cpp) share.
+// shim_meta_rules.cpp, shim_psamask.cpp, shim_kernel_calls.cpp,
+// shim_autocast.cpp) share
+// inside C++; what they export to Rust is in segtune_ffi.h.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -16,7 +18,8 @@ namespace segtune_shim {
 // Records the error of a failed call on this thread (`segtune_last_error`).
 void set_last_error(const std::string& message);
 
-// Runs `f`; 0, or -1 with the exception's text recorded.
+// Runs `f`; 0, or -1 with the exception's text recorded. No exception
+// may cross into Rust: that would abort the worker without a report.
 template <typename F>
 int guarded(F f) {
   try {
@@ -24,6 +27,9 @@ int guarded(F f) {
     return 0;
   } catch (const std::exception& e) {
     set_last_error(e.what());
+    return -1;
+  } catch (...) {
+    set_last_error("unknown C++ exception (not a std::exception)");
     return -1;
   }
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "segtune_ffi.h"
 #include "shim.h"
 
 using segtune_shim::guarded;
@@ -19,35 +20,47 @@ using segtune_shim::guarded;
 // grad on detached inputs under the forward's autocast state and RNG state,
 // back-propagates through the recomputed graph, and returns the inputs'
 // gradients. The block is a Rust closure (`run`), released with `release`
-// when the graph node goes.
+// after the backward, or when the graph node goes without one.
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 namespace {
 
-using segtune_block_run = at::Tensor* (*)(void* block, const at::Tensor* const* inputs, size_t n, int recompute);
-using segtune_block_release = void (*)(void* block);
+// The Rust block, owned here from `segtune_checkpoint` on: released (its
+// `release` called, once) when the last reference goes, the graph node's
+// saved data (after its backward, or with the graph if none runs) or the
+// call's own on a failed forward.
+struct RustBlock : torch::CustomClassHolder {
+  RustBlock(void* block, segtune_block_run run, segtune_block_release release)
+      : block_(block), run_(run), release_(release) {}
+  RustBlock(const RustBlock&) = delete;
+  RustBlock& operator=(const RustBlock&) = delete;
+  ~RustBlock() override { release_(block_); }
 
-struct RustBlock {
-  void* block;
-  segtune_block_run run;
-  segtune_block_release release;
-  ~RustBlock() { release(block); }
   at::Tensor operator()(at::TensorList inputs, bool recompute) const {
     std::vector<const at::Tensor*> ptrs;
     for (const auto& t : inputs) ptrs.push_back(&t);
-    at::Tensor* out = run(block, ptrs.data(), ptrs.size(), recompute ? 1 : 0);
-    TORCH_CHECK(out != nullptr, "the checkpointed block failed: ", segtune_last_error_text());
+    at::Tensor* out = run_(block_, ptrs.data(), ptrs.size(), recompute ? 1 : 0);
+    TORCH_CHECK(out != nullptr, "the checkpointed block failed: ", block_error());
     at::Tensor result = std::move(*out);
     delete out;
     return result;
   }
-  static const char* segtune_last_error_text();
+
+  // The text the failing block left (segtune_block_set_error), on this thread.
+  static std::string& block_error() {
+    thread_local std::string text;
+    return text;
+  }
+
+ private:
+  void* block_;
+  segtune_block_run run_;
+  segtune_block_release release_;
 };
 
-std::string g_block_error;
-const char* RustBlock::segtune_last_error_text() { return g_block_error.c_str(); }
+const char kBlockKey[] = "block";
 
 struct AutocastState {
   bool enabled;
@@ -58,9 +71,8 @@ const c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceTyp
 
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                int64_t block_address) {
-    auto* block = reinterpret_cast<std::shared_ptr<RustBlock>*>(block_address);
-    ctx->saved_data["block"] = block_address;
+                                                const c10::intrusive_ptr<RustBlock>& block) {
+    ctx->saved_data[kBlockKey] = c10::IValue::make_capsule(block);
     for (auto device : kAutocastDevices) {
       std::string key = std::string("autocast_") + c10::DeviceTypeName(device, true);
       ctx->saved_data[key] = at::autocast::is_autocast_enabled(device);
@@ -75,14 +87,18 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     ctx->save_for_backward(inputs.vec());
     at::NoGradGuard no_grad;
-    return {(**block)(inputs, false)};
+    return {(*block)(inputs, false)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto* holder = reinterpret_cast<std::shared_ptr<RustBlock>*>(ctx->saved_data["block"].toInt());
-    std::shared_ptr<RustBlock> block = *holder;
-    delete holder;  // one backward per forward (retain_graph is never used)
+    auto saved_block = ctx->saved_data.find(kBlockKey);
+    TORCH_CHECK(saved_block != ctx->saved_data.end(), "a checkpointed block ran backward twice");
+    c10::intrusive_ptr<torch::CustomClassHolder> holder = saved_block->second.toCapsule();
+    // One backward per forward (retain_graph is never used): the block goes
+    // when this backward returns, not with the graph.
+    ctx->saved_data.erase(saved_block);
+    const auto* block = static_cast<const RustBlock*>(holder.get());
     auto saved = ctx->get_saved_variables();
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor rng_before;
@@ -143,22 +159,19 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 extern "C" {
 
 // The error text a failing block callback leaves for the C++ side.
-void segtune_block_set_error(const char* message) { g_block_error = message ? message : ""; }
+void segtune_block_set_error(const char* message) { RustBlock::block_error() = message ? message : ""; }
 
 // `cp.checkpoint(block, *inputs)`; null (and segtune_last_error) on failure.
+// Owns `block` from here on, whatever happens: `release` drops it once.
 at::Tensor* segtune_checkpoint(const at::Tensor* const* inputs, size_t n, void* block, segtune_block_run run,
                                segtune_block_release release) {
-  auto* holder = new std::shared_ptr<RustBlock>(new RustBlock{block, run, release});
+  auto owned = c10::make_intrusive<RustBlock>(block, run, release);
   at::Tensor* out = nullptr;
-  std::vector<at::Tensor> args;
-  for (size_t i = 0; i < n; ++i) args.push_back(*inputs[i]);
-  int rc = guarded([&] {
-    out = new at::Tensor(CheckpointFunction::apply(at::TensorList(args), reinterpret_cast<int64_t>(holder))[0]);
+  guarded([&] {
+    std::vector<at::Tensor> args;
+    for (size_t i = 0; i < n; ++i) args.push_back(*inputs[i]);
+    out = new at::Tensor(CheckpointFunction::apply(at::TensorList(args), owned)[0]);
   });
-  if (rc != 0) {
-    delete holder;
-    return nullptr;
-  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "segtune_ffi.h"
 #include "shim.h"
 
 #include <mutex>

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "segtune_ffi.h"
 #include "shim.h"
 
 namespace {

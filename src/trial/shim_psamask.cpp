@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "segtune_ffi.h"
 #include "shim.h"
 
 using segtune_shim::guarded;

@@ -60,15 +60,24 @@ impl fmt::Display for TorchVersion {
     }
 }
 
+/// A `--torch` (or `segtune.torch`) value that is not a release segtune
+/// reproduces.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{given}` is not a PyTorch release segtune knows; write MAJOR.MINOR from {} to {} (e.g. 1.13, 2.1)",
+    TorchVersion::OLDEST,
+    TorchVersion::NEWEST
+)]
+pub struct UnknownTorchVersion {
+    /// What was given.
+    pub given: String,
+}
+
 impl FromStr for TorchVersion {
-    type Err = String;
-    fn from_str(s: &str) -> Result<TorchVersion, String> {
-        let bad = || {
-            format!(
-                "`{s}` is not a PyTorch release segtune knows; write MAJOR.MINOR from {} to {} (e.g. 1.13, 2.1)",
-                TorchVersion::OLDEST,
-                TorchVersion::NEWEST
-            )
+    type Err = UnknownTorchVersion;
+    fn from_str(s: &str) -> Result<TorchVersion, UnknownTorchVersion> {
+        let bad = || UnknownTorchVersion {
+            given: s.to_string(),
         };
         let (major, minor) = s.trim().split_once('.').ok_or_else(bad)?;
         let v = TorchVersion::new(
@@ -296,7 +305,7 @@ mod tests {
         assert_eq!("1.13".parse::<TorchVersion>(), Ok(TorchVersion::new(1, 13)));
         assert_eq!("2.0".parse::<TorchVersion>(), Ok(TorchVersion::new(2, 0)));
         for bad in ["1.7", "1.14", "2.12", "3.0", "2", "two.one", "2.1.0"] {
-            let e = bad.parse::<TorchVersion>().unwrap_err();
+            let e = bad.parse::<TorchVersion>().unwrap_err().to_string();
             assert!(e.contains("from 1.8 to 2.11"), "{bad}: {e}");
         }
         let py = |s| TorchVersion::from_python(s);

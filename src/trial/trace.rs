@@ -88,7 +88,7 @@ pub fn calls_from_text(text: &str) -> Result<Vec<KernelCall>, String> {
     text.lines()
         .skip(1)
         .filter(|l| l.starts_with("k "))
-        .map(KernelCall::from_line)
+        .map(|l| KernelCall::from_line(l).map_err(|e| e.to_string()))
         .collect()
 }
 

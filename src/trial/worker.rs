@@ -89,13 +89,12 @@ impl Worker {
         match serde_json::from_slice::<TrialReport>(&run.stdout) {
             Ok(report) => Ok(report),
             Err(_) => {
-                let how = how_it_died(run.status, &run.stderr);
-                let status = if how.starts_with(HOST_OUT_OF_MEMORY) {
-                    TrialStatus::HostOom
-                } else {
-                    TrialStatus::Crash
-                };
-                Ok(TrialReport::unanswered(request, status, how))
+                let death = WorkerDeath::of(run.status, &run.stderr);
+                Ok(TrialReport::unanswered(
+                    request,
+                    death.cause.status(),
+                    death.to_string(),
+                ))
             }
         }
     }
@@ -120,7 +119,7 @@ impl Worker {
         serde_json::from_slice(&run.stdout).map_err(|_| {
             Error::Trial(format!(
                 "the inspection failed: {}",
-                how_it_died(run.status, &run.stderr)
+                WorkerDeath::of(run.status, &run.stderr)
             ))
         })
     }
@@ -297,36 +296,112 @@ pub fn stop_all_workers() {
     std::mem::forget(live);
 }
 
-const HOST_OUT_OF_MEMORY: &str = "host out of memory";
+/// How a worker that left no report ended: its exit code or signal, the
+/// likely cause, and the last line it wrote on stderr. Displayed as the
+/// report's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerDeath {
+    /// The exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    pub cause: DeathCause,
+    /// The last non-empty line of its stderr, trimmed.
+    pub last_line: Option<String>,
+}
 
-/// How a worker that left no report ended, with the likely cause.
-fn how_it_died(status: Option<std::process::ExitStatus>, stderr: &[u8]) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    let last_line = String::from_utf8_lossy(stderr)
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| format!(": {}", l.trim()))
-        .unwrap_or_default();
-    match status {
-        Some(s) => match (s.code(), s.signal()) {
-            (_, Some(9)) => format!(
-                "the worker was killed (SIGKILL), most likely by the kernel's out-of-memory killer: the host ran out of RAM{last_line}"
-            ),
-            // Rust's allocator aborts when an allocation fails: here, the
-            // worker's data-memory limit (see `trial::run::run`).
-            (_, Some(6)) if last_line.contains("memory allocation of") => format!(
-                "{HOST_OUT_OF_MEMORY}: the worker reached its memory limit (this host's available RAM) and aborted{last_line}"
-            ),
-            (_, Some(6)) => format!("the worker aborted (SIGABRT){last_line}"),
-            (_, Some(11)) => format!("the worker crashed (SIGSEGV){last_line}"),
-            (_, Some(sig)) => format!("the worker was stopped by signal {sig}{last_line}"),
-            (Some(code), None) => {
-                format!("the worker exited with code {code} without a report{last_line}")
+/// The likely cause of a worker's death, from how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathCause {
+    /// SIGKILL: most likely the kernel's out-of-memory killer.
+    Killed,
+    /// SIGABRT after a failed allocation: Rust's allocator aborts when the
+    /// worker's data-memory limit refuses one (see `trial::run::run`).
+    HostOutOfMemory,
+    /// SIGABRT for another reason.
+    Aborted,
+    /// SIGSEGV.
+    Segfault,
+    /// Any other signal.
+    OtherSignal,
+    /// An exit without a report.
+    Exited,
+    /// Neither an exit code nor a signal.
+    Ended,
+    /// The wait for it failed.
+    Unobserved,
+}
+
+impl DeathCause {
+    /// The trial's status: `host_oom` for the host's memory, else `crash`.
+    pub fn status(self) -> TrialStatus {
+        match self {
+            DeathCause::HostOutOfMemory => TrialStatus::HostOom,
+            _ => TrialStatus::Crash,
+        }
+    }
+}
+
+impl WorkerDeath {
+    /// How the worker ended with `status` (`None`: not observed), having
+    /// written `stderr`.
+    pub fn of(status: Option<std::process::ExitStatus>, stderr: &[u8]) -> WorkerDeath {
+        use std::os::unix::process::ExitStatusExt;
+        let last_line = String::from_utf8_lossy(stderr)
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_string());
+        let (code, signal) = status.map_or((None, None), |s| (s.code(), s.signal()));
+        let cause = match (status, code, signal) {
+            (None, _, _) => DeathCause::Unobserved,
+            (_, _, Some(9)) => DeathCause::Killed,
+            (_, _, Some(6))
+                if last_line
+                    .as_deref()
+                    .is_some_and(|l| l.contains("memory allocation of")) =>
+            {
+                DeathCause::HostOutOfMemory
             }
-            (None, None) => format!("the worker ended without a report{last_line}"),
-        },
-        None => format!("the worker's end could not be observed{last_line}"),
+            (_, _, Some(6)) => DeathCause::Aborted,
+            (_, _, Some(11)) => DeathCause::Segfault,
+            (_, _, Some(_)) => DeathCause::OtherSignal,
+            (_, Some(_), None) => DeathCause::Exited,
+            (_, None, None) => DeathCause::Ended,
+        };
+        WorkerDeath {
+            code,
+            signal,
+            cause,
+            last_line,
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerDeath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.cause, self.code, self.signal) {
+            (DeathCause::Killed, ..) => f.write_str(
+                "the worker was killed (SIGKILL), most likely by the kernel's out-of-memory killer: the host ran out of RAM",
+            )?,
+            (DeathCause::HostOutOfMemory, ..) => f.write_str(
+                "host out of memory: the worker reached its memory limit (this host's available RAM) and aborted",
+            )?,
+            (DeathCause::Aborted, ..) => f.write_str("the worker aborted (SIGABRT)")?,
+            (DeathCause::Segfault, ..) => f.write_str("the worker crashed (SIGSEGV)")?,
+            (DeathCause::OtherSignal, _, Some(sig)) => {
+                write!(f, "the worker was stopped by signal {sig}")?
+            }
+            (DeathCause::Exited, Some(code), _) => {
+                write!(f, "the worker exited with code {code} without a report")?
+            }
+            (DeathCause::Unobserved, ..) => f.write_str("the worker's end could not be observed")?,
+            _ => f.write_str("the worker ended without a report")?,
+        }
+        match &self.last_line {
+            Some(line) => write!(f, ": {line}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -337,17 +412,34 @@ mod tests {
     #[test]
     fn a_signal_is_named_with_its_likely_cause() {
         use std::os::unix::process::ExitStatusExt;
-        let killed = std::process::ExitStatus::from_raw(9);
-        assert!(how_it_died(Some(killed), b"").contains("out-of-memory killer"));
-        let aborted = std::process::ExitStatus::from_raw(6);
-        let text = how_it_died(Some(aborted), b"memory allocation of 4096 bytes failed\n");
-        assert!(text.starts_with(HOST_OUT_OF_MEMORY), "{text}");
-        assert!(how_it_died(Some(aborted), b"").contains("SIGABRT"));
-        let exited = std::process::ExitStatus::from_raw(101 << 8);
-        let text = how_it_died(Some(exited), b"thread 'main' panicked\n");
+        let death = |raw, stderr: &[u8]| {
+            WorkerDeath::of(Some(std::process::ExitStatus::from_raw(raw)), stderr)
+        };
+        let killed = death(9, b"");
+        assert_eq!(killed.cause, DeathCause::Killed);
+        assert!(killed.to_string().contains("out-of-memory killer"));
+        let host_oom = death(6, b"memory allocation of 4096 bytes failed\n");
+        assert_eq!(host_oom.cause.status(), TrialStatus::HostOom);
+        let text = host_oom.to_string();
+        assert!(text.starts_with("host out of memory: "), "{text}");
+        assert!(
+            text.ends_with(": memory allocation of 4096 bytes failed"),
+            "{text}"
+        );
+        let aborted = death(6, b"");
+        assert_eq!(aborted.cause.status(), TrialStatus::Crash);
+        assert!(aborted.to_string().contains("SIGABRT"));
+        let exited = death(101 << 8, b"thread 'main' panicked\n");
+        assert_eq!(exited.code, Some(101));
+        let text = exited.to_string();
         assert!(
             text.contains("code 101") && text.contains("panicked"),
             "{text}"
+        );
+        let unobserved = WorkerDeath::of(None, b"");
+        assert_eq!(
+            unobserved.to_string(),
+            "the worker's end could not be observed"
         );
     }
 

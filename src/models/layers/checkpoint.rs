@@ -6,37 +6,21 @@
 //! arXiv:1604.06174.
 //!
 //! tch has no custom autograd functions, so the function itself lives in
-//! the C++ shim (`CheckpointFunction` in `src/trial/shim.cpp`): its forward
+//! the C++ shim (`CheckpointFunction` in `src/trial/shim_checkpoint.cpp`,
+//! called through `crate::ffi`): its forward
 //! runs the block without grad and keeps only the block's input and the CPU
 //! RNG state; its backward re-runs the block with grad (same RNG and
 //! autocast state, so drop path draws the same masks) and back-propagates
-//! through the recomputed graph. The block is the Rust closure given here.
+//! through the recomputed graph. The block is the Rust closure given here,
+//! owned by the shim's graph node from then on and dropped through its
+//! release callback.
 
+use crate::ffi::{self, segtune_block_set_error, segtune_checkpoint};
 use std::cell::Cell;
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::Tensor;
 use torch_sys::C_tensor;
-
-type BlockRun = unsafe extern "C" fn(
-    block: *mut c_void,
-    inputs: *const *const C_tensor,
-    n: usize,
-    recompute: c_int,
-) -> *mut C_tensor;
-type BlockRelease = unsafe extern "C" fn(block: *mut c_void);
-
-extern "C" {
-    fn segtune_checkpoint(
-        inputs: *const *const C_tensor,
-        n: usize,
-        block: *mut c_void,
-        run: BlockRun,
-        release: BlockRelease,
-    ) -> *mut C_tensor;
-    fn segtune_block_set_error(message: *const c_char);
-    fn segtune_last_error() -> *const c_char;
-}
 
 type Block<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
 
@@ -56,8 +40,9 @@ unsafe extern "C" fn run_block(
     n: usize,
     recompute: c_int,
 ) -> *mut C_tensor {
-    // SAFETY: `block` is the `Box<Block>` that `checkpoint_inputs` leaked,
-    // alive until `release_block`; `inputs` are `n` live tensors the shim owns.
+    // SAFETY: `block` is the `Box<Block>` that `checkpoint_block` handed
+    // over, alive until `release_block`; `inputs` are `n` live tensors the
+    // shim owns.
     let f = unsafe { &*(block as *const Block) };
     let inputs: Vec<Tensor> = (0..n)
         .map(|i| unsafe { Tensor::clone_from_ptr(*inputs.add(i) as *mut C_tensor) })
@@ -92,20 +77,25 @@ unsafe extern "C" fn run_block(
 }
 
 unsafe extern "C" fn release_block(block: *mut c_void) {
-    // SAFETY: the pointer `checkpoint` leaked, released once by the shim.
+    // SAFETY: the pointer `checkpoint_block` handed over, released once by
+    // the shim (after the backward, or with a graph that never ran one).
     drop(unsafe { Box::from_raw(block as *mut Block) });
 }
 
 /// mmseg's `if self.with_cp and x.requires_grad: x = cp.checkpoint(f, x)
 /// else: x = f(x)`: `block(input)`, through [`checkpoint`] when `with_cp`
 /// and the input requires grad.
+///
+/// `block` may borrow the model; see [`checkpoint`] for what that asks.
 pub fn checkpoint_if<'a>(
     with_cp: bool,
     input: &Tensor,
     block: impl Fn(&Tensor) -> Tensor + 'a,
 ) -> Tensor {
     if with_cp && input.requires_grad() {
-        checkpoint(input, block)
+        // SAFETY: the models' blocks borrow their module, which the trial
+        // keeps for all its steps, each of which runs its backward.
+        unsafe { checkpoint(input, block) }
     } else {
         block(input)
     }
@@ -114,28 +104,36 @@ pub fn checkpoint_if<'a>(
 /// `cp.checkpoint(block, input)`: `block(input)` whose intermediate tensors
 /// are not kept for backward but recomputed there.
 ///
-/// `block` may borrow the model: it runs during this call and once more
-/// during the backward of the step, while the model is alive (a trial keeps
-/// its model for all its steps). If the graph is dropped without a
-/// backward, the closure is leaked, never called.
-pub fn checkpoint<'a>(input: &Tensor, block: impl Fn(&Tensor) -> Tensor + 'a) -> Tensor {
-    checkpoint_inputs(std::slice::from_ref(input), move |inputs: &[Tensor]| {
-        block(&inputs[0])
-    })
+/// # Safety
+/// `block` runs during this call and once more during the backward through
+/// the returned tensor, and is dropped after that backward (or with the
+/// graph, if none runs): whatever it borrows must outlive both, i.e. the
+/// returned tensor's graph. A trial's model, kept for all its steps, does.
+pub unsafe fn checkpoint<'a>(input: &Tensor, block: impl Fn(&Tensor) -> Tensor + 'a) -> Tensor {
+    let block: Block<'a> = Box::new(move |inputs: &[Tensor]| block(&inputs[0]));
+    // SAFETY: the caller keeps what the block borrows alive as long as the
+    // graph that may call or drop it.
+    let block: Block<'static> = unsafe { std::mem::transmute(block) };
+    checkpoint_block(std::slice::from_ref(input), block)
 }
 
 /// `cp.checkpoint(block, *inputs)`: [`checkpoint`] of a block of several
-/// tensors, each of which gets its gradient.
-pub fn checkpoint_inputs<'a>(
+/// tensors, each of which gets its gradient. The block owns what it uses,
+/// so the graph may keep it as long as it likes.
+pub fn checkpoint_inputs(
     inputs: &[Tensor],
-    block: impl Fn(&[Tensor]) -> Tensor + 'a,
+    block: impl Fn(&[Tensor]) -> Tensor + 'static,
 ) -> Tensor {
-    let boxed: Box<Block<'a>> = Box::new(Box::new(block));
-    // SAFETY: see above: the closure is only called while what it borrows lives.
-    let boxed: Box<Block<'static>> = unsafe { std::mem::transmute(boxed) };
-    let raw = Box::into_raw(boxed) as *mut c_void;
+    checkpoint_block(inputs, Box::new(block))
+}
+
+/// Hands `block` over to the shim's checkpoint function, which owns it from
+/// here on and drops it through [`release_block`].
+fn checkpoint_block(inputs: &[Tensor], block: Block<'static>) -> Tensor {
+    let raw = Box::into_raw(Box::new(block)) as *mut c_void;
     let pointers: Vec<*const C_tensor> = inputs.iter().map(|t| t.as_ptr()).collect();
-    // SAFETY: live inputs; the shim owns `raw` from here on.
+    // SAFETY: live inputs; `raw` is a `Box<Block>` whose ownership passes
+    // to the shim, with the two callbacks that use and release it.
     let out = unsafe {
         segtune_checkpoint(
             pointers.as_ptr(),
@@ -145,12 +143,11 @@ pub fn checkpoint_inputs<'a>(
             release_block,
         )
     };
-    if out.is_null() {
-        let why = unsafe { std::ffi::CStr::from_ptr(segtune_last_error()) }.to_string_lossy();
-        panic!("gradient checkpointing failed: {why}");
+    // SAFETY: `out` is what the call just returned.
+    match unsafe { ffi::owned_tensor(out, "segtune_checkpoint") } {
+        Ok(tensor) => tensor,
+        Err(e) => panic!("gradient checkpointing failed: {e}"),
     }
-    // SAFETY: a new heap tensor from the shim, now owned here.
-    unsafe { Tensor::from_ptr(out) }
 }
 
 #[cfg(test)]

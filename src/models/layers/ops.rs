@@ -1,37 +1,15 @@
 //! Ops MMSeg takes from mmcv or calls with arguments tch's bindings lack:
 //! `point_sample`, and `histc` and `PSAMask` through the C++ shim
-//! (`src/trial/shim.cpp`, `shim_psamask.cpp`).
+//! (`src/trial/shim.cpp`, `shim_psamask.cpp`; declared in `crate::ffi`).
 
-use std::ffi::CStr;
+use crate::ffi::{self, segtune_histc, segtune_psamask};
 use tch::Tensor;
 
-extern "C" {
-    fn segtune_histc(
-        s: *const torch_sys::C_tensor,
-        bins: i64,
-        min: f64,
-        max: f64,
-    ) -> *mut torch_sys::C_tensor;
-    fn segtune_psamask(
-        input: *const torch_sys::C_tensor,
-        collect: bool,
-        h_mask: i64,
-        w_mask: i64,
-        values: bool,
-    ) -> *mut torch_sys::C_tensor;
-    fn segtune_last_error() -> *const std::ffi::c_char;
-}
-
-/// A new tensor from the shim, or the shim's error as a panic.
-fn owned(p: *mut torch_sys::C_tensor) -> Tensor {
-    if p.is_null() {
-        panic!(
-            "{}",
-            unsafe { CStr::from_ptr(segtune_last_error()) }.to_string_lossy()
-        );
-    }
-    // SAFETY: the shim returns a new heap tensor, which tch then owns.
-    unsafe { Tensor::from_ptr(p) }
+/// A new tensor from the shim, or the shim's error as a panic (as tch's
+/// own ops panic on a libtorch error). `p` is what `call` just returned.
+fn owned(p: *mut torch_sys::C_tensor, call: &'static str) -> Tensor {
+    // SAFETY: the shim's ops return null or a new heap tensor.
+    unsafe { ffi::owned_tensor(p, call) }.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// mmcv's `PSAMask(psa_type, mask_size)` (`'collect'` or `'distribute'`):
@@ -40,13 +18,19 @@ fn owned(p: *mut torch_sys::C_tensor) -> Tensor {
 pub fn psamask(input: &Tensor, collect: bool, mask: (i64, i64)) -> Tensor {
     let values = !super::host::values_unavailable();
     // SAFETY: a live tensor; the shim copies the reference.
-    owned(unsafe { segtune_psamask(input.as_ptr(), collect, mask.0, mask.1, values) })
+    owned(
+        unsafe { segtune_psamask(input.as_ptr(), collect, mask.0, mask.1, values) },
+        "segtune_psamask",
+    )
 }
 
 /// `t.histc(bins, min, max)` (tch's `histc` takes `bins` only).
 pub fn histc(t: &Tensor, bins: i64, min: f64, max: f64) -> Tensor {
     // SAFETY: a live tensor; the shim copies the reference.
-    owned(unsafe { segtune_histc(t.as_ptr(), bins, min, max) })
+    owned(
+        unsafe { segtune_histc(t.as_ptr(), bins, min, max) },
+        "segtune_histc",
+    )
 }
 
 /// mmcv's `point_sample(input, points, align_corners, mode)`

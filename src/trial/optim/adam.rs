@@ -2,6 +2,7 @@
 //! and `_multi_tensor_adam` (foreach), AMSGrad included.
 
 use super::ParamState;
+use crate::ffi::ShimError;
 use crate::trial::memory;
 use tch::Tensor;
 
@@ -101,7 +102,11 @@ impl AdamStep {
 
     /// `_fused_adam` for one group (`fused=True`): the step counts, then one
     /// in-place kernel over the group's lists, with no temporaries.
-    pub(super) fn fused(&self, params: &mut [ParamState], group: &[usize]) -> Result<(), String> {
+    pub(super) fn fused(
+        &self,
+        params: &mut [ParamState],
+        group: &[usize],
+    ) -> Result<(), ShimError> {
         let Some(&first) = group.first() else {
             return Ok(());
         };

@@ -53,17 +53,41 @@ pub struct OptimCfg {
     pub per_param_groups: bool,
 }
 
-fn num(d: &Dict, k: &str, default: f64) -> Result<f64, String> {
+/// An `optim_wrapper` segtune cannot reproduce, or one that is malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptimConfigError {
+    #[error("the config has no `optim_wrapper` dict")]
+    NoOptimWrapper,
+    #[error("optim_wrapper type `{0}` is not supported (OptimWrapper, AmpOptimWrapper)")]
+    UnsupportedWrapper(String),
+    #[error("optim_wrapper has no `optimizer` dict")]
+    NoOptimizer,
+    #[error("optimizer `{0}` is not supported (AdamW, Adam, SGD)")]
+    UnsupportedOptimizer(String),
+    #[error("optimizer: fused=True with amsgrad=True is not built")]
+    FusedAmsgrad,
+    /// A setting (`lr`, `eps`, `max_norm`, ...) that is not a number.
+    #[error("optimizer `{0}` must be a number")]
+    NotANumber(String),
+    #[error("paramwise_cfg.custom_keys values must be dicts")]
+    CustomKeyNotADict,
+    #[error("optim_wrapper.clip_grad must be a dict or None")]
+    ClipGradNotADict,
+    #[error("optim_wrapper.accumulative_counts must be >= 1")]
+    NoAccumulation,
+}
+
+fn num(d: &Dict, k: &str, default: f64) -> Result<f64, OptimConfigError> {
     match d.get(k) {
         None | Some(Value::None) => Ok(default),
         Some(v) => v
             .as_f64()
-            .ok_or_else(|| format!("optimizer `{k}` must be a number")),
+            .ok_or_else(|| OptimConfigError::NotANumber(k.to_string())),
     }
 }
 
 /// The optimizer's algorithm and its settings, from `optim_wrapper.optimizer`.
-fn algorithm_of(type_name: &str, opt: &Dict) -> Result<Algorithm, String> {
+fn algorithm_of(type_name: &str, opt: &Dict) -> Result<Algorithm, OptimConfigError> {
     let algorithm = match type_name {
         "AdamW" | "Adam" => {
             let betas = match opt.get("betas").and_then(Value::as_seq) {
@@ -83,11 +107,7 @@ fn algorithm_of(type_name: &str, opt: &Dict) -> Result<Algorithm, String> {
             dampening: num(opt, "dampening", 0.0)?,
             nesterov: opt.get("nesterov").is_some_and(Value::truthy),
         },
-        other => {
-            return Err(format!(
-                "optimizer `{other}` is not supported (AdamW, Adam, SGD)"
-            ))
-        }
+        other => return Err(OptimConfigError::UnsupportedOptimizer(other.to_string())),
     };
     if let Algorithm::Adam {
         amsgrad: true,
@@ -95,7 +115,7 @@ fn algorithm_of(type_name: &str, opt: &Dict) -> Result<Algorithm, String> {
         ..
     } = algorithm
     {
-        return Err("optimizer: fused=True with amsgrad=True is not built".into());
+        return Err(OptimConfigError::FusedAmsgrad);
     }
     Ok(algorithm)
 }
@@ -103,16 +123,14 @@ fn algorithm_of(type_name: &str, opt: &Dict) -> Result<Algorithm, String> {
 /// `paramwise_cfg.custom_keys` as `(key, lr_mult, decay_mult)`, in the
 /// order mmengine matches them: longer keys first, alphabetically among
 /// equals.
-fn custom_keys_of(pw: Option<&Dict>) -> Result<Vec<(String, f64, f64)>, String> {
+fn custom_keys_of(pw: Option<&Dict>) -> Result<Vec<(String, f64, f64)>, OptimConfigError> {
     let mut custom_keys: Vec<(String, f64, f64)> = Vec::new();
     if let Some(keys) = pw
         .and_then(|p| p.get("custom_keys"))
         .and_then(Value::as_dict)
     {
         for (k, v) in keys {
-            let d = v
-                .as_dict()
-                .ok_or("paramwise_cfg.custom_keys values must be dicts")?;
+            let d = v.as_dict().ok_or(OptimConfigError::CustomKeyNotADict)?;
             custom_keys.push((
                 k.clone(),
                 num(d, "lr_mult", 1.0)?,
@@ -125,24 +143,22 @@ fn custom_keys_of(pw: Option<&Dict>) -> Result<Vec<(String, f64, f64)>, String> 
 }
 
 impl OptimCfg {
-    pub fn from_cfg(cfg: &Dict) -> Result<OptimCfg, String> {
+    pub fn from_cfg(cfg: &Dict) -> Result<OptimCfg, OptimConfigError> {
         let ow = cfg
             .get("optim_wrapper")
             .and_then(Value::as_dict)
-            .ok_or("the config has no `optim_wrapper` dict")?;
+            .ok_or(OptimConfigError::NoOptimWrapper)?;
         let wrapper = ow
             .get("type")
             .and_then(Value::as_str)
             .unwrap_or("OptimWrapper");
         if !matches!(wrapper, "OptimWrapper" | "AmpOptimWrapper") {
-            return Err(format!(
-                "optim_wrapper type `{wrapper}` is not supported (OptimWrapper, AmpOptimWrapper)"
-            ));
+            return Err(OptimConfigError::UnsupportedWrapper(wrapper.to_string()));
         }
         let opt = ow
             .get("optimizer")
             .and_then(Value::as_dict)
-            .ok_or("optim_wrapper has no `optimizer` dict")?;
+            .ok_or(OptimConfigError::NoOptimizer)?;
         let type_name = opt
             .get("type")
             .and_then(Value::as_str)
@@ -152,18 +168,19 @@ impl OptimCfg {
         let default_wd = if type_name == "AdamW" { 0.01 } else { 0.0 };
         let pw = ow.get("paramwise_cfg").and_then(Value::as_dict);
         let custom_keys = custom_keys_of(pw)?;
-        let pw_num = |k: &str| -> Result<f64, String> { pw.map_or(Ok(1.0), |p| num(p, k, 1.0)) };
+        let pw_num =
+            |k: &str| -> Result<f64, OptimConfigError> { pw.map_or(Ok(1.0), |p| num(p, k, 1.0)) };
         let clip_grad = match ow.get("clip_grad") {
             None | Some(Value::None) => None,
             Some(Value::Dict(c)) => Some((num(c, "max_norm", 0.0)?, num(c, "norm_type", 2.0)?)),
-            Some(_) => return Err("optim_wrapper.clip_grad must be a dict or None".into()),
+            Some(_) => return Err(OptimConfigError::ClipGradNotADict),
         };
         let accumulative_counts = ow
             .get("accumulative_counts")
             .and_then(Value::as_i64)
             .unwrap_or(1);
         if accumulative_counts < 1 {
-            return Err("optim_wrapper.accumulative_counts must be >= 1".into());
+            return Err(OptimConfigError::NoAccumulation);
         }
         Ok(OptimCfg {
             algorithm,

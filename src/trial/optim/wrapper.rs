@@ -5,6 +5,7 @@
 use super::adam::AdamStep;
 use super::sgd::SgdStep;
 use super::{Algorithm, Amp, OptimCfg, ParamState};
+use crate::ffi::ShimError;
 use crate::models::params::ParamStore;
 use crate::trial::memory;
 use tch::{Kind, Tensor};
@@ -120,14 +121,14 @@ impl OptimWrapper {
     }
 
     /// After `backward`: step and zero_grad if due. Returns the steps taken.
-    pub fn step_if_due(&mut self) -> Result<bool, String> {
+    pub fn step_if_due(&mut self) -> Result<bool, ShimError> {
         let due = self.should_update();
         self.calls += 1;
         if !due {
             return Ok(false);
         }
         let mut stepped = true;
-        tch::no_grad(|| -> Result<(), String> {
+        tch::no_grad(|| -> Result<(), ShimError> {
             if let Some(mut s) = self.scaler.take() {
                 let mut grads = self.grads();
                 let inv_scale = s
@@ -181,7 +182,7 @@ impl OptimWrapper {
     /// see [`OptimCfg::per_param_groups`]), each as `torch.optim` steps it:
     /// lazy state for the whole group first, then the single-tensor or the
     /// foreach update.
-    fn apply(&mut self) -> Result<(), String> {
+    fn apply(&mut self) -> Result<(), ShimError> {
         let with_grad: Vec<usize> = (0..self.params.len())
             .filter(|&i| self.params[i].param.grad().defined())
             .collect();
