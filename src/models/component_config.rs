@@ -299,15 +299,12 @@ impl<'a> ComponentConfig<'a> {
 
     /// `Unsupported`, naming the component, the key and the MMSeg file.
     pub fn unsupported(&self, key: &str, why: impl Display) -> ModelError {
-        ModelError::Unsupported(format!(
-            "{} `{key}` ({}): {why}",
-            self.component, self.source
-        ))
+        ModelError::unsupported_in(self.component, self.source, key, why)
     }
 
     /// `Config`, naming the component.
     pub fn config_error(&self, what: impl Display) -> ModelError {
-        ModelError::Config(format!("{}: {what}", self.component))
+        ModelError::config(self.component, what)
     }
 }
 
@@ -366,10 +363,10 @@ impl NormCfg {
             None | Some(Value::None) => return Ok(None),
             Some(Value::Dict(d)) => d,
             Some(other) => {
-                return Err(ModelError::Config(format!(
-                    "norm_cfg must be a dict, not {}",
-                    other.type_name()
-                )))
+                return Err(ModelError::config(
+                    "norm_cfg",
+                    format!("must be a dict, not {}", other.type_name()),
+                ))
             }
         };
         let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
@@ -380,17 +377,19 @@ impl NormCfg {
             } else {
                 "BN, SyncBN"
             };
-            return Err(ModelError::Unsupported(format!(
-                "norm_cfg type `{ty}` (supported: {supported})"
-            )));
+            return Err(ModelError::unsupported(
+                "norm_cfg",
+                "type",
+                format!("`{ty}` (supported: {supported})"),
+            ));
         }
         let number = |key: &str, default: f64| match d.get(key) {
             None => Ok(default),
             Some(v) => v.as_f64().ok_or_else(|| {
-                ModelError::Config(format!(
-                    "norm_cfg `{key}` must be a number, not {}",
-                    v.type_name()
-                ))
+                ModelError::config(
+                    "norm_cfg",
+                    format!("`{key}` must be a number, not {}", v.type_name()),
+                )
             }),
         };
         Ok(Some(NormCfg {
@@ -401,10 +400,13 @@ impl NormCfg {
                 (false, _) => None,
                 (true, Some(Value::Int(g))) if *g > 0 => Some(*g),
                 (true, other) => {
-                    return Err(ModelError::Config(format!(
-                        "norm_cfg dict(type='GN') needs a positive int `num_groups`, not {}",
-                        other.map_or("nothing".to_string(), |v| v.type_name().to_string())
-                    )))
+                    return Err(ModelError::config(
+                        "norm_cfg",
+                        format!(
+                            "dict(type='GN') needs a positive int `num_groups`, not {}",
+                            other.map_or("nothing".to_string(), |v| v.type_name().to_string())
+                        ),
+                    ))
                 }
             },
         }))
@@ -424,7 +426,7 @@ impl NormCfg {
 pub(crate) fn type_of<'a>(d: &'a Dict, role: &'static str) -> Result<&'a str, ModelError> {
     d.get("type")
         .and_then(Value::as_str)
-        .ok_or_else(|| ModelError::Config(format!("{role} has no `type`")))
+        .ok_or_else(|| ModelError::config(role, "has no `type`"))
 }
 
 #[cfg(test)]

@@ -20,11 +20,7 @@ pub fn lookup<T: Copy>(
         .iter()
         .find(|(registered, _)| *registered == name)
         .map(|(_, entry)| *entry)
-        .ok_or_else(|| ModelError::UnknownType {
-            role,
-            name: name.to_string(),
-            supported: names(table),
-        })
+        .ok_or_else(|| unknown_type(role, name, &names(table)))
 }
 
 /// Declares a registry table and, next to it, the list of its type names
@@ -51,11 +47,16 @@ pub fn check_type(
     if names.contains(&name) {
         Ok(())
     } else {
-        Err(ModelError::UnknownType {
-            role,
-            name: name.to_string(),
-            supported: names.to_vec(),
-        })
+        Err(unknown_type(role, name, names))
+    }
+}
+
+/// `UnknownType` of `name` in `role`, listing the `supported` names.
+fn unknown_type(role: &str, name: &str, supported: &[&str]) -> ModelError {
+    ModelError::UnknownType {
+        role: role.to_string(),
+        name: name.to_string(),
+        supported: supported.iter().map(|s| s.to_string()).collect(),
     }
 }
 
@@ -71,7 +72,7 @@ pub fn check_supported(cfg: &Dict) -> Result<(), ModelError> {
     let model = cfg
         .get("model")
         .and_then(Value::as_dict)
-        .ok_or_else(|| ModelError::Config("the config has no `model` dict".into()))?;
+        .ok_or_else(|| ModelError::config("model", "the config has no `model` dict"))?;
     let check_components = lookup(SEGMENTORS, "segmentor", type_of(model, "model")?)?;
     check_components(model)
 }

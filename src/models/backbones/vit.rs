@@ -173,19 +173,23 @@ impl VitConfig {
             ("num_heads", c.num_heads),
         ];
         if let Some((key, value)) = positive.iter().find(|(_, v)| *v < 1) {
-            return Err(ModelError::Config(format!(
-                "VisionTransformer: {key} must be >= 1, not {value}"
-            )));
+            return Err(ModelError::config(
+                "VisionTransformer",
+                format!("{key} must be >= 1, not {value}"),
+            ));
         }
         if c.embed_dims % c.num_heads != 0 {
-            return Err(ModelError::Config(format!(
-                "VisionTransformer: embed_dims={} is not divisible into num_heads={}",
-                c.embed_dims, c.num_heads
-            )));
+            return Err(ModelError::config(
+                "VisionTransformer",
+                format!(
+                    "embed_dims={} is not divisible into num_heads={}",
+                    c.embed_dims, c.num_heads
+                ),
+            ));
         }
         if let Some(i) = c.out_indices.iter().find(|i| !(0..num_layers).contains(*i)) {
-            return Err(ModelError::Config(format!(
-                "VisionTransformer: out_indices entry {i} is not a layer index below num_layers={num_layers} (vit.py would drop that output)"
+            return Err(ModelError::config("VisionTransformer", format!(
+                "out_indices entry {i} is not a layer index below num_layers={num_layers} (vit.py would drop that output)"
             )));
         }
         Ok(c)

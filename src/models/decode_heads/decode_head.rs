@@ -107,8 +107,9 @@ impl DecodeHeadCfg {
             .and_then(Value::as_i64)
             .is_some_and(|o| o != num_classes)
         {
-            return Err(ModelError::Unsupported(
-                "decode head with out_channels != num_classes (sigmoid heads)".into(),
+            return Err(c.unsupported(
+                "out_channels",
+                "out_channels != num_classes (sigmoid heads) is not implemented",
             ));
         }
         let losses = loss_decode_from_cfg(c.value("loss_decode"))?;

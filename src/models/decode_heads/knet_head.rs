@@ -84,11 +84,16 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
         .find(|(name, _)| *name == generate_type)
     else {
         let names: Vec<&str> = KERNEL_GENERATE_HEADS.iter().map(|(n, _)| *n).collect();
-        return Err(ModelError::Unsupported(format!(
-            "IterativeDecodeHead `kernel_generate_head` ({SOURCE}): type '{generate_type}' is not \
-             one segtune can generate K-Net's kernels with (supported: {})",
-            names.join(", ")
-        )));
+        return Err(ModelError::unsupported_in(
+            "IterativeDecodeHead",
+            SOURCE,
+            "kernel_generate_head",
+            format!(
+                "type '{generate_type}' is not one segtune can generate K-Net's kernels with \
+                 (supported: {})",
+                names.join(", ")
+            ),
+        ));
     };
     let generate = build_generate(&mut p.sub("kernel_generate_head"), generate_cfg)?;
     let channels = generate.base().cfg.channels;
@@ -100,12 +105,15 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
             let cfg = KernelUpdateHeadCfg::from_cfg(d)?;
             // The first kernels are conv_seg's: channels x 1 x 1 each.
             if cfg.in_channels * cfg.conv_kernel_size.pow(2) != channels {
-                return Err(ModelError::Config(format!(
-                    "KernelUpdateHead {i}: in_channels {} x conv_kernel_size^2 must equal the \
+                return Err(ModelError::config(
+                    format!("KernelUpdateHead {i}"),
+                    format!(
+                        "in_channels {} x conv_kernel_size^2 must equal the \
                      kernel generate head's channels {channels} (its conv_seg weights are the \
                      first kernels)",
-                    cfg.in_channels
-                )));
+                        cfg.in_channels
+                    ),
+                ));
             }
             Ok(KernelUpdateHead::new(&mut heads.sub(i), cfg))
         })
@@ -282,11 +290,14 @@ impl KernelUpdatorCfg {
         // `input_layer` (in_channels -> 2 feat_channels) runs on rows of
         // feat_channels, and the kernels come back with out_channels each.
         if feat_channels != in_channels || out_channels != in_channels {
-            return Err(ModelError::Config(format!(
-                "KernelUpdator: in_channels {in_channels}, feat_channels {feat_channels} and \
+            return Err(ModelError::config(
+                "KernelUpdator",
+                format!(
+                    "in_channels {in_channels}, feat_channels {feat_channels} and \
                  out_channels {out_channels} must be equal (its forward reshapes one into the \
                  other; MMSeg fails there)"
-            )));
+                ),
+            ));
         }
         Ok(cfg)
     }
@@ -489,7 +500,7 @@ impl KernelUpdateHeadCfg {
             None
         };
         match problem {
-            Some(p) => Err(ModelError::Config(format!("KernelUpdateHead: {p}"))),
+            Some(p) => Err(ModelError::config("KernelUpdateHead", p)),
             None => Ok(cfg),
         }
     }
