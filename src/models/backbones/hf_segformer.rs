@@ -120,9 +120,9 @@ impl HfSegformerConfig {
             return Err(ModelError::config(
                 "SegformerConfig",
                 format!(
-                "depths, sr_ratios, hidden_sizes, patch_sizes, strides, \
-                 num_attention_heads and mlp_ratios must all have num_encoder_blocks={stages} items"
-            ),
+                    "depths, sr_ratios, hidden_sizes, patch_sizes, strides, num_attention_heads \
+                     and mlp_ratios must all have num_encoder_blocks={stages} items"
+                ),
             ));
         }
         for (size, heads) in c.hidden_sizes.iter().zip(&c.num_attention_heads) {

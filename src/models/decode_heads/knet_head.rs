@@ -108,9 +108,8 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
                 return Err(ModelError::config(
                     format!("KernelUpdateHead {i}"),
                     format!(
-                        "in_channels {} x conv_kernel_size^2 must equal the \
-                     kernel generate head's channels {channels} (its conv_seg weights are the \
-                     first kernels)",
+                        "in_channels {} x conv_kernel_size^2 must equal the kernel generate \
+                         head's channels {channels} (its conv_seg weights are the first kernels)",
                         cfg.in_channels
                     ),
                 ));
@@ -294,8 +293,8 @@ impl KernelUpdatorCfg {
                 "KernelUpdator",
                 format!(
                     "in_channels {in_channels}, feat_channels {feat_channels} and \
-                 out_channels {out_channels} must be equal (its forward reshapes one into the \
-                 other; MMSeg fails there)"
+                     out_channels {out_channels} must be equal (its forward reshapes one into \
+                     the other; MMSeg fails there)"
                 ),
             ));
         }
