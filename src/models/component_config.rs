@@ -218,7 +218,7 @@ impl<'a> ComponentConfig<'a> {
 
     /// A BN `norm_cfg` (see [`NormCfg`]); `None` when unset or `None`.
     pub fn batch_norm(&mut self, key: &str) -> Result<Option<NormCfg>, ModelError> {
-        NormCfg::from_cfg(self.value(key))
+        NormCfg::from_cfg(self.value(key)).map_err(|e| self.setting_error(key, e))
     }
 
     /// A BN `norm_cfg` whose constructor default is `dict(type='BN')`: that
@@ -228,6 +228,7 @@ impl<'a> ComponentConfig<'a> {
             None => Ok(Some(NormCfg::BN_DEFAULT)),
             v => NormCfg::from_cfg(v),
         }
+        .map_err(|e| self.setting_error(key, e))
     }
 
     /// An activation `act_cfg` that must be MMSeg's default `dict(type=expected)`
@@ -305,6 +306,26 @@ impl<'a> ComponentConfig<'a> {
     /// `Config`, naming the component.
     pub fn config_error(&self, what: impl Display) -> ModelError {
         ModelError::config(self.component, what)
+    }
+
+    /// An error of the reader of one setting (`NormCfg`,
+    /// `loss_decode_from_cfg`), which knows the setting only by its key
+    /// (`norm_cfg`), told as this component's, with its MMSeg file. Errors
+    /// of a component nested in the setting (a `CrossEntropyLoss`) keep
+    /// their own name.
+    pub fn setting_error(&self, key: &str, error: ModelError) -> ModelError {
+        match error {
+            ModelError::Unsupported {
+                component,
+                setting,
+                source: None,
+                why,
+            } if component == key => self.unsupported(&format!("{key}.{setting}"), why),
+            ModelError::Config { component, what } if component == key => {
+                self.config_error(format!("{key} {what}"))
+            }
+            other => other,
+        }
     }
 }
 
@@ -473,5 +494,23 @@ mod tests {
         let mut c = ComponentConfig::new(&d, "Thing", "x.py");
         let err = c.unimplemented("with_cp", &Value::Bool(false)).unwrap_err();
         assert!(err.to_string().contains("`with_cp`"), "{err}");
+    }
+
+    #[test]
+    fn a_norm_cfg_error_names_the_component_that_reads_it() {
+        let d = dict(json!({"type": "X", "norm_cfg": {"type": "LN"}}));
+        let mut c = ComponentConfig::new(&d, "Thing", "x.py");
+        let err = c.batch_norm("norm_cfg").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "not supported yet: Thing `norm_cfg.type` (x.py): `LN` (supported: BN, SyncBN)"
+        );
+        let d = dict(json!({"type": "X", "norm_cfg": 3}));
+        let mut c = ComponentConfig::new(&d, "Thing", "x.py");
+        let err = c.batch_norm("norm_cfg").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bad model config: Thing: norm_cfg must be a dict, not int"
+        );
     }
 }

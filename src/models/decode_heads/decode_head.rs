@@ -112,8 +112,10 @@ impl DecodeHeadCfg {
                 "out_channels != num_classes (sigmoid heads) is not implemented",
             ));
         }
-        let losses = loss_decode_from_cfg(c.value("loss_decode"))?;
-        let sampler = OhemPixelSampler::from_cfg(c.value("sampler"))?;
+        let losses = loss_decode_from_cfg(c.value("loss_decode"))
+            .map_err(|e| c.setting_error("loss_decode", e))?;
+        let sampler = OhemPixelSampler::from_cfg(c.value("sampler"))
+            .map_err(|e| c.setting_error("sampler", e))?;
         if sampler.is_some()
             && losses
                 .iter()

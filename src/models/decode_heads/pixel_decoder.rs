@@ -64,7 +64,9 @@ impl PixelDecoderCfg {
         let num_outs = c.int("num_outs", 3)?;
         let norm = match c.value("norm_cfg") {
             None => NormCfg::from_cfg_bn_or_gn(Some(&gn_32()))?,
-            Some(v) => NormCfg::from_cfg_bn_or_gn(Some(v))?,
+            Some(v) => {
+                NormCfg::from_cfg_bn_or_gn(Some(v)).map_err(|e| c.setting_error("norm_cfg", e))?
+            }
         }
         .ok_or_else(|| {
             c.unsupported(
