@@ -218,7 +218,7 @@ impl<'a> ComponentConfig<'a> {
 
     /// A BN `norm_cfg` (see [`NormCfg`]); `None` when unset or `None`.
     pub fn batch_norm(&mut self, key: &str) -> Result<Option<NormCfg>, ModelError> {
-        NormCfg::from_cfg(self.value(key))
+        NormCfg::from_cfg(self.value(key)).map_err(|e| self.setting_error(key, e))
     }
 
     /// A BN `norm_cfg` whose constructor default is `dict(type='BN')`: that
@@ -228,6 +228,7 @@ impl<'a> ComponentConfig<'a> {
             None => Ok(Some(NormCfg::BN_DEFAULT)),
             v => NormCfg::from_cfg(v),
         }
+        .map_err(|e| self.setting_error(key, e))
     }
 
     /// An activation `act_cfg` that must be MMSeg's default `dict(type=expected)`
@@ -299,15 +300,32 @@ impl<'a> ComponentConfig<'a> {
 
     /// `Unsupported`, naming the component, the key and the MMSeg file.
     pub fn unsupported(&self, key: &str, why: impl Display) -> ModelError {
-        ModelError::Unsupported(format!(
-            "{} `{key}` ({}): {why}",
-            self.component, self.source
-        ))
+        ModelError::unsupported_in(self.component, self.source, key, why)
     }
 
     /// `Config`, naming the component.
     pub fn config_error(&self, what: impl Display) -> ModelError {
-        ModelError::Config(format!("{}: {what}", self.component))
+        ModelError::config(self.component, what)
+    }
+
+    /// An error of the reader of one setting (`NormCfg`,
+    /// `loss_decode_from_cfg`), which knows the setting only by its key
+    /// (`norm_cfg`), told as this component's, with its MMSeg file. Errors
+    /// of a component nested in the setting (a `CrossEntropyLoss`) keep
+    /// their own name.
+    pub fn setting_error(&self, key: &str, error: ModelError) -> ModelError {
+        match error {
+            ModelError::Unsupported {
+                component,
+                setting,
+                source: None,
+                why,
+            } if component == key => self.unsupported(&format!("{key}.{setting}"), why),
+            ModelError::Config { component, what } if component == key => {
+                self.config_error(format!("{key} {what}"))
+            }
+            other => other,
+        }
     }
 }
 
@@ -366,10 +384,10 @@ impl NormCfg {
             None | Some(Value::None) => return Ok(None),
             Some(Value::Dict(d)) => d,
             Some(other) => {
-                return Err(ModelError::Config(format!(
-                    "norm_cfg must be a dict, not {}",
-                    other.type_name()
-                )))
+                return Err(ModelError::config(
+                    "norm_cfg",
+                    format!("must be a dict, not {}", other.type_name()),
+                ))
             }
         };
         let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
@@ -380,17 +398,19 @@ impl NormCfg {
             } else {
                 "BN, SyncBN"
             };
-            return Err(ModelError::Unsupported(format!(
-                "norm_cfg type `{ty}` (supported: {supported})"
-            )));
+            return Err(ModelError::unsupported(
+                "norm_cfg",
+                "type",
+                format!("`{ty}` (supported: {supported})"),
+            ));
         }
         let number = |key: &str, default: f64| match d.get(key) {
             None => Ok(default),
             Some(v) => v.as_f64().ok_or_else(|| {
-                ModelError::Config(format!(
-                    "norm_cfg `{key}` must be a number, not {}",
-                    v.type_name()
-                ))
+                ModelError::config(
+                    "norm_cfg",
+                    format!("`{key}` must be a number, not {}", v.type_name()),
+                )
             }),
         };
         Ok(Some(NormCfg {
@@ -401,10 +421,13 @@ impl NormCfg {
                 (false, _) => None,
                 (true, Some(Value::Int(g))) if *g > 0 => Some(*g),
                 (true, other) => {
-                    return Err(ModelError::Config(format!(
-                        "norm_cfg dict(type='GN') needs a positive int `num_groups`, not {}",
-                        other.map_or("nothing".to_string(), |v| v.type_name().to_string())
-                    )))
+                    return Err(ModelError::config(
+                        "norm_cfg",
+                        format!(
+                            "dict(type='GN') needs a positive int `num_groups`, not {}",
+                            other.map_or("nothing".to_string(), |v| v.type_name().to_string())
+                        ),
+                    ))
                 }
             },
         }))
@@ -424,7 +447,7 @@ impl NormCfg {
 pub(crate) fn type_of<'a>(d: &'a Dict, role: &'static str) -> Result<&'a str, ModelError> {
     d.get("type")
         .and_then(Value::as_str)
-        .ok_or_else(|| ModelError::Config(format!("{role} has no `type`")))
+        .ok_or_else(|| ModelError::config(role, "has no `type`"))
 }
 
 #[cfg(test)]
@@ -582,5 +605,23 @@ mod tests {
         let mut c = ComponentConfig::new(&d, "Thing", "x.py");
         let err = c.unimplemented("with_cp", &Value::Bool(false)).unwrap_err();
         assert!(err.to_string().contains("`with_cp`"), "{err}");
+    }
+
+    #[test]
+    fn a_norm_cfg_error_names_the_component_that_reads_it() {
+        let d = dict(json!({"type": "X", "norm_cfg": {"type": "LN"}}));
+        let mut c = ComponentConfig::new(&d, "Thing", "x.py");
+        let err = c.batch_norm("norm_cfg").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "not supported yet: Thing `norm_cfg.type` (x.py): `LN` (supported: BN, SyncBN)"
+        );
+        let d = dict(json!({"type": "X", "norm_cfg": 3}));
+        let mut c = ComponentConfig::new(&d, "Thing", "x.py");
+        let err = c.batch_norm("norm_cfg").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bad model config: Thing: norm_cfg must be a dict, not int"
+        );
     }
 }

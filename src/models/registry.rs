@@ -22,11 +22,7 @@ pub fn lookup<T: Copy>(
         .iter()
         .find(|(registered, _)| *registered == name)
         .map(|(_, entry)| *entry)
-        .ok_or_else(|| ModelError::UnknownType {
-            role,
-            name: name.to_string(),
-            supported: names(table),
-        })
+        .ok_or_else(|| unknown_type(role, name, &names(table)))
 }
 
 /// What callers look up about a registered type by its name, without
@@ -114,6 +110,15 @@ pub fn check_type(
     lookup(table, role, name).map(|_| ())
 }
 
+/// `UnknownType` of `name` in `role`, listing the `supported` names.
+fn unknown_type(role: &str, name: &str, supported: &[&str]) -> ModelError {
+    ModelError::UnknownType {
+        role: role.to_string(),
+        name: name.to_string(),
+        supported: supported.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
 /// The type names of a table, in table order.
 pub fn names<T>(table: &[(&'static str, T)]) -> Vec<&'static str> {
     table.iter().map(|(name, _)| *name).collect()
@@ -126,7 +131,7 @@ pub fn check_supported(cfg: &Dict) -> Result<(), ModelError> {
     let model = cfg
         .get("model")
         .and_then(Value::as_dict)
-        .ok_or_else(|| ModelError::Config("the config has no `model` dict".into()))?;
+        .ok_or_else(|| ModelError::config("model", "the config has no `model` dict"))?;
     let read_parts = lookup(SEGMENTORS, "segmentor", type_of(model, "model")?)?;
     check_parts(&read_parts(model)?)
 }

@@ -515,20 +515,14 @@ pub(super) fn check_buildable(
     if summary.supported {
         return Ok(());
     }
-    let reason = summary
-        .reason
-        .unwrap_or_else(|| "the model cannot be built".into());
-    // The reason is a ModelError's text; keep its kind.
-    let error = match reason.strip_prefix("not supported yet: ") {
-        Some(what) => crate::models::ModelError::Unsupported(what.to_string()),
-        None => crate::models::ModelError::Config(
-            reason
-                .strip_prefix("bad model config: ")
-                .unwrap_or(&reason)
-                .to_string(),
-        ),
-    };
-    Err(unbuildable(error))
+    match summary.error {
+        Some(error) => Err(unbuildable(error)),
+        // Only a worker of another segtune answers without the error.
+        None => Err(Error::Trial(format!(
+            "the inspection refused the model without naming the error ({})",
+            summary.reason.as_deref().unwrap_or("no reason given")
+        ))),
+    }
 }
 
 /// How the winner's run differs from the config's, for the emitted header.

@@ -7,7 +7,7 @@ use super::report::PrefixCount;
 use super::{DeviceChoice, TrialReport, TrialRequest};
 use crate::config::{self, Value};
 use crate::error::{Error, Result};
-use crate::models::{check_supported, EncoderDecoder};
+use crate::models::{check_supported, EncoderDecoder, ModelError};
 use std::path::Path;
 use tch::Device;
 
@@ -63,9 +63,13 @@ pub struct ModelSummary {
     pub params_trainable: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub params_by_prefix: Option<indexmap::IndexMap<String, PrefixCount>>,
-    /// Why segtune cannot build it.
+    /// Why segtune cannot build it, as the user reads it (`error`'s text).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reason: Option<String>,
+    /// Why segtune cannot build it, as data: the parent of the worker
+    /// takes the error's kind from here.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<ModelError>,
 }
 
 /// Builds the config's model on the CPU (if segtune supports it) and
@@ -88,6 +92,7 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
         params_trainable: None,
         params_by_prefix: None,
         reason: None,
+        error: None,
     };
     match check_supported(&cfg).and_then(|_| EncoderDecoder::build(&cfg, Device::Cpu)) {
         Ok(model) => {
@@ -103,7 +108,10 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
                     .collect(),
             );
         }
-        Err(e) => summary.reason = Some(e.to_string()),
+        Err(e) => {
+            summary.reason = Some(e.to_string());
+            summary.error = Some(e);
+        }
     }
     Ok(summary)
 }

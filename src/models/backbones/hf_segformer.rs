@@ -117,16 +117,20 @@ impl HfSegformerConfig {
             c.mlp_ratios.len(),
         ];
         if lens.iter().any(|l| *l != stages) {
-            return Err(ModelError::Config(format!(
-                "SegformerConfig: depths, sr_ratios, hidden_sizes, patch_sizes, strides, \
-                 num_attention_heads and mlp_ratios must all have num_encoder_blocks={stages} items"
-            )));
+            return Err(ModelError::config(
+                "SegformerConfig",
+                format!(
+                    "depths, sr_ratios, hidden_sizes, patch_sizes, strides, num_attention_heads \
+                     and mlp_ratios must all have num_encoder_blocks={stages} items"
+                ),
+            ));
         }
         for (size, heads) in c.hidden_sizes.iter().zip(&c.num_attention_heads) {
             if *heads < 1 || size % heads != 0 {
-                return Err(ModelError::Config(format!(
-                    "SegformerConfig: hidden size {size} is not a multiple of {heads} attention heads"
-                )));
+                return Err(ModelError::config(
+                    "SegformerConfig",
+                    format!("hidden size {size} is not a multiple of {heads} attention heads"),
+                ));
             }
         }
         Ok(c)

@@ -88,7 +88,7 @@ pub struct HRNetCfg {
 }
 
 fn config_error(what: impl std::fmt::Display) -> ModelError {
-    ModelError::Config(format!("HRNet: {what}"))
+    ModelError::config("HRNet", what)
 }
 
 /// A tuple/list of ints of `extra.<stage>`.
@@ -120,11 +120,16 @@ impl StageCfg {
             }
         };
         if let Some(key) = d.keys().find(|k| !STAGE_KEYS.contains(&k.as_str())) {
-            return Err(ModelError::Unsupported(format!(
-                "HRNet `extra.{stage}.{key}` ({SOURCE}): MMSeg reads only {} from a stage; \
-                 segtune refuses other keys rather than ignore them",
-                STAGE_KEYS.join(", ")
-            )));
+            return Err(ModelError::unsupported_in(
+                "HRNet",
+                SOURCE,
+                format!("extra.{stage}.{key}"),
+                format!(
+                    "MMSeg reads only {} from a stage; \
+                     segtune refuses other keys rather than ignore them",
+                    STAGE_KEYS.join(", ")
+                ),
+            ));
         }
         let get = |key: &str| {
             d.get(key)

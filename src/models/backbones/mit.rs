@@ -91,17 +91,18 @@ impl MitConfig {
             c.sr_ratios.len(),
         ];
         if lens.iter().any(|l| *l != num_stages) {
-            return Err(ModelError::Config(format!(
-                "MixVisionTransformer: num_layers, num_heads, patch_sizes, strides and sr_ratios must all have num_stages={num_stages} items"
+            return Err(ModelError::config("MixVisionTransformer", format!(
+                "num_layers, num_heads, patch_sizes, strides and sr_ratios must all have num_stages={num_stages} items"
             )));
         }
         if c.out_indices
             .iter()
             .any(|i| *i < 0 || *i >= num_stages as i64)
         {
-            return Err(ModelError::Config(format!(
-                "MixVisionTransformer: out_indices must be stage numbers below num_stages={num_stages}"
-            )));
+            return Err(ModelError::config(
+                "MixVisionTransformer",
+                format!("out_indices must be stage numbers below num_stages={num_stages}"),
+            ));
         }
         Ok(c)
     }
@@ -413,7 +414,7 @@ mod tests {
             );
             let err = MitConfig::from_cfg(&cfg).unwrap_err();
             assert!(
-                matches!(&err, ModelError::Unsupported(m) if m.contains(&format!("`{key}`")) && m.contains(SOURCE)),
+                matches!(&err, ModelError::Unsupported { setting, source, .. } if setting == key && source.as_deref() == Some(SOURCE)),
                 "{key}: {err}"
             );
         }

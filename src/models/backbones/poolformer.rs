@@ -95,7 +95,7 @@ impl PoolFormerConfig {
                 .into_iter()
                 .collect(),
             )))?,
-            v => NormCfg::from_cfg_bn_or_gn(v)?,
+            v => NormCfg::from_cfg_bn_or_gn(v).map_err(|e| r.setting_error("norm_cfg", e))?,
         }
         .filter(|n| n.num_groups.is_some())
         .ok_or_else(|| r.unsupported("norm_cfg", "only a GN norm_cfg is implemented"))?;

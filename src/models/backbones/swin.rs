@@ -118,33 +118,39 @@ impl SwinConfig {
         r.finish()?;
         let stages = c.depths.len();
         if c.num_heads.len() != stages || c.strides.len() != stages {
-            return Err(ModelError::Config(format!(
-                "SwinTransformer: depths, num_heads and strides must have the same number of stages ({stages})"
-            )));
+            return Err(ModelError::config(
+                "SwinTransformer",
+                format!(
+                    "depths, num_heads and strides must have the same number of stages ({stages})"
+                ),
+            ));
         }
         if c.strides.first() != Some(&c.patch_size) {
-            return Err(ModelError::Config(
-                "SwinTransformer: strides[0] must equal patch_size (non-overlapping patch embedding, as swin.py asserts)".into(),
+            return Err(ModelError::config(
+                "SwinTransformer", "strides[0] must equal patch_size (non-overlapping patch embedding, as swin.py asserts)",
             ));
         }
         if c.window_size < 1 || c.patch_size < 1 || c.strides.iter().any(|s| *s < 1) {
-            return Err(ModelError::Config(
-                "SwinTransformer: window_size, patch_size and strides must be >= 1".into(),
+            return Err(ModelError::config(
+                "SwinTransformer",
+                "window_size, patch_size and strides must be >= 1",
             ));
         }
         let mut dims = c.embed_dims;
         for (i, heads) in c.num_heads.iter().enumerate() {
             if *heads < 1 || dims < 1 || dims % heads != 0 {
-                return Err(ModelError::Config(format!(
-                    "SwinTransformer: stage {i} has {dims} channels, not divisible into num_heads={heads}"
-                )));
+                return Err(ModelError::config(
+                    "SwinTransformer",
+                    format!("stage {i} has {dims} channels, not divisible into num_heads={heads}"),
+                ));
             }
             dims *= 2;
         }
         if c.out_indices.iter().any(|i| *i < 0 || *i >= stages as i64) {
-            return Err(ModelError::Config(format!(
-                "SwinTransformer: out_indices must be stage numbers below {stages}"
-            )));
+            return Err(ModelError::config(
+                "SwinTransformer",
+                format!("out_indices must be stage numbers below {stages}"),
+            ));
         }
         Ok(c)
     }

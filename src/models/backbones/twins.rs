@@ -107,22 +107,27 @@ impl TwinsConfig {
             ("sr_ratios", c.sr_ratios.len()),
         ];
         if let Some((key, n)) = per_stage.iter().find(|(_, n)| *n < stages) {
-            return Err(ModelError::Config(format!(
-                "{name}: {key} has {n} entries for {stages} stages (depths)"
-            )));
+            return Err(ModelError::config(
+                name,
+                format!("{key} has {n} entries for {stages} stages (depths)"),
+            ));
         }
         if svt && c.window_sizes.len() < stages {
-            return Err(ModelError::Config(format!(
-                "SVT: windiow_sizes has {} entries for {stages} stages",
-                c.window_sizes.len()
-            )));
+            return Err(ModelError::config(
+                "SVT",
+                format!(
+                    "windiow_sizes has {} entries for {stages} stages",
+                    c.window_sizes.len()
+                ),
+            ));
         }
         for i in 0..stages {
             let (dims, heads) = (c.embed_dims[i], c.num_heads[i]);
             if heads < 1 || dims % heads != 0 {
-                return Err(ModelError::Config(format!(
-                    "{name}: stage {i} has {dims} channels, not divisible into num_heads={heads}"
-                )));
+                return Err(ModelError::config(
+                    name,
+                    format!("stage {i} has {dims} channels, not divisible into num_heads={heads}"),
+                ));
             }
         }
         Ok(c)

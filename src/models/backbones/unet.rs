@@ -75,10 +75,15 @@ impl UpsampleCfg {
             }
             Some(Value::Dict(d)) => d,
             Some(other) => {
-                return Err(ModelError::Unsupported(format!(
-                    "UNet `upsample_cfg` ({SOURCE}): {} (only dict(type='InterpConv') and dict(type='DeconvModule') are implemented)",
-                    other.type_name()
-                )))
+                return Err(ModelError::unsupported_in(
+                    "UNet",
+                    SOURCE,
+                    "upsample_cfg",
+                    format!(
+                        "{} (only dict(type='InterpConv') and dict(type='DeconvModule') are implemented)",
+                        other.type_name()
+                    ),
+                ))
             }
         };
         match d.get("type").and_then(Value::as_str) {
@@ -116,8 +121,8 @@ impl UpsampleCfg {
                 c.finish()?;
                 // DeconvModule.__init__'s assertion.
                 if kernel_size < scale_factor || (kernel_size - scale_factor) % 2 != 0 {
-                    return Err(ModelError::Config(format!(
-                        "DeconvModule: kernel_size should be greater than or equal to scale_factor and (kernel_size - scale_factor) should be even numbers, while the kernel size is {kernel_size} and scale_factor is {scale_factor}"
+                    return Err(ModelError::config("DeconvModule", format!(
+                        "kernel_size should be greater than or equal to scale_factor and (kernel_size - scale_factor) should be even numbers, while the kernel size is {kernel_size} and scale_factor is {scale_factor}"
                     )));
                 }
                 Ok(UpsampleCfg::DeconvModule {
@@ -125,10 +130,15 @@ impl UpsampleCfg {
                     scale_factor,
                 })
             }
-            other => Err(ModelError::Unsupported(format!(
-                "UNet `upsample_cfg` ({SOURCE}): type {} (only InterpConv and DeconvModule are implemented)",
-                other.map_or("None".to_string(), |t| format!("'{t}'"))
-            ))),
+            other => Err(ModelError::unsupported_in(
+                "UNet",
+                SOURCE,
+                "upsample_cfg",
+                format!(
+                    "type {} (only InterpConv and DeconvModule are implemented)",
+                    other.map_or("None".to_string(), |t| format!("'{t}'"))
+                ),
+            )),
         }
     }
 }
@@ -251,14 +261,16 @@ impl UNetCfg {
             ("dec_dilations", c.dec_dilations.len(), n - 1),
         ] {
             if len != want {
-                return Err(ModelError::Config(format!(
-                    "UNet: the length of {name} should be {want} (num_stages={n}), not {len}"
-                )));
+                return Err(ModelError::config(
+                    "UNet",
+                    format!("the length of {name} should be {want} (num_stages={n}), not {len}"),
+                ));
             }
         }
         if c.norm.is_none() && matches!(c.upsample, UpsampleCfg::DeconvModule { .. }) {
-            return Err(ModelError::Config(
-                "UNet: DeconvModule needs a norm_cfg (build_norm_layer(None) fails)".into(),
+            return Err(ModelError::config(
+                "UNet",
+                "DeconvModule needs a norm_cfg (build_norm_layer(None) fails)",
             ));
         }
         Ok(c)

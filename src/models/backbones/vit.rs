@@ -165,30 +165,49 @@ impl VitConfig {
         // norm_eval puts LayerNorms in eval mode: they have no running statistics.
         r.inert(&["pretrained", "init_cfg", "norm_eval"]);
         r.finish()?;
+        c.checked()
+    }
+
+    /// The settings `vit.py` cannot build a model of, refused by name
+    /// before libtorch would fail on them.
+    fn checked(self) -> Result<VitConfig, ModelError> {
+        let num_layers = self.num_layers;
         let positive = [
-            ("img_size", c.img_size.0.min(c.img_size.1)),
-            ("patch_size", c.patch_size),
-            ("embed_dims", c.embed_dims),
-            ("num_layers", c.num_layers),
-            ("num_heads", c.num_heads),
+            ("img_size", self.img_size.0.min(self.img_size.1)),
+            ("patch_size", self.patch_size),
+            ("embed_dims", self.embed_dims),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
         ];
         if let Some((key, value)) = positive.iter().find(|(_, v)| *v < 1) {
-            return Err(ModelError::Config(format!(
-                "VisionTransformer: {key} must be >= 1, not {value}"
-            )));
+            return Err(ModelError::config(
+                "VisionTransformer",
+                format!("{key} must be >= 1, not {value}"),
+            ));
         }
-        if c.embed_dims % c.num_heads != 0 {
-            return Err(ModelError::Config(format!(
-                "VisionTransformer: embed_dims={} is not divisible into num_heads={}",
-                c.embed_dims, c.num_heads
-            )));
+        if self.embed_dims % self.num_heads != 0 {
+            return Err(ModelError::config(
+                "VisionTransformer",
+                format!(
+                    "embed_dims={} is not divisible into num_heads={}",
+                    self.embed_dims, self.num_heads
+                ),
+            ));
         }
-        if let Some(i) = c.out_indices.iter().find(|i| !(0..num_layers).contains(*i)) {
-            return Err(ModelError::Config(format!(
-                "VisionTransformer: out_indices entry {i} is not a layer index below num_layers={num_layers} (vit.py would drop that output)"
-            )));
+        if let Some(i) = self
+            .out_indices
+            .iter()
+            .find(|i| !(0..num_layers).contains(*i))
+        {
+            return Err(ModelError::config(
+                "VisionTransformer",
+                format!(
+                    "out_indices entry {i} is not a layer index below \
+                     num_layers={num_layers} (vit.py would drop that output)"
+                ),
+            ));
         }
-        Ok(c)
+        Ok(self)
     }
 }
 

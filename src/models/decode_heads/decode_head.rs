@@ -107,12 +107,15 @@ impl DecodeHeadCfg {
             .and_then(Value::as_i64)
             .is_some_and(|o| o != num_classes)
         {
-            return Err(ModelError::Unsupported(
-                "decode head with out_channels != num_classes (sigmoid heads)".into(),
+            return Err(c.unsupported(
+                "out_channels",
+                "out_channels != num_classes (sigmoid heads) is not implemented",
             ));
         }
-        let losses = loss_decode_from_cfg(c.value("loss_decode"))?;
-        let sampler = OhemPixelSampler::from_cfg(c.value("sampler"))?;
+        let losses = loss_decode_from_cfg(c.value("loss_decode"))
+            .map_err(|e| c.setting_error("loss_decode", e))?;
+        let sampler = OhemPixelSampler::from_cfg(c.value("sampler"))
+            .map_err(|e| c.setting_error("sampler", e))?;
         if sampler.is_some()
             && losses
                 .iter()

@@ -50,7 +50,7 @@ impl EncHeadCfg {
         let add_lateral = c.flag("add_lateral", false);
         let se_loss = c.dict("loss_se_decode")?;
         let se_loss_weight = if use_se_loss {
-            Some(se_loss_weight(se_loss).map_err(|what| c.config_error(what))?)
+            Some(se_loss_weight(&c, se_loss)?)
         } else {
             None
         };
@@ -66,8 +66,9 @@ impl EncHeadCfg {
 }
 
 /// The `loss_weight` of `loss_se_decode`, which segtune runs as MMSeg's
-/// default: `CrossEntropyLoss(use_sigmoid=True)` without class weights.
-fn se_loss_weight(cfg: Option<&Dict>) -> Result<f64, String> {
+/// default: `CrossEntropyLoss(use_sigmoid=True)` without class weights;
+/// any other loss is an error of the head `c` reads.
+fn se_loss_weight(c: &ComponentConfig, cfg: Option<&Dict>) -> Result<f64, ModelError> {
     let Some(cfg) = cfg else {
         return Ok(0.2);
     };
@@ -81,10 +82,9 @@ fn se_loss_weight(cfg: Option<&Dict>) -> Result<f64, String> {
         )
     }) && get("reduction").is_none_or(|r| r.as_str() == Some("mean"));
     if !(is_sigmoid_ce && plain) {
-        return Err(
-            "loss_se_decode: segtune runs CrossEntropyLoss(use_sigmoid=True, loss_weight=w) only"
-                .into(),
-        );
+        return Err(c.config_error(
+            "loss_se_decode: segtune runs CrossEntropyLoss(use_sigmoid=True, loss_weight=w) only",
+        ));
     }
     Ok(get("loss_weight").and_then(Value::as_f64).unwrap_or(1.0))
 }

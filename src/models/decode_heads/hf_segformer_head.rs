@@ -51,11 +51,16 @@ impl HfSegformerHeadCfg {
         c.finish()?;
         if cfg.num_labels < 2 {
             // num_labels == 1 trains with BCEWithLogitsLoss, not built here.
-            return Err(ModelError::Unsupported(format!(
-                "SegformerForSemanticSegmentation with num_labels={} (the BCE loss of one label \
-                 is not built; 2 or more labels train with cross-entropy) ({SOURCE})",
-                cfg.num_labels
-            )));
+            return Err(ModelError::unsupported_in(
+                "SegformerForSemanticSegmentation",
+                SOURCE,
+                "num_labels",
+                format!(
+                    "{} (the BCE loss of one label is not built; 2 or more labels train with \
+                     cross-entropy)",
+                    cfg.num_labels
+                ),
+            ));
         }
         Ok(cfg)
     }

@@ -80,11 +80,16 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
             .filter(|(_, builders)| builders.build_feature_head.is_some())
             .map(|(name, _)| *name)
             .collect();
-        return Err(ModelError::Unsupported(format!(
-            "IterativeDecodeHead `kernel_generate_head` ({SOURCE}): type '{generate_type}' is not \
-             one segtune can generate K-Net's kernels with (supported: {})",
-            names.join(", ")
-        )));
+        return Err(ModelError::unsupported_in(
+            "IterativeDecodeHead",
+            SOURCE,
+            "kernel_generate_head",
+            format!(
+                "type '{generate_type}' is not one segtune can generate K-Net's kernels with \
+                 (supported: {})",
+                names.join(", ")
+            ),
+        ));
     };
     let generate = build_generate(&mut p.sub("kernel_generate_head"), generate_cfg)?;
     let channels = generate.base().cfg.channels;
@@ -96,12 +101,14 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
             let cfg = KernelUpdateHeadCfg::from_cfg(d)?;
             // The first kernels are conv_seg's: channels x 1 x 1 each.
             if cfg.in_channels * cfg.conv_kernel_size.pow(2) != channels {
-                return Err(ModelError::Config(format!(
-                    "KernelUpdateHead {i}: in_channels {} x conv_kernel_size^2 must equal the \
-                     kernel generate head's channels {channels} (its conv_seg weights are the \
-                     first kernels)",
-                    cfg.in_channels
-                )));
+                return Err(ModelError::config(
+                    format!("KernelUpdateHead {i}"),
+                    format!(
+                        "in_channels {} x conv_kernel_size^2 must equal the kernel generate \
+                         head's channels {channels} (its conv_seg weights are the first kernels)",
+                        cfg.in_channels
+                    ),
+                ));
             }
             Ok(KernelUpdateHead::new(&mut heads.sub(i), cfg))
         })
@@ -278,11 +285,14 @@ impl KernelUpdatorCfg {
         // `input_layer` (in_channels -> 2 feat_channels) runs on rows of
         // feat_channels, and the kernels come back with out_channels each.
         if feat_channels != in_channels || out_channels != in_channels {
-            return Err(ModelError::Config(format!(
-                "KernelUpdator: in_channels {in_channels}, feat_channels {feat_channels} and \
-                 out_channels {out_channels} must be equal (its forward reshapes one into the \
-                 other; MMSeg fails there)"
-            )));
+            return Err(ModelError::config(
+                "KernelUpdator",
+                format!(
+                    "in_channels {in_channels}, feat_channels {feat_channels} and \
+                     out_channels {out_channels} must be equal (its forward reshapes one into \
+                     the other; MMSeg fails there)"
+                ),
+            ));
         }
         Ok(cfg)
     }
@@ -485,7 +495,7 @@ impl KernelUpdateHeadCfg {
             None
         };
         match problem {
-            Some(p) => Err(ModelError::Config(format!("KernelUpdateHead: {p}"))),
+            Some(p) => Err(ModelError::config("KernelUpdateHead", p)),
             None => Ok(cfg),
         }
     }

@@ -105,25 +105,28 @@ impl Mask2FormerHeadCfg {
         ]);
         c.finish()?;
         if num_classes < 1 || num_queries < 1 {
-            return Err(ModelError::Config(format!(
-                "Mask2FormerHead: num_classes ({num_classes}) and num_queries ({num_queries}) must be positive"
-            )));
+            return Err(ModelError::config(
+                "Mask2FormerHead",
+                format!(
+                    "num_classes ({num_classes}) and num_queries ({num_queries}) must be positive"
+                ),
+            ));
         }
         if num_transformer_feat_level != pixel_decoder.encoder.num_levels {
-            return Err(ModelError::Config(format!(
-                "Mask2FormerHead: num_transformer_feat_level {num_transformer_feat_level} must equal the pixel decoder's num_levels {}",
+            return Err(ModelError::config("Mask2FormerHead", format!(
+                "num_transformer_feat_level {num_transformer_feat_level} must equal the pixel decoder's num_levels {}",
                 pixel_decoder.encoder.num_levels
             )));
         }
         if pixel_decoder.num_outs < num_transformer_feat_level as usize {
-            return Err(ModelError::Config(format!(
-                "Mask2FormerHead: the pixel decoder's num_outs {} is fewer than num_transformer_feat_level {num_transformer_feat_level}",
+            return Err(ModelError::config("Mask2FormerHead", format!(
+                "the pixel decoder's num_outs {} is fewer than num_transformer_feat_level {num_transformer_feat_level}",
                 pixel_decoder.num_outs
             )));
         }
         if decoder.embed_dims != out_channels {
-            return Err(ModelError::Config(format!(
-                "Mask2FormerHead: the decoder's embed_dims {} must equal out_channels {out_channels} (mask embeddings meet the mask features)",
+            return Err(ModelError::config("Mask2FormerHead", format!(
+                "the decoder's embed_dims {} must equal out_channels {out_channels} (mask embeddings meet the mask features)",
                 decoder.embed_dims
             )));
         }
@@ -149,9 +152,11 @@ pub(super) fn check_type(d: &Dict, expected: &str, role: &str) -> Result<(), Mod
     if ty.trim_start_matches("mmdet.") == expected {
         Ok(())
     } else {
-        Err(ModelError::Unsupported(format!(
-            "Mask2FormerHead `{role}` type `{ty}` (only {expected} is implemented)"
-        )))
+        Err(ModelError::unsupported(
+            "Mask2FormerHead",
+            role,
+            format!("type `{ty}` (only {expected} is implemented)"),
+        ))
     }
 }
 
@@ -175,15 +180,22 @@ impl DecoderCfg {
         l.inert(&["init_cfg"]);
         l.finish()?;
         if self_attn != cross_attn {
-            return Err(ModelError::Unsupported(format!(
-                "Mask2FormerTransformerDecoderLayer ({LAYERS_SOURCE}): self- and cross-attention with different embed_dims/num_heads ({self_attn:?} vs {cross_attn:?})"
-            )));
+            return Err(ModelError::unsupported_in(
+                "Mask2FormerTransformerDecoderLayer",
+                LAYERS_SOURCE,
+                "",
+                format!(
+                    "self- and cross-attention with different embed_dims/num_heads \
+                     ({self_attn:?} vs {cross_attn:?})"
+                ),
+            ));
         }
         let (embed_dims, num_heads) = self_attn;
         let (feedforward_channels, ffn_drop) = ffn_cfg(ffn, embed_dims, 1024)?;
         if num_layers < 1 {
-            return Err(ModelError::Config(
-                "Mask2FormerHead: transformer_decoder num_layers must be at least 1".into(),
+            return Err(ModelError::config(
+                "Mask2FormerHead",
+                "transformer_decoder num_layers must be at least 1",
             ));
         }
         Ok(DecoderCfg {
@@ -215,9 +227,10 @@ fn attention_cfg(d: Option<&Dict>) -> Result<(i64, i64), ModelError> {
     a.inert(&["init_cfg"]);
     a.finish()?;
     if embed_dims <= 0 || num_heads <= 0 || embed_dims % num_heads != 0 {
-        return Err(ModelError::Config(format!(
-            "MultiheadAttention: embed_dims {embed_dims} must be a positive multiple of num_heads {num_heads}"
-        )));
+        return Err(ModelError::config(
+            "MultiheadAttention",
+            format!("embed_dims {embed_dims} must be a positive multiple of num_heads {num_heads}"),
+        ));
     }
     Ok((embed_dims, num_heads))
 }

@@ -64,13 +64,14 @@ impl Mask2FormerLossCfg {
         l.finish()?;
         if class_weight.is_empty() {
             // mmdet's default [1.0] * 133 + [0.1] is for COCO panoptic.
-            return Err(ModelError::Config(
-                "Mask2FormerHead: loss_cls.class_weight must be set (num_classes + 1 weights, no-object last)".into(),
+            return Err(ModelError::config(
+                "Mask2FormerHead",
+                "loss_cls.class_weight must be set (num_classes + 1 weights, no-object last)",
             ));
         }
         if class_weight.len() as i64 != num_classes + 1 {
-            return Err(ModelError::Config(format!(
-                "Mask2FormerHead: loss_cls.class_weight has {} weights for num_classes {num_classes} (needs num_classes + 1)",
+            return Err(ModelError::config("Mask2FormerHead", format!(
+                "loss_cls.class_weight has {} weights for num_classes {num_classes} (needs num_classes + 1)",
                 class_weight.len()
             )));
         }
@@ -111,8 +112,8 @@ impl Mask2FormerLossCfg {
             || oversample_ratio < 1.0
             || !(0.0..=1.0).contains(&importance_sample_ratio)
         {
-            return Err(ModelError::Config(format!(
-                "Mask2FormerHead train_cfg: num_points {num_points} must be >= 1, oversample_ratio {oversample_ratio} >= 1 and importance_sample_ratio {importance_sample_ratio} in [0, 1]"
+            return Err(ModelError::config("Mask2FormerHead train_cfg", format!(
+                "num_points {num_points} must be >= 1, oversample_ratio {oversample_ratio} >= 1 and importance_sample_ratio {importance_sample_ratio} in [0, 1]"
             )));
         }
         let (cost_cls, cost_mask, cost_dice, cost_dice_eps, cost_dice_naive) =
@@ -141,8 +142,9 @@ impl Mask2FormerLossCfg {
 /// config has them): their weights and Dice's `eps` and `naive_dice`.
 fn match_costs(assigner: Option<&Dict>) -> Result<(f64, f64, f64, f64, bool), ModelError> {
     let Some(a) = assigner else {
-        return Err(ModelError::Config(
-            "Mask2FormerHead: train_cfg.assigner must be set".into(),
+        return Err(ModelError::config(
+            "Mask2FormerHead",
+            "train_cfg.assigner must be set",
         ));
     };
     check_type(a, "HungarianAssigner", "train_cfg.assigner")?;
@@ -157,21 +159,24 @@ fn match_costs(assigner: Option<&Dict>) -> Result<(f64, f64, f64, f64, bool), Mo
     let mut next = 0;
     for cost in &costs {
         let d = cost.as_dict().ok_or_else(|| {
-            ModelError::Config("HungarianAssigner: each match cost must be a dict".into())
+            ModelError::config("HungarianAssigner", "each match cost must be a dict")
         })?;
         let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
         let name = ty.trim_start_matches("mmdet.");
         let pos = order.iter().position(|o| *o == name).ok_or_else(|| {
-            ModelError::Unsupported(format!(
-                "HungarianAssigner match cost `{ty}` ({ASSIGNER_SOURCE}match_cost.py; implemented: {})",
-                order.join(", ")
-            ))
+            ModelError::unsupported_in(
+                "HungarianAssigner",
+                format!("{ASSIGNER_SOURCE}match_cost.py"),
+                "match_costs",
+                format!("`{ty}` (implemented: {})", order.join(", ")),
+            )
         })?;
         if pos < next {
-            return Err(ModelError::Unsupported(format!(
-                "HungarianAssigner match costs out of the order {} or repeated",
-                order.join(", ")
-            )));
+            return Err(ModelError::unsupported(
+                "HungarianAssigner",
+                "match_costs",
+                format!("out of the order {} or repeated", order.join(", ")),
+            ));
         }
         next = pos + 1;
         let mut m = ComponentConfig::new(d, "match cost", ASSIGNER_SOURCE);

@@ -64,7 +64,9 @@ impl PixelDecoderCfg {
         let num_outs = c.int("num_outs", 3)?;
         let norm = match c.value("norm_cfg") {
             None => NormCfg::from_cfg_bn_or_gn(Some(&gn_32()))?,
-            Some(v) => NormCfg::from_cfg_bn_or_gn(Some(v))?,
+            Some(v) => {
+                NormCfg::from_cfg_bn_or_gn(Some(v)).map_err(|e| c.setting_error("norm_cfg", e))?
+            }
         }
         .ok_or_else(|| {
             c.unsupported(
@@ -81,31 +83,43 @@ impl PixelDecoderCfg {
         c.inert(&["init_cfg"]);
         c.finish()?;
         if strides.len() != in_channels.len() {
-            return Err(ModelError::Config(format!(
-                "MSDeformAttnPixelDecoder: {} strides for {} input levels",
-                strides.len(),
-                in_channels.len()
-            )));
+            return Err(ModelError::config(
+                "MSDeformAttnPixelDecoder",
+                format!(
+                    "{} strides for {} input levels",
+                    strides.len(),
+                    in_channels.len()
+                ),
+            ));
         }
         if encoder.num_levels < 1 || encoder.num_levels as usize > in_channels.len() {
-            return Err(ModelError::Config(format!(
-                "MSDeformAttnPixelDecoder: num_levels {} must be between 1 and the {} input levels",
-                encoder.num_levels,
-                in_channels.len()
-            )));
+            return Err(ModelError::config(
+                "MSDeformAttnPixelDecoder",
+                format!(
+                    "num_levels {} must be between 1 and the {} input levels",
+                    encoder.num_levels,
+                    in_channels.len()
+                ),
+            ));
         }
         if encoder.embed_dims != feat_channels {
-            return Err(ModelError::Config(format!(
-                "MSDeformAttnPixelDecoder: the encoder's embed_dims {} must equal feat_channels {feat_channels}",
-                encoder.embed_dims
-            )));
+            return Err(ModelError::config(
+                "MSDeformAttnPixelDecoder",
+                format!(
+                    "the encoder's embed_dims {} must equal feat_channels {feat_channels}",
+                    encoder.embed_dims
+                ),
+            ));
         }
         if 2 * positional_encoding.num_feats != feat_channels {
-            return Err(ModelError::Config(format!(
-                "MSDeformAttnPixelDecoder: positional_encoding num_feats {} must be feat_channels / 2 ({})",
-                positional_encoding.num_feats,
-                feat_channels / 2
-            )));
+            return Err(ModelError::config(
+                "MSDeformAttnPixelDecoder",
+                format!(
+                    "positional_encoding num_feats {} must be feat_channels / 2 ({})",
+                    positional_encoding.num_feats,
+                    feat_channels / 2
+                ),
+            ));
         }
         Ok(PixelDecoderCfg {
             in_channels,
@@ -186,9 +200,12 @@ impl EncoderCfg {
         a.unimplemented("value_proj_ratio", &Value::Float(1.0))?;
         a.finish()?;
         if embed_dims <= 0 || num_heads <= 0 || embed_dims % num_heads != 0 {
-            return Err(ModelError::Config(format!(
-                "MultiScaleDeformableAttention: embed_dims {embed_dims} must be a positive multiple of num_heads {num_heads}"
-            )));
+            return Err(ModelError::config(
+                "MultiScaleDeformableAttention",
+                format!(
+                    "embed_dims {embed_dims} must be a positive multiple of num_heads {num_heads}"
+                ),
+            ));
         }
         let (feedforward_channels, ffn_drop) = ffn_cfg(ffn, embed_dims, 1024)?;
         Ok(EncoderCfg {

@@ -112,14 +112,12 @@ impl PointHeadCfg {
             Some(_) => false,
         };
         if !conv_is_1d {
-            return Err(ModelError::Unsupported(
-                "PointHead with a conv_cfg other than Conv1d".into(),
-            ));
+            return Err(c.unsupported("conv_cfg", "only dict(type='Conv1d') is implemented"));
         }
         if c.value("norm_cfg")
             .is_some_and(|v| !matches!(v, Value::None))
         {
-            return Err(ModelError::Unsupported("PointHead with a norm_cfg".into()));
+            return Err(c.unsupported("norm_cfg", "only None is implemented"));
         }
         let empty = Dict::new();
         let train = c.dict("train_cfg")?.unwrap_or(&empty);

@@ -69,19 +69,21 @@ impl SegmenterMaskHeadCfg {
         let head = DecodeHeadCfg::from_cfg(&mut c, None)?;
         c.finish()?;
         if head.in_channels.len() != 1 {
-            return Err(ModelError::Config(
-                "SegmenterMaskTransformerHead: in_channels must be one int".into(),
+            return Err(ModelError::config(
+                "SegmenterMaskTransformerHead",
+                "in_channels must be one int",
             ));
         }
         if num_layers < 1 || num_heads < 1 || embed_dims % num_heads != 0 {
-            return Err(ModelError::Config(format!(
-                "SegmenterMaskTransformerHead: needs num_layers >= 1 and embed_dims ({embed_dims}) divisible into num_heads ({num_heads})"
+            return Err(ModelError::config("SegmenterMaskTransformerHead", format!(
+                "needs num_layers >= 1 and embed_dims ({embed_dims}) divisible into num_heads ({num_heads})"
             )));
         }
         if feedforward.fract() != 0.0 {
-            return Err(ModelError::Config(format!(
-                "SegmenterMaskTransformerHead: mlp_ratio * embed_dims = {feedforward} is not a whole number of channels"
-            )));
+            return Err(ModelError::config(
+                "SegmenterMaskTransformerHead",
+                format!("mlp_ratio * embed_dims = {feedforward} is not a whole number of channels"),
+            ));
         }
         Ok(SegmenterMaskHeadCfg {
             head,

@@ -36,10 +36,10 @@ impl Default for CrossEntropyCfg {
 impl CrossEntropyCfg {
     pub fn from_cfg(d: &Dict) -> Result<CrossEntropyCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "CrossEntropyLoss", SOURCE);
-        if c.flag("use_sigmoid", false) || c.flag("use_mask", false) {
-            return Err(ModelError::Unsupported(
-                "CrossEntropyLoss with use_sigmoid or use_mask".into(),
-            ));
+        for key in ["use_sigmoid", "use_mask"] {
+            if c.flag(key, false) {
+                return Err(c.unsupported(key, "True (only the default False is implemented)"));
+            }
         }
         c.unimplemented("reduction", &Value::Str("mean".into()))?;
         let class_weight = match c.value("class_weight") {
@@ -48,12 +48,13 @@ impl CrossEntropyCfg {
                 Some(l.iter().filter_map(Value::as_f64).collect())
             }
             Some(Value::Str(_)) => {
-                return Err(ModelError::Unsupported(
-                    "class_weight read from a file".into(),
+                return Err(c.unsupported(
+                    "class_weight",
+                    "a file name (class weights read from a file are not implemented)",
                 ))
             }
             Some(other) => {
-                return Err(ModelError::Config(format!(
+                return Err(c.config_error(format!(
                     "class_weight must be a list, not {}",
                     other.type_name()
                 )))

@@ -60,10 +60,13 @@ pub fn loss_decode_from_cfg(v: Option<&Value>) -> Result<Vec<DecodeLoss>, ModelE
             l.iter().filter_map(Value::as_dict).collect()
         }
         Some(other) => {
-            return Err(ModelError::Config(format!(
-                "loss_decode must be a dict or a list of dicts, not {}",
-                other.type_name()
-            )))
+            return Err(ModelError::config(
+                "loss_decode",
+                format!(
+                    "must be a dict or a list of dicts, not {}",
+                    other.type_name()
+                ),
+            ))
         }
     };
     items
@@ -72,9 +75,11 @@ pub fn loss_decode_from_cfg(v: Option<&Value>) -> Result<Vec<DecodeLoss>, ModelE
             |d| match d.get("type").and_then(Value::as_str).unwrap_or("") {
                 "CrossEntropyLoss" => CrossEntropyCfg::from_cfg(d).map(DecodeLoss::CrossEntropy),
                 "DiceLoss" => DiceLossCfg::from_cfg(d).map(DecodeLoss::Dice),
-                ty => Err(ModelError::Unsupported(format!(
-                    "loss type `{ty}` (supported: CrossEntropyLoss, DiceLoss)"
-                ))),
+                ty => Err(ModelError::unsupported(
+                    "loss_decode",
+                    "type",
+                    format!("`{ty}` (supported: CrossEntropyLoss, DiceLoss)"),
+                )),
             },
         )
         .collect()

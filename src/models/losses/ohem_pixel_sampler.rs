@@ -32,17 +32,19 @@ impl OhemPixelSampler {
             None | Some(Value::None) => return Ok(None),
             Some(Value::Dict(d)) => d,
             Some(other) => {
-                return Err(ModelError::Config(format!(
-                    "sampler must be a dict, not {}",
-                    other.type_name()
-                )))
+                return Err(ModelError::config(
+                    "sampler",
+                    format!("must be a dict, not {}", other.type_name()),
+                ))
             }
         };
         let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
         if ty != "OHEMPixelSampler" {
-            return Err(ModelError::Unsupported(format!(
-                "pixel sampler type `{ty}` (supported: OHEMPixelSampler)"
-            )));
+            return Err(ModelError::unsupported(
+                "sampler",
+                "type",
+                format!("`{ty}` (supported: OHEMPixelSampler)"),
+            ));
         }
         let mut c = ComponentConfig::new(d, "OHEMPixelSampler", SOURCE);
         let thresh = match c.value("thresh") {

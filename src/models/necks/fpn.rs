@@ -118,9 +118,9 @@ impl FpnCfg {
             None | Some(Value::None) => false,
             Some(Value::Dict(a)) if a.get("type").and_then(Value::as_str) == Some("ReLU") => true,
             Some(_) => {
-                return Err(ModelError::Unsupported(
-                    "FPN with an act_cfg other than None or ReLU".into(),
-                ))
+                return Err(
+                    c.unsupported("act_cfg", "only None or dict(type='ReLU') is implemented")
+                )
             }
         };
         let upsample = match c.dict("upsample_cfg")? {
@@ -133,9 +133,9 @@ impl FpnCfg {
                         u.get("align_corners").is_some_and(Value::truthy),
                     ),
                     _ => {
-                        return Err(ModelError::Unsupported(
-                            "FPN upsample_cfg other than mode='nearest' or 'bilinear' to the finer level's size"
-                                .into(),
+                        return Err(c.unsupported(
+                            "upsample_cfg",
+                            "only mode='nearest' or 'bilinear' to the finer level's size is implemented",
                         ))
                     }
                 }

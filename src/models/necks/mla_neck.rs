@@ -54,7 +54,7 @@ impl MlaNeckCfg {
         };
         c.finish()?;
         if cfg.in_channels.is_empty() {
-            return Err(ModelError::Config("MLANeck: in_channels is empty".into()));
+            return Err(ModelError::config("MLANeck", "in_channels is empty"));
         }
         Ok(cfg)
     }

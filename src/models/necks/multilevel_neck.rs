@@ -50,14 +50,16 @@ impl MultiLevelNeckCfg {
         let (inputs, outputs) = (cfg.in_channels.len(), cfg.scales.len());
         // forward indexes the laterals by output: one lateral, or one per output.
         if inputs == 0 || (inputs != 1 && inputs < outputs) {
-            return Err(ModelError::Config(format!(
-                "MultiLevelNeck: {inputs} in_channels for {outputs} scales (needs one, or one per scale)"
-            )));
+            return Err(ModelError::config(
+                "MultiLevelNeck",
+                format!("{inputs} in_channels for {outputs} scales (needs one, or one per scale)"),
+            ));
         }
         if let Some(s) = cfg.scales.iter().find(|s| **s <= 0.0) {
-            return Err(ModelError::Config(format!(
-                "MultiLevelNeck: scale {s} is not positive"
-            )));
+            return Err(ModelError::config(
+                "MultiLevelNeck",
+                format!("scale {s} is not positive"),
+            ));
         }
         Ok(cfg)
     }

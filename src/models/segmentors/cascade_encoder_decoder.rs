@@ -32,12 +32,12 @@ pub fn read_cfg(model: &Dict) -> Result<EncoderDecoderCfg<'_>, ModelError> {
             .enumerate()
             .map(|(i, item)| {
                 item.as_dict().ok_or_else(|| {
-                    ModelError::Config(format!("model.decode_head[{i}] must be a dict"))
+                    ModelError::config(format!("model.decode_head[{i}]"), "must be a dict")
                 })
             })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(c.config_error("decode_head must be a list of num_stages dicts")),
-        None => return Err(ModelError::Config("model has no `decode_head`".into())),
+        None => return Err(ModelError::config("model", "lacks `decode_head`")),
     };
     if stages.len() != num_stages {
         return Err(c.config_error(format!(

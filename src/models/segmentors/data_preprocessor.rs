@@ -48,9 +48,11 @@ impl PreprocessorCfg {
                 })
             }
             Some(ty) => {
-                return Err(ModelError::Unsupported(format!(
-                    "data_preprocessor type `{ty}` (supported: SegDataPreProcessor)"
-                )));
+                return Err(ModelError::unsupported(
+                    "model.data_preprocessor",
+                    "type",
+                    format!("`{ty}` (supported: SegDataPreProcessor)"),
+                ));
             }
         }
         let mut c = ComponentConfig::new(d, "SegDataPreProcessor", SOURCE);
@@ -65,8 +67,9 @@ impl PreprocessorCfg {
             Some(v) => match v.as_seq() {
                 Some([h, w]) => Some((h.as_i64().unwrap_or(0), w.as_i64().unwrap_or(0))),
                 _ => {
-                    return Err(ModelError::Config(
-                        "data_preprocessor.size must be (h, w)".into(),
+                    return Err(ModelError::config(
+                        "model.data_preprocessor",
+                        "size must be (h, w)",
                     ))
                 }
             },
@@ -105,6 +108,9 @@ pub enum TestPad {
     Divisor(i64),
 }
 
+/// The config path of `TestPad`'s settings, which its errors name.
+const TEST_CFG: &str = "model.data_preprocessor.test_cfg";
+
 impl TestPad {
     /// `stack_batch(size=test_cfg.get('size'), size_divisor=test_cfg.get('size_divisor'))`;
     /// `None` when neither is set (MMSeg then only stacks). Other keys are
@@ -112,26 +118,26 @@ impl TestPad {
     fn from_test_cfg(t: &Dict) -> Result<Option<TestPad>, ModelError> {
         let get = |key: &str| t.get(key).filter(|v| !matches!(v, Value::None));
         match (get("size"), get("size_divisor")) {
-            (Some(_), Some(_)) => Err(ModelError::Config(
-                "data_preprocessor.test_cfg: only one of size and size_divisor should be valid \
-                 (MMSeg's stack_batch asserts it)"
-                    .into(),
+            (Some(_), Some(_)) => Err(ModelError::config(
+                TEST_CFG,
+                "only one of size and size_divisor should be valid \
+                 (MMSeg's stack_batch asserts it)",
             )),
             (Some(size), None) => match size.as_seq() {
                 Some([h, w]) => match (h.as_i64(), w.as_i64()) {
                     (Some(h), Some(w)) if h > 0 && w > 0 => Ok(Some(TestPad::Size(h, w))),
-                    _ => Err(ModelError::Config(
-                        "data_preprocessor.test_cfg.size must be (h, w) of positive ints".into(),
+                    _ => Err(ModelError::config(
+                        TEST_CFG,
+                        "size must be (h, w) of positive ints",
                     )),
                 },
-                _ => Err(ModelError::Config(
-                    "data_preprocessor.test_cfg.size must be (h, w)".into(),
-                )),
+                _ => Err(ModelError::config(TEST_CFG, "size must be (h, w)")),
             },
             (None, Some(divisor)) => match divisor.as_i64() {
                 Some(d) if d > 0 => Ok(Some(TestPad::Divisor(d))),
-                _ => Err(ModelError::Config(
-                    "data_preprocessor.test_cfg.size_divisor must be a positive int".into(),
+                _ => Err(ModelError::config(
+                    TEST_CFG,
+                    "size_divisor must be a positive int",
                 )),
             },
             (None, None) => Ok(None),
@@ -243,8 +249,10 @@ impl SegDataPreProcessor {
         device: Device,
     ) -> Result<(Tensor, Vec<(i64, i64)>), ModelError> {
         if self.cfg.pixel_values {
-            return Err(ModelError::Unsupported(
-                "inference of a Hugging Face model is not built yet".into(),
+            return Err(ModelError::unsupported(
+                super::hf_segformer::TYPE,
+                "",
+                "inference of a Hugging Face model is not built yet",
             ));
         }
         let inputs = self.normalised(images, device);

@@ -121,7 +121,7 @@ impl<'a> EncoderDecoderCfg<'a> {
                     "decode_head is a list: that is a CascadeEncoderDecoder (set model.type)",
                 ))
             }
-            _ => return Err(ModelError::Config("model has no `decode_head`".into())),
+            _ => return Err(ModelError::config("model", "lacks `decode_head`")),
         };
         Self::read_components(c, decode_head)
     }
@@ -135,15 +135,15 @@ impl<'a> EncoderDecoderCfg<'a> {
         let backbone = c
             .value("backbone")
             .and_then(Value::as_dict)
-            .ok_or_else(|| ModelError::Config("model has no `backbone`".into()))?;
+            .ok_or_else(|| ModelError::config("model", "lacks `backbone`"))?;
         let neck = match c.value("neck") {
             None | Some(Value::None) => None,
             Some(Value::Dict(d)) => Some(d),
             Some(other) => {
-                return Err(ModelError::Config(format!(
-                    "model.neck must be a dict, not {}",
-                    other.type_name()
-                )))
+                return Err(ModelError::config(
+                    "model.neck",
+                    format!("must be a dict, not {}", other.type_name()),
+                ))
             }
         };
         let auxiliary_heads = match c.value("auxiliary_head") {
@@ -156,15 +156,21 @@ impl<'a> EncoderDecoderCfg<'a> {
                     item.as_dict()
                         .map(|d| NamedHead::new(Role::Auxiliary, Some(i), d))
                         .ok_or_else(|| {
-                            ModelError::Config(format!("model.auxiliary_head[{i}] must be a dict"))
+                            ModelError::config(
+                                format!("model.auxiliary_head[{i}]"),
+                                "must be a dict",
+                            )
                         })
                 })
                 .collect::<Result<_, _>>()?,
             Some(other) => {
-                return Err(ModelError::Config(format!(
-                    "model.auxiliary_head must be a dict or a list of dicts, not {}",
-                    other.type_name()
-                )))
+                return Err(ModelError::config(
+                    "model.auxiliary_head",
+                    format!(
+                        "must be a dict or a list of dicts, not {}",
+                        other.type_name()
+                    ),
+                ))
             }
         };
         let data_preprocessor = c.value("data_preprocessor").and_then(Value::as_dict);
@@ -218,7 +224,9 @@ pub(crate) fn check_parts(cfg: &EncoderDecoderCfg) -> Result<(), ModelError> {
     match unknown.len() {
         0 => Ok(()),
         1 => Err(unknown.pop().expect("one")),
-        _ => Err(ModelError::UnknownTypes(unknown)),
+        _ => Err(ModelError::UnknownTypes {
+            components: unknown,
+        }),
     }
 }
 
@@ -289,17 +297,19 @@ impl EncoderDecoder {
             // BaseCascadeDecodeHead; MMSeg fails with a TypeError otherwise.
             let needs_prev = cascade && stage > 0;
             if head.is_cascade() != needs_prev {
-                return Err(ModelError::Config(format!(
-                    "model.{param_prefix} ({}) {}",
-                    type_of(head_cfg, "decode_head")?,
+                return Err(ModelError::config(
+                    format!(
+                        "model.{param_prefix} ({})",
+                        type_of(head_cfg, "decode_head")?
+                    ),
                     if needs_prev {
                         "follows another stage of a CascadeEncoderDecoder, so it must be a cascade head (OCRHead)"
                     } else if cascade {
                         "is the first stage of a CascadeEncoderDecoder: a cascade head needs a stage before it"
                     } else {
                         "is a cascade head: it needs a CascadeEncoderDecoder with a stage before it"
-                    }
-                )));
+                    },
+                ));
             }
             decode_heads.push((loss_prefix, head));
         }

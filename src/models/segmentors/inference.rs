@@ -52,9 +52,10 @@ impl TestMode {
                 _ => None,
             }
             .ok_or_else(|| {
-                ModelError::Config(format!(
-                    "model.test_cfg.{key} must be (h, w) of positive integers for mode='slide'"
-                ))
+                ModelError::config(
+                    "model.test_cfg",
+                    format!("{key} must be (h, w) of positive integers for mode='slide'"),
+                )
             })
         };
         match test_cfg
@@ -67,9 +68,10 @@ impl TestMode {
                 crop: pair("crop_size")?,
                 stride: pair("stride")?,
             }),
-            other => Err(ModelError::Config(format!(
-                "model.test_cfg.mode='{other}': MMSeg has 'whole' and 'slide'"
-            ))),
+            other => Err(ModelError::config(
+                "model.test_cfg",
+                format!("mode='{other}': MMSeg has 'whole' and 'slide'"),
+            )),
         }
     }
 
@@ -111,10 +113,11 @@ impl TestMode {
 /// head (one, or a cascade's stages) predicts per-pixel logits.
 pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
     if model.get("type").and_then(Value::as_str) == Some(super::hf_segformer::TYPE) {
-        return Err(ModelError::Unsupported(format!(
-            "inference of a Hugging Face model ({}) is not built yet; training is",
-            super::hf_segformer::TYPE
-        )));
+        return Err(ModelError::unsupported(
+            super::hf_segformer::TYPE,
+            "",
+            "inference of a Hugging Face model is not built yet; training is",
+        ));
     }
     let heads: Vec<&Value> = match model.get("decode_head") {
         Some(Value::List(stages)) => stages.iter().collect(),
@@ -139,11 +142,12 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
             if facts.mask_classification && slide && test_pads {
                 // Its predict upsamples each crop's masks to the padded
                 // image (`pad_shape`), which slide inference cannot add up.
-                return Err(ModelError::Unsupported(
-                    "slide inference of Mask2FormerHead with a padding data_preprocessor.test_cfg \
+                return Err(ModelError::unsupported(
+                    "Mask2FormerHead",
+                    "",
+                    "slide inference with a padding data_preprocessor.test_cfg \
                      (MMSeg upsamples each crop to the whole padded image and fails); use \
-                     model.test_cfg.mode=whole"
-                        .into(),
+                     model.test_cfg.mode=whole",
                 ));
             }
             if facts.subdivision_inference {
@@ -151,11 +155,11 @@ pub fn check_inference(model: &Dict) -> Result<(), ModelError> {
                 if crate::models::decode_heads::point_head::Subdivision::from_test_cfg(test_cfg)?
                     .is_none()
                 {
-                    return Err(ModelError::Config(
-                        "PointHead's inference reads model.test_cfg.subdivision_steps, \
+                    return Err(ModelError::config(
+                        "PointHead",
+                        "its inference reads model.test_cfg.subdivision_steps, \
                          subdivision_num_points and scale_factor; set them (PointRend's configs: \
-                         2, 8196, 2)"
-                            .into(),
+                         2, 8196, 2)",
                     ));
                 }
             }
