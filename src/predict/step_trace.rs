@@ -144,8 +144,8 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
     let text = std::fs::read_to_string(&trace_path)
         .map_err(|e| Error::io("no trace from the worker", e))?;
     Ok(TracedStep {
-        events: trace::from_text(&text).map_err(Error::Trial)?,
-        kernel_calls: trace::calls_from_text(&text).map_err(Error::Trial)?,
+        events: trace::from_text(&text).map_err(|e| Error::Trial(e.to_string()))?,
+        kernel_calls: trace::calls_from_text(&text).map_err(|e| Error::Trial(e.to_string()))?,
         cpu_peak_bytes: report.peak_bytes.unwrap_or(0),
         forward_flops: report.forward_flops,
         recompute_flops: report.recompute_flops,

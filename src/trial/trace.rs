@@ -84,46 +84,55 @@ pub fn to_text_with_calls(events: &[TraceEvent], calls: &[KernelCall]) -> String
 }
 
 /// The kernel calls of a v3 trace (none in v1 and v2).
-pub fn calls_from_text(text: &str) -> Result<Vec<KernelCall>, String> {
+pub fn calls_from_text(text: &str) -> Result<Vec<KernelCall>, TraceParseError> {
     text.lines()
         .skip(1)
         .filter(|l| l.starts_with("k "))
-        .map(|l| KernelCall::from_line(l).map_err(|e| e.to_string()))
+        .map(|l| KernelCall::from_line(l).map_err(TraceParseError::from))
         .collect()
+}
+
+/// Why a trace file does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceParseError {
+    #[error("not a segtune trace (v1, v2 or v3)")]
+    NotATrace,
+    /// `line` is 1-based, the header included.
+    #[error("trace line {line}: {what}")]
+    BadLine { line: usize, what: String },
+    #[error(transparent)]
+    KernelCall(#[from] super::kernel_calls::KernelCallParseError),
 }
 
 /// Parses [`to_text`]'s output (and v1 traces, without scopes); the kernel
 /// calls of a v3 trace are left out (see [`calls_from_text`]).
-pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, String> {
+pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, TraceParseError> {
     let mut lines = text.lines();
     let scoped = match lines.next() {
         Some(HEADER_V2 | HEADER_V3) => true,
         Some(HEADER_V1) => false,
-        _ => return Err("not a segtune trace (v1, v2 or v3)".into()),
+        _ => return Err(TraceParseError::NotATrace),
     };
     lines
         .enumerate()
         .filter(|(_, line)| !line.starts_with("k "))
         .map(|(i, line)| {
             let mut parts = line.split_ascii_whitespace();
-            let mut next = || {
-                parts
-                    .next()
-                    .ok_or_else(|| format!("trace line {}: too short", i + 2))
-            };
+            let bad = |what: String| TraceParseError::BadLine { line: i + 2, what };
+            let mut next = || parts.next().ok_or_else(|| bad("too short".into()));
             let id = next()?
                 .parse()
-                .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+                .map_err(|e: std::num::ParseIntError| bad(e.to_string()))?;
             let bytes = next()?
                 .parse()
-                .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+                .map_err(|e: std::num::ParseIntError| bad(e.to_string()))?;
             let phase = next()?
                 .parse()
-                .map_err(|e| format!("trace line {}: {e}", i + 2))?;
+                .map_err(|e: std::num::ParseIntError| bad(e.to_string()))?;
             let scope = if scoped {
                 next()?
                     .parse()
-                    .map_err(|e| format!("trace line {}: {e}", i + 2))?
+                    .map_err(|e: std::num::ParseIntError| bad(e.to_string()))?
             } else {
                 0
             };

@@ -317,9 +317,13 @@ impl Layer {
     }
 
     fn forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
-        checkpoint_if(self.checkpointed && training, x, move |x: &Tensor| {
-            self.inner_forward(x, hw, training)
-        })
+        // SAFETY: the block borrows this module, which outlives the step's graph
+        // (a trial keeps its model for all its steps).
+        unsafe {
+            checkpoint_if(self.checkpointed && training, x, move |x: &Tensor| {
+                self.inner_forward(x, hw, training)
+            })
+        }
     }
 
     fn inner_forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {

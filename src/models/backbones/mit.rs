@@ -252,9 +252,13 @@ impl Block {
     /// `TransformerEncoderLayer.forward`, through [`checkpoint`] under
     /// `with_cp` when the input requires grad.
     fn forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {
-        checkpoint_if(self.with_cp, x, move |x: &Tensor| {
-            self.inner_forward(x, hw, training)
-        })
+        // SAFETY: the block borrows this module, which outlives the step's graph
+        // (a trial keeps its model for all its steps).
+        unsafe {
+            checkpoint_if(self.with_cp, x, move |x: &Tensor| {
+                self.inner_forward(x, hw, training)
+            })
+        }
     }
 
     fn inner_forward(&self, x: &Tensor, hw: (i64, i64), training: bool) -> Tensor {

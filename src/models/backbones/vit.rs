@@ -268,9 +268,13 @@ impl TransformerEncoderLayer {
     /// `x`: `[B, L, C]`. Through a checkpoint under `with_cp` when `x`
     /// requires grad.
     pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
-        checkpoint_if(self.with_cp, x, move |x: &Tensor| {
-            self.inner_forward(x, training)
-        })
+        // SAFETY: the block borrows this module, which outlives the step's graph
+        // (a trial keeps its model for all its steps).
+        unsafe {
+            checkpoint_if(self.with_cp, x, move |x: &Tensor| {
+                self.inner_forward(x, training)
+            })
+        }
     }
 
     fn inner_forward(&self, input: &Tensor, training: bool) -> Tensor {

@@ -6,6 +6,42 @@ use crate::models::component_config::test_support::{
 };
 use serde_json::json;
 
+/// Its `pixel_decoder` (mmdet's MSDeformAttnPixelDecoder).
+fn r50_ade_pixel_decoder() -> serde_json::Value {
+    json!({
+        "type": "mmdet.MSDeformAttnPixelDecoder",
+        "num_outs": 3,
+        "norm_cfg": {"type": "GN", "num_groups": 32},
+        "act_cfg": {"type": "ReLU"},
+        "encoder": {
+            "num_layers": 6,
+            "layer_cfg": {
+                "self_attn_cfg": {
+                    "embed_dims": 256,
+                    "num_heads": 8,
+                    "num_levels": 3,
+                    "num_points": 4,
+                    "im2col_step": 64,
+                    "dropout": 0.0,
+                    "batch_first": true,
+                    "norm_cfg": null,
+                    "init_cfg": null
+                },
+                "ffn_cfg": {
+                    "embed_dims": 256,
+                    "feedforward_channels": 1024,
+                    "num_fcs": 2,
+                    "ffn_drop": 0.0,
+                    "act_cfg": {"type": "ReLU", "inplace": true}
+                }
+            },
+            "init_cfg": null
+        },
+        "positional_encoding": {"num_feats": 128, "normalize": true},
+        "init_cfg": null
+    })
+}
+
 /// `model.decode_head` of mask2former/mask2former_r50_8xb2-160k_ade20k-512x512.py
 /// (resolved; tuples as lists),
 /// but `loss_cls.class_weight`, too long for `json!`.
@@ -20,38 +56,7 @@ fn r50_ade_without_class_weight() -> serde_json::Value {
         "num_queries": 100,
         "num_transformer_feat_level": 3,
         "align_corners": false,
-        "pixel_decoder": {
-            "type": "mmdet.MSDeformAttnPixelDecoder",
-            "num_outs": 3,
-            "norm_cfg": {"type": "GN", "num_groups": 32},
-            "act_cfg": {"type": "ReLU"},
-            "encoder": {
-                "num_layers": 6,
-                "layer_cfg": {
-                    "self_attn_cfg": {
-                        "embed_dims": 256,
-                        "num_heads": 8,
-                        "num_levels": 3,
-                        "num_points": 4,
-                        "im2col_step": 64,
-                        "dropout": 0.0,
-                        "batch_first": true,
-                        "norm_cfg": null,
-                        "init_cfg": null
-                    },
-                    "ffn_cfg": {
-                        "embed_dims": 256,
-                        "feedforward_channels": 1024,
-                        "num_fcs": 2,
-                        "ffn_drop": 0.0,
-                        "act_cfg": {"type": "ReLU", "inplace": true}
-                    }
-                },
-                "init_cfg": null
-            },
-            "positional_encoding": {"num_feats": 128, "normalize": true},
-            "init_cfg": null
-        },
+        "pixel_decoder": r50_ade_pixel_decoder(),
         "enforce_decoder_input_project": false,
         "positional_encoding": {"num_feats": 128, "normalize": true},
         "transformer_decoder": {

@@ -87,14 +87,16 @@ unsafe extern "C" fn release_block(block: *mut c_void) {
 /// and the input requires grad.
 ///
 /// `block` may borrow the model; see [`checkpoint`] for what that asks.
-pub fn checkpoint_if<'a>(
+///
+/// # Safety
+/// As [`checkpoint`]'s, when `with_cp` and `input` requires a gradient.
+pub unsafe fn checkpoint_if<'a>(
     with_cp: bool,
     input: &Tensor,
     block: impl Fn(&Tensor) -> Tensor + 'a,
 ) -> Tensor {
     if with_cp && input.requires_grad() {
-        // SAFETY: the models' blocks borrow their module, which the trial
-        // keeps for all its steps, each of which runs its backward.
+        // SAFETY: the caller's, as this function's.
         unsafe { checkpoint(input, block) }
     } else {
         block(input)
