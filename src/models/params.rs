@@ -180,3 +180,7 @@ impl ParamScope<'_> {
         t
     }
 }
+
+#[cfg(test)]
+#[path = "params_tests.rs"]
+mod tests;
