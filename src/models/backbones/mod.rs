@@ -6,6 +6,7 @@
 //! plus its `mod` line and its table row below.
 
 pub mod bisenetv1;
+pub mod cgnet;
 pub mod convnext;
 pub mod erfnet;
 pub mod hf_segformer;
@@ -49,6 +50,7 @@ crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
+        ("CGNet", cgnet::build),
         ("ERFNet", erfnet::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
