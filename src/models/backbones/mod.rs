@@ -6,7 +6,9 @@
 //! plus its `mod` line and its table row below.
 
 pub mod bisenetv1;
+pub mod cgnet;
 pub mod convnext;
+pub mod erfnet;
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod icnet;
@@ -48,6 +50,8 @@ crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
+        ("CGNet", cgnet::build),
+        ("ERFNet", erfnet::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build, WITH_CP),
