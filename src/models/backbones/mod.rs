@@ -7,6 +7,7 @@
 
 pub mod bisenetv1;
 pub mod convnext;
+pub mod fast_scnn;
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod icnet;
@@ -48,6 +49,7 @@ crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
+        ("FastSCNN", fast_scnn::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build, WITH_CP),
