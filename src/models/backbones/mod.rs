@@ -9,6 +9,7 @@ pub mod bisenetv1;
 pub mod cgnet;
 pub mod convnext;
 pub mod erfnet;
+pub mod fast_scnn;
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod icnet;
@@ -52,6 +53,7 @@ crate::models::registry::registry_table!(
         ("BiSeNetV1", bisenetv1::build),
         ("CGNet", cgnet::build),
         ("ERFNet", erfnet::build),
+        ("FastSCNN", fast_scnn::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build, WITH_CP),

@@ -119,10 +119,12 @@ impl DecodeHeadCfg {
         if sampler.is_some()
             && losses
                 .iter()
-                .any(|l| !matches!(l, DecodeLoss::CrossEntropy(_)))
+                .any(|l| !matches!(l, DecodeLoss::CrossEntropy(ce) if !ce.use_sigmoid))
         {
             // MMSeg asserts the pixel weights' shape against the loss's.
-            return Err(c.config_error("an OHEMPixelSampler works with CrossEntropyLoss only"));
+            return Err(c.config_error(
+                "an OHEMPixelSampler works with CrossEntropyLoss only (without use_sigmoid)",
+            ));
         }
         // `threshold` binarises predictions at inference; `init_cfg` draws weights.
         c.inert(&["threshold", "init_cfg"]);

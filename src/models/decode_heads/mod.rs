@@ -34,6 +34,7 @@ pub mod psp_head;
 pub mod segformer_head;
 pub mod segmenter_mask_head;
 pub mod sep_aspp_head;
+pub mod sep_fcn_head;
 pub mod setr_mla_head;
 pub mod setr_up_head;
 pub mod uper_head;
@@ -157,6 +158,7 @@ crate::models::registry::registry_table!(
         ("DMHead", HeadBuilders::head(dm_head::build)),
         ("DNLHead", HeadBuilders::head(dnl_head::build)),
         ("DepthwiseSeparableASPPHead", HeadBuilders::head(sep_aspp_head::build)),
+        ("DepthwiseSeparableFCNHead", HeadBuilders::head(sep_fcn_head::build)),
         ("EMAHead", HeadBuilders::head(ema_head::build)),
         ("EncHead", HeadBuilders::head(enc_head::build)),
         ("FCNHead", HeadBuilders::feature_head(fcn_head::build, fcn_head::build_feature_head)),

@@ -1,7 +1,9 @@
 //! `CrossEntropyLoss` (`mmseg/models/losses/cross_entropy_loss.py`): softmax
 //! cross-entropy per pixel (`F.cross_entropy(..., reduction='none')`) reduced
 //! by MMSeg's `weight_reduce_loss` (a sum divided by the pixel count, or by
-//! the summed class weights).
+//! the summed class weights); with `use_sigmoid=True`, MMSeg's
+//! `binary_cross_entropy`: one-hot targets, a sigmoid cross-entropy per
+//! class and pixel, weighted by the valid-pixel mask.
 
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
@@ -14,6 +16,8 @@ const SOURCE: &str = "mmseg/models/losses/cross_entropy_loss.py";
 /// One `CrossEntropyLoss` of a head's `loss_decode`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CrossEntropyCfg {
+    /// `use_sigmoid`: `binary_cross_entropy` instead of `cross_entropy`.
+    pub use_sigmoid: bool,
     pub loss_weight: f64,
     pub class_weight: Option<Vec<f64>>,
     pub avg_non_ignore: bool,
@@ -25,6 +29,7 @@ impl Default for CrossEntropyCfg {
     /// BaseDecodeHead's default `loss_decode`.
     fn default() -> Self {
         CrossEntropyCfg {
+            use_sigmoid: false,
             loss_weight: 1.0,
             class_weight: None,
             avg_non_ignore: false,
@@ -36,10 +41,9 @@ impl Default for CrossEntropyCfg {
 impl CrossEntropyCfg {
     pub fn from_cfg(d: &Dict) -> Result<CrossEntropyCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "CrossEntropyLoss", SOURCE);
-        for key in ["use_sigmoid", "use_mask"] {
-            if c.flag(key, false) {
-                return Err(c.unsupported(key, "True (only the default False is implemented)"));
-            }
+        let use_sigmoid = c.flag("use_sigmoid", false);
+        if c.flag("use_mask", false) {
+            return Err(c.unsupported("use_mask", "True (only the default False is implemented)"));
         }
         c.unimplemented("reduction", &Value::Str("mean".into()))?;
         let class_weight = match c.value("class_weight") {
@@ -61,6 +65,7 @@ impl CrossEntropyCfg {
             }
         };
         let loss = CrossEntropyCfg {
+            use_sigmoid,
             loss_weight: c.float("loss_weight", 1.0)?,
             class_weight,
             avg_non_ignore: c.flag("avg_non_ignore", false),
@@ -100,6 +105,9 @@ impl CrossEntropyCfg {
         weight: Option<&Tensor>,
         ignore_index: i64,
     ) -> Tensor {
+        if self.use_sigmoid {
+            return self.binary(pred, label, weight, ignore_index);
+        }
         let class_weight = self.class_weight.as_ref().map(|w| {
             crate::models::layers::host::from_host(w)
                 .to_kind(pred.kind())
@@ -144,6 +152,75 @@ impl CrossEntropyCfg {
             None => loss,
         };
         let reduced = loss.sum(loss.kind()) / (avg_factor + eps);
+        drop(loss);
+        reduced * self.loss_weight
+    }
+}
+
+impl CrossEntropyCfg {
+    /// `binary_cross_entropy(pred, label, weight, class_weight=...,
+    /// ignore_index=..., avg_non_ignore=...)`: `pred` `[B, K, H, W]` (or
+    /// `[B, 1, H, W]`, squeezed, for one class), `label` `[B, H, W]`.
+    fn binary(
+        &self,
+        pred: &Tensor,
+        label: &Tensor,
+        weight: Option<&Tensor>,
+        ignore_index: i64,
+    ) -> Tensor {
+        let valid = label.ge(0).logical_and(&label.ne(ignore_index)); // [B, H, W] bool
+        let (pred, target, valid_mask) = if pred.size()[1] == 1 {
+            let valid_mask = valid.to_kind(Kind::Float); // [B, H, W]
+            (pred.squeeze_dim(1), label.shallow_clone(), valid_mask)
+        } else {
+            // _expand_onehot_labels sets bin_labels[n, label, h, w] = 1 on the
+            // valid pixels by their nonzero() indices; a scatter of the valid
+            // mask gives the same targets without value-dependent shapes
+            // (meta traces), at the cost of its [B, 1, H, W] index instead
+            // of those indices.
+            let classes = pred.size()[1];
+            let index = label.clamp(0, classes - 1).unsqueeze(1); // [B, 1, H, W]
+            let on = valid.unsqueeze(1).to_kind(label.kind()); // [B, 1, H, W]
+            let target = label
+                .new_zeros(pred.size(), (label.kind(), label.device()))
+                .scatter(1, &index, &on);
+            drop((index, on));
+            let valid_mask = valid
+                .unsqueeze(1)
+                .expand(pred.size(), false)
+                .to_kind(Kind::Float); // [B, K, H, W]
+            (pred.shallow_clone(), target, valid_mask)
+        };
+        let weight = match weight {
+            Some(w) if pred.dim() == 4 => w.unsqueeze(1).expand(pred.size(), false) * &valid_mask,
+            Some(w) => w * &valid_mask,
+            None => valid_mask.shallow_clone(),
+        };
+        let avg_factor = self
+            .avg_non_ignore
+            .then(|| valid_mask.sum(Kind::Float).double_value(&[]));
+        drop(valid_mask);
+        // MMSeg passes class_weight as pos_weight, which broadcasts over
+        // the last dimension (the width), as it does here.
+        let pos_weight = self.class_weight.as_ref().map(|w| {
+            crate::models::layers::host::from_host(w)
+                .to_kind(pred.kind())
+                .to_device(pred.device())
+        });
+        let target = target.to_kind(pred.kind());
+        let loss = pred.binary_cross_entropy_with_logits(
+            &target,
+            None::<&Tensor>,
+            pos_weight.as_ref(),
+            Reduction::None,
+        );
+        drop(target);
+        // weight_reduce_loss: `loss * weight`, then the mean or the sum over avg_factor.
+        let loss = loss * weight;
+        let reduced = match avg_factor {
+            None => loss.mean(loss.kind()),
+            Some(n) => loss.sum(loss.kind()) / (n + f32::EPSILON as f64),
+        };
         drop(loss);
         reduced * self.loss_weight
     }

@@ -73,3 +73,14 @@ fn settings_are_read_with_mmsegs_defaults_and_unknown_keys_refused() {
     .to_string();
     assert!(err.contains("`label_smoothing`"), "{err}");
 }
+
+#[test]
+fn the_sigmoid_loss_averages_over_classes_and_valid_pixels() {
+    let ce = loss(json!({"type": "CrossEntropyLoss", "use_sigmoid": true, "loss_weight": 1}));
+    // Zero logits: every class and pixel costs ln 2; the ignored pixel
+    // counts in the mean with weight 0 (MMSeg's mean over all elements).
+    let pred = Tensor::zeros([1, 3, 1, 2], (tch::Kind::Float, tch::Device::Cpu));
+    let label = Tensor::from_slice(&[1i64, 255]).reshape([1, 1, 2]);
+    let got = ce.forward(&pred, &label, None, 255).double_value(&[]);
+    assert!((got - std::f64::consts::LN_2 / 2.0).abs() < 1e-5, "{got}");
+}
