@@ -84,11 +84,11 @@ pub struct RawTraceEvent {
     pub scope: u32,
 }
 
-/// The caching allocator's statistics as the shim writes them
-/// (`SegtuneDeviceStats`).
+/// Statistics of the CUDA caching allocator for one device, as the shim
+/// writes them (`SegtuneDeviceStats`) and the trial report carries them.
 #[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RawDeviceStats {
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct DeviceStats {
     pub allocated_current: i64,
     pub allocated_peak: i64,
     pub reserved_current: i64,
@@ -133,7 +133,7 @@ extern "C" {
     pub fn segtune_hold_until_freed(keep: *const C_tensor, until: *const C_tensor) -> c_int;
 
     // The device's caching allocator and CUDA settings.
-    pub fn segtune_device_stats(device: c_int, out: *mut RawDeviceStats) -> c_int;
+    pub fn segtune_device_stats(device: c_int, out: *mut DeviceStats) -> c_int;
     pub fn segtune_device_reset_peak(device: c_int) -> c_int;
     pub fn segtune_device_empty_cache() -> c_int;
     pub fn segtune_device_synchronize(device: c_int) -> c_int;

@@ -4,7 +4,8 @@
 //! and the CUDA caching allocator's statistics via `at::accelerator`: the
 //! safe side of `crate::ffi`'s declarations.
 
-use crate::ffi::{self, check, RawDeviceStats, ShimError};
+pub use crate::ffi::DeviceStats;
+use crate::ffi::{self, check, ShimError};
 use std::os::raw::c_int;
 
 pub use crate::trial::trace::{Phase, TraceEvent};
@@ -185,20 +186,6 @@ impl CpuCounter {
     }
 }
 
-/// Statistics of the CUDA caching allocator for one device.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
-pub struct DeviceStats {
-    pub allocated_current: i64,
-    pub allocated_peak: i64,
-    pub reserved_current: i64,
-    pub reserved_peak: i64,
-    pub requested_peak: i64,
-    pub num_alloc_retries: i64,
-    pub num_ooms: i64,
-    pub free_bytes: i64,
-    pub total_bytes: i64,
-}
-
 /// The bytes held plus the bytes asked for when the counting allocator's
 /// cap refused an allocation, read from its message (see `shim.cpp`).
 pub fn cap_failure_bytes(message: &str) -> Option<u64> {
@@ -212,23 +199,13 @@ pub fn cap_failure_bytes(message: &str) -> Option<u64> {
 }
 
 pub fn device_stats(device: usize) -> Result<DeviceStats, ShimError> {
-    let mut raw = RawDeviceStats::default();
+    let mut stats = DeviceStats::default();
     // SAFETY: the shim writes the statistics through the pointer.
     check(
-        unsafe { ffi::segtune_device_stats(device as c_int, &mut raw) },
+        unsafe { ffi::segtune_device_stats(device as c_int, &mut stats) },
         "segtune_device_stats",
     )?;
-    Ok(DeviceStats {
-        allocated_current: raw.allocated_current,
-        allocated_peak: raw.allocated_peak,
-        reserved_current: raw.reserved_current,
-        reserved_peak: raw.reserved_peak,
-        requested_peak: raw.requested_peak,
-        num_alloc_retries: raw.num_alloc_retries,
-        num_ooms: raw.num_ooms,
-        free_bytes: raw.free_bytes,
-        total_bytes: raw.total_bytes,
-    })
+    Ok(stats)
 }
 
 pub fn device_reset_peak(device: usize) -> Result<(), ShimError> {
