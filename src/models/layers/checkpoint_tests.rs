@@ -33,5 +33,6 @@ fn checkpoint_if_runs_the_block_plainly_without_with_cp_or_grad() {
     let xg = x.set_requires_grad(true);
     // SAFETY: the block borrows nothing.
     let y = unsafe { checkpoint_if(false, &xg, |t| t + 1.0) };
-    assert!((y - &xg - 1.0).abs().max().double_value(&[]) == 0.0);
+    // (x + 1) - x - 1 rounds to a few ulps of 1, not always to zero.
+    assert!((y - &xg - 1.0).abs().max().double_value(&[]) < 1e-6);
 }
