@@ -464,6 +464,10 @@ fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
             "py_getattr",
             |v: Dynamic, name: ImmutableString| -> RhaiResult<Dynamic> {
                 match val(&v)? {
+                    // An attribute of a lazily imported module or class.
+                    Value::Str(s) if s.starts_with(super::translate::lazy::LAZY_MARK) => {
+                        Ok(Dynamic::from(format!("{s}.{name}")))
+                    }
                     Value::Dict(d) => d.get(name.as_str()).map(to_dynamic).ok_or_else(|| {
                         raise(PyError::new(
                             "AttributeError",
@@ -563,6 +567,27 @@ fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
             },
         )
         .register_fn(
+            "py_update_deep",
+            |m: &mut Dynamic, positional: Array, kw: Map| -> RhaiResult<()> {
+                let current = val(m)?;
+                let Value::Dict(mut d) = current else {
+                    return Err(raise(PyError::new(
+                        "AttributeError",
+                        format!("'{}' object has no attribute 'update'", current.type_name()),
+                    )));
+                };
+                let positional: Vec<Value> =
+                    positional.iter().map(val).collect::<Result<_, _>>()?;
+                if let Value::Dict(extra) =
+                    pyops::make_dict(&positional, keyword_dict(kw)?).map_err(raise)?
+                {
+                    update_config_dict(&mut d, extra);
+                }
+                *m = to_dynamic(&Value::Dict(d));
+                Ok(())
+            },
+        )
+        .register_fn(
             "py_append",
             |l: &mut Dynamic, item: Dynamic| -> RhaiResult<()> {
                 let mut arr = l.as_array_mut().map_err(|t| {
@@ -594,6 +619,20 @@ fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
             },
         );
     engine
+}
+
+/// addict's `Dict.update`, which MMEngine's `ConfigDict` inherits: a key
+/// whose old and new values are both dicts is updated recursively; any
+/// other key takes the new value.
+fn update_config_dict(d: &mut Dict, extra: Dict) {
+    for (k, v) in extra {
+        match (d.get_mut(&k), v) {
+            (Some(Value::Dict(old)), Value::Dict(new)) => update_config_dict(old, new),
+            (_, v) => {
+                d.insert(k, v);
+            }
+        }
+    }
 }
 
 /// Runs a compiled script in `scope`, turning Rhai failures into config errors.

@@ -13,6 +13,7 @@
 use super::error::{ConfigError, ErrorKind, Location};
 use super::eval::Limits;
 use super::merge;
+use super::new_style::{self, NewStyleFile};
 use super::prepare::{Bases, FileKind, Prepared};
 use super::source;
 use super::substitute;
@@ -55,6 +56,7 @@ pub struct Loader {
 struct State {
     files: HashMap<PathBuf, Arc<Dict>>,
     modules: HashMap<PathBuf, rhai::Shared<rhai::Module>>,
+    new_style: HashMap<PathBuf, Arc<NewStyleFile>>,
     graph: DiGraph<PathBuf, Link>,
     nodes: HashMap<PathBuf, NodeIndex>,
 }
@@ -88,7 +90,11 @@ impl Loader {
                 format!("config file {} {what}", path.display()),
             ));
         }
-        let cfg = self.load_file(&abs)?;
+        let cfg = if new_style::is_new_style(&abs, &source::read_source(&abs)?)? {
+            Arc::new(self.load_new_style_config(&abs)?)
+        } else {
+            self.load_file(&abs)?
+        };
         if let Some(k) = RESERVED_KEYS.iter().find(|k| cfg.contains_key(**k)) {
             return Err(ConfigError::new(
                 ErrorKind::Reserved,
@@ -105,6 +111,14 @@ impl Loader {
 
     pub(super) fn limits(&self) -> Limits {
         self.limits
+    }
+
+    pub(super) fn cached_new_style(&self, abs: &Path) -> Option<Arc<NewStyleFile>> {
+        self.state().new_style.get(abs).cloned()
+    }
+
+    pub(super) fn cache_new_style(&self, abs: &Path, file: Arc<NewStyleFile>) {
+        self.state().new_style.insert(abs.to_path_buf(), file);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -148,6 +162,9 @@ impl Loader {
                 source_line: None,
             })
             .with_help("save the file as UTF-8 without a byte-order mark"));
+        }
+        if matches!(kind, FileKind::Python) && new_style::is_new_style(abs, &raw)? {
+            return Err(new_style::mixed_styles(abs));
         }
         let (source, placeholders) = match kind {
             FileKind::Python => substitute::before_parsing(&raw, abs)?,

@@ -8,6 +8,7 @@
 //! - `loader`: [`Loader`] reads a file after its `_base_` files (once each,
 //!   refusing cycles through `_base_` and `import`) and merges it over
 //!   them; `imports` loads the `.rhai` modules a Rhai config imports;
+//!   `new_style` loads MMEngine's new-style (`with read_base():`) configs;
 //! - `substitute`: the text substitutions MMEngine makes in a Python config
 //!   (`{{ fileDirname }}`, `{{'$ENV:default'}}`, `{{_base_.x}}`);
 //! - `prepare`: per language, reads a file's `_base_` list and compiles it:
@@ -29,6 +30,7 @@ pub mod hf;
 mod imports;
 mod loader;
 pub mod merge;
+mod new_style;
 mod prepare;
 pub mod presets;
 pub mod pyops;
@@ -65,6 +67,15 @@ pub fn resolve(path: &Path, cfg_options: &[String]) -> Result<Dict, ConfigError>
         written::check(&cfg, &absolute(path), " with its --cfg-options")?;
         Ok(cfg)
     })
+}
+
+/// Whether `path` is an MMEngine new-style config (`with read_base():`,
+/// imported classes): MMEngine refuses an old-style `_base_` child of one.
+pub fn is_new_style(path: &Path) -> bool {
+    let abs = absolute(path);
+    source::read_source(&abs)
+        .ok()
+        .is_some_and(|text| new_style::is_new_style(&abs, &text).unwrap_or(false))
 }
 
 fn with_cfg_options(cfg: Dict, cfg_options: &[String]) -> Result<Dict, ConfigError> {

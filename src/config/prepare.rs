@@ -100,6 +100,20 @@ impl Prepared {
             }
         };
         let translation = translate::translate_module(abs, source, &stmts)?;
+        let mut prepared = Prepared::translated(abs, source, translation, &stmts, limits)?;
+        prepared.bases = bases;
+        Ok(prepared)
+    }
+
+    /// A translated Python file, compiled; its bases are the caller's.
+    pub(super) fn translated(
+        abs: &Path,
+        source: &str,
+        translation: translate::Translation,
+        stmts: &[rustpython_parser::ast::Stmt],
+        limits: Limits,
+    ) -> Result<Prepared, ConfigError> {
+        let limits = limits.translated();
         let engine = eval::engine(limits);
         let script = engine.compile(&translation.script).map_err(|e| {
             let line = e.position().line().unwrap_or(1);
@@ -129,7 +143,7 @@ impl Prepared {
             )
         })?;
         let mut bindings = HashMap::new();
-        for stmt in &stmts {
+        for stmt in stmts {
             use rustpython_parser::ast::{Expr, Ranged, Stmt};
             if let Stmt::Assign(a) = stmt {
                 for t in &a.targets {
@@ -142,7 +156,10 @@ impl Prepared {
             }
         }
         Ok(Prepared {
-            bases,
+            bases: Bases {
+                paths: Vec::new(),
+                location: None,
+            },
             body: Body::Python {
                 script,
                 line_offsets: translation.line_offsets,
@@ -333,6 +350,33 @@ impl Prepared {
             }
         };
         Ok((cfg, base))
+    }
+
+    /// Runs a new-style file with the names its bases export already
+    /// bound; returns every top-level name it then holds.
+    pub(super) fn evaluate_with_globals(
+        &self,
+        abs: &Path,
+        source: &str,
+        globals: Dict,
+        loader: &Loader,
+    ) -> Result<Dict, ConfigError> {
+        let engine = self.engine(abs, source, loader);
+        let mut scope = Scope::new();
+        for (name, value) in &globals {
+            scope.push(eval::mangle(name), eval::to_dynamic(value));
+        }
+        eval::run(&engine, &mut scope, self.script().0)
+            .map_err(|(e, pos)| self.locate(abs, source, e, pos))?;
+        written::check_scope(&scope, &[], abs).map_err(|(name, e)| {
+            let line = binding_line(source, &name).unwrap_or(1);
+            e.at(Location::from_line_column(abs, source, line, 1))
+        })?;
+        eval::collect_scope(&scope, &[]).map_err(|(name, e)| {
+            let line = binding_line(source, &name).unwrap_or(1);
+            ConfigError::new(ErrorKind::Evaluation, e.to_string())
+                .at(Location::from_line_column(abs, source, line, 1))
+        })
     }
 
     /// Runs an imported `.rhai` file as a Rhai module, with `_base_` bound

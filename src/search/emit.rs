@@ -496,6 +496,25 @@ fn write_child(
         );
         write_checked(resolved_py, &text, check, input)?;
         written.push(resolved_py.clone());
+    } else if config::is_new_style(input) {
+        // MMEngine refuses an old-style `_base_` child of a new-style
+        // config: the recipe is written whole, its classes by the names
+        // MMSeg's registries know them by, which mean those classes in
+        // MMSeg's scope.
+        let mut resolved = config::resolve(input, &[])?;
+        for (k, v) in o {
+            crate::config::merge::merge_entry(&mut resolved, k.clone(), v.clone(), false)?;
+        }
+        if matches!(resolved.get("default_scope"), None | Some(Value::None)) {
+            resolved.insert("default_scope".into(), Value::Str("mmseg".into()));
+        }
+        let path = &targets[0];
+        let text = format!(
+            "# {header}\n# Fully resolved from a new-style config (no _base_: MMEngine refuses an old-style child of one; classes by their registered names, default_scope='mmseg'): MMSeg's tools/train.py reads it as is.\n{}",
+            dump::to_python(&resolved)?
+        );
+        write_checked(path, &text, check, input)?;
+        written.push(path.clone());
     } else {
         let path = &targets[0];
         let text = format!(

@@ -149,6 +149,21 @@ impl Translator<'_> {
             .at(self.location(node)));
         }
         if method == "update" {
+            let func = if self.is_config_dict(&a.value) {
+                "py_update_deep"
+            } else {
+                func
+            };
+            if self.new_style.is_some() {
+                // A `ConfigDict` keeps a `ConfigDict` argument by reference.
+                let mut roots = Vec::new();
+                c.args.iter().for_each(|x| stored_roots(x, &mut roots));
+                c.keywords
+                    .iter()
+                    .for_each(|k| stored_roots(&k.value, &mut roots));
+                roots.retain(|r| !self.is_imported(r));
+                self.stored.extend(roots.into_iter().map(str::to_string));
+            }
             let positional = self.exprs(&c.args)?;
             let (map, spread) = self.keyword_map(&c.keywords)?;
             let positional = if spread.is_empty() {

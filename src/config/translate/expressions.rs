@@ -80,11 +80,14 @@ impl Translator<'_> {
                 self.expr(&i.orelse)?
             ),
             Expr::Call(c) => self.call(e, c)?,
-            Expr::Attribute(a) => format!(
-                "py_getattr({}, {})",
-                self.expr(&a.value)?,
-                rhai_string(a.attr.as_str())
-            ),
+            Expr::Attribute(a) => {
+                self.check_attributes(e)?;
+                format!(
+                    "py_getattr({}, {})",
+                    self.expr(&a.value)?,
+                    rhai_string(a.attr.as_str())
+                )
+            }
             Expr::Subscript(s) => match s.slice.as_ref() {
                 Expr::Slice(sl) => {
                     let bound = |t: &mut Self, b: &Option<Box<Expr>>| -> Result<String> {

@@ -9,9 +9,11 @@
 //! `dict(...)`, list/tuple/dict literals, list/dict comprehensions (nested
 //! `for`, tuple targets, `if`), f-strings, arithmetic, comparisons, `and`/`or`/
 //! `not`, conditional expressions, subscripts and slices, `.update(...)`, the
-//! builtins in [`super::pyops::BUILTINS`]. Anything else (imports, `def`,
-//! `lambda`, `if`/`for` statements, attribute assignment, ...) is an error that
-//! names the construct and its line.
+//! builtins in [`super::pyops::BUILTINS`]. New-style (`with read_base():`)
+//! files also take lazy imports, attribute and item assignment and `del`
+//! ([`lazy`]). Anything else (imports in old-style files, `def`, `lambda`,
+//! `if`/`for` statements, ...) is an error that names the construct and its
+//! line.
 //!
 //! This file holds the module level and the statements; `expressions.rs`
 //! the expressions, `calls.rs` the calls and methods.
@@ -27,6 +29,7 @@ use std::path::Path;
 
 mod calls;
 mod expressions;
+pub mod lazy;
 
 /// The Python name through which a config reads its bases.
 pub const BASE_KEY: &str = "_base_";
@@ -65,7 +68,36 @@ fn is_base_target(e: &Expr) -> bool {
 /// Translates a whole module (every `_base_ = ...` statement dropped, as
 /// MMEngine's `RemoveAssignFromAST` does).
 pub fn translate_module(path: &Path, source: &str, stmts: &[Stmt]) -> Result<Translation> {
+    translate_statements(Translator::new(path, source), stmts)
+}
+
+/// Translates a new-style (`with read_base():`) module whose bases bound
+/// `prebound` (every one a `ConfigDict` or a lazy object) before it runs.
+pub fn translate_new_style(
+    path: &Path,
+    source: &str,
+    stmts: &[Stmt],
+    prebound: &[String],
+) -> Result<(Translation, lazy::NewStyleNames)> {
     let mut t = Translator::new(path, source);
+    t.bound.extend(prebound.iter().cloned());
+    t.new_style = Some(lazy::NewStyle {
+        config_dicts: prebound.iter().cloned().collect(),
+        ..lazy::NewStyle::default()
+    });
+    let mut names = lazy::NewStyleNames::default();
+    let translation = translate_statements_with(&mut t, stmts)?;
+    if let Some(state) = t.new_style.take() {
+        names = state.names;
+    }
+    Ok((translation, names))
+}
+
+fn translate_statements(mut t: Translator<'_>, stmts: &[Stmt]) -> Result<Translation> {
+    translate_statements_with(&mut t, stmts)
+}
+
+fn translate_statements_with(t: &mut Translator<'_>, stmts: &[Stmt]) -> Result<Translation> {
     if let Some(stmt) = stmts.get(MAX_STATEMENTS) {
         return Err(ConfigError::new(
             ErrorKind::Limit,
@@ -110,6 +142,8 @@ struct Translator<'a> {
     next_temp: usize,
     /// How deep [`Translator::expr`] is nested now.
     depth: usize,
+    /// Set for a new-style (`with read_base():`) file.
+    new_style: Option<lazy::NewStyle>,
 }
 
 /// Expressions nested deeper than this (`1 + 1 + ...` of 200 terms, a list
@@ -186,6 +220,7 @@ impl<'a> Translator<'a> {
             holders: HashSet::new(),
             next_temp: 0,
             depth: 0,
+            new_style: None,
         }
     }
 
@@ -208,6 +243,9 @@ impl<'a> Translator<'a> {
     }
 
     fn statement(&mut self, stmt: &Stmt) -> Result<Option<String>> {
+        if let Some(done) = self.new_style_statement(stmt) {
+            return done;
+        }
         const NO_EXEC: &str = "segtune reads configs without executing Python: a config may only \
              bind names to values (`x = ...`) and call `.update(...)` on a dict";
         match stmt {
@@ -280,6 +318,9 @@ impl<'a> Translator<'a> {
             self.target_names(target, &mut names)?;
         }
         self.note_aliases(&names, value);
+        for name in &names {
+            self.note_new_style_binding(name, value);
+        }
         if let [Expr::Name(n)] = targets {
             return Ok(self.bind(n.id.as_str(), &code));
         }
@@ -360,13 +401,15 @@ impl<'a> Translator<'a> {
     /// `.update(...)` that Python would make visible through another name is
     /// refused rather than silently evaluated differently.
     fn note_aliases(&mut self, targets: &[String], value: &Expr) {
-        if let Some(root) = reference_root(value) {
+        if let Some(root) = reference_root(value).filter(|r| !self.is_imported(r)) {
             self.stored.insert(root.to_string());
             self.stored.extend(targets.iter().cloned());
             return;
         }
         let mut roots = Vec::new();
         stored_roots(value, &mut roots);
+        // A lazily imported class is never changed in place: sharing it is safe.
+        roots.retain(|r| !self.is_imported(r));
         if !roots.is_empty() {
             self.holders.extend(targets.iter().cloned());
             self.stored.extend(roots.into_iter().map(str::to_string));
