@@ -16,6 +16,7 @@ pub mod icnet;
 pub mod mit;
 pub mod mobilenet_v2;
 pub mod mobilenet_v3;
+pub mod mscan;
 pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
@@ -59,6 +60,7 @@ crate::models::registry::registry_table!(
         ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build, WITH_CP),
         ("MobileNetV2", mobilenet_v2::build),
+        ("MSCAN", mscan::build),
         ("MobileNetV3", mobilenet_v3::build),
         ("PCPVT", twins::build_pcpvt),
         ("ResNeSt", resnet::build_resnest),
