@@ -15,6 +15,7 @@
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::{ComponentConfig, NormCfg};
+use crate::models::layers::inverted_residual::make_divisible;
 use crate::models::layers::{ConvModule, ConvSpec};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -97,16 +98,6 @@ impl MobileNetV2Cfg {
             norm,
         })
     }
-}
-
-/// `make_divisible(value, divisor)` (min_value = divisor, min_ratio 0.9).
-fn make_divisible(value: f64, divisor: i64) -> i64 {
-    let d = divisor as f64;
-    let mut new_value = (divisor).max(((value + d / 2.0) as i64) / divisor * divisor);
-    if (new_value as f64) < 0.9 * value {
-        new_value += divisor;
-    }
-    new_value
 }
 
 /// A ConvModule with BN and, when `relu6`, mmcv's `ReLU6(inplace=True)`
@@ -270,14 +261,6 @@ mod tests {
     use crate::models::params::ParamStore;
     use serde_json::json;
     use tch::{Device, Kind};
-
-    #[test]
-    fn make_divisible_rounds_as_mmseg() {
-        assert_eq!(make_divisible(32.0, 8), 32);
-        assert_eq!(make_divisible(16.0 * 0.5, 8), 8);
-        assert_eq!(make_divisible(24.0 * 0.75, 8), 24);
-        assert_eq!(make_divisible(320.0 * 1.4, 8), 448);
-    }
 
     #[test]
     fn d8_mobilenet_v2_has_mmsegs_parameters_and_strides() {

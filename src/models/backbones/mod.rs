@@ -15,6 +15,8 @@ pub mod hrnet;
 pub mod icnet;
 pub mod mit;
 pub mod mobilenet_v2;
+pub mod mobilenet_v3;
+pub mod mscan;
 pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
@@ -58,6 +60,8 @@ crate::models::registry::registry_table!(
         ("ICNet", icnet::build),
         ("MixVisionTransformer", mit::build, WITH_CP),
         ("MobileNetV2", mobilenet_v2::build),
+        ("MSCAN", mscan::build),
+        ("MobileNetV3", mobilenet_v3::build),
         ("PCPVT", twins::build_pcpvt),
         ("ResNeSt", resnet::build_resnest),
         ("ResNet", resnet::build_resnet, WITH_CP),

@@ -58,6 +58,24 @@ impl DecodeHeadCfg {
         c: &mut ComponentConfig,
         input_transform: Option<InputTransform>,
     ) -> Result<DecodeHeadCfg, ModelError> {
+        Self::read(c, input_transform, false)
+    }
+
+    /// [`DecodeHeadCfg::from_cfg`] for a head whose norms are all mmcv
+    /// ConvModules' (`ConvNorm`), which take GN (`dict(type='GN',
+    /// num_groups=..)`) as well as BN.
+    pub fn from_cfg_bn_or_gn(
+        c: &mut ComponentConfig,
+        input_transform: Option<InputTransform>,
+    ) -> Result<DecodeHeadCfg, ModelError> {
+        Self::read(c, input_transform, true)
+    }
+
+    fn read(
+        c: &mut ComponentConfig,
+        input_transform: Option<InputTransform>,
+        allow_gn: bool,
+    ) -> Result<DecodeHeadCfg, ModelError> {
         let input_transform = match input_transform {
             Some(fixed) => {
                 if c.has("input_transform") {
@@ -137,7 +155,12 @@ impl DecodeHeadCfg {
             dropout_ratio: c.float("dropout_ratio", 0.1)?,
             align_corners: c.flag("align_corners", false),
             ignore_index: c.int("ignore_index", 255)?,
-            norm: c.batch_norm("norm_cfg")?,
+            norm: if allow_gn {
+                NormCfg::from_cfg_bn_or_gn(c.value("norm_cfg"))
+                    .map_err(|e| c.setting_error("norm_cfg", e))?
+            } else {
+                c.batch_norm("norm_cfg")?
+            },
             losses,
             sampler,
         })

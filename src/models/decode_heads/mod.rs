@@ -20,9 +20,11 @@ pub mod enc_head;
 pub mod fcn_head;
 pub mod fpn_head;
 pub mod gc_head;
+pub mod ham_head;
 pub mod hf_segformer_head;
 pub mod isa_head;
 pub mod knet_head;
+pub mod lraspp_head;
 pub mod mask2former_head;
 pub mod mask2former_loss;
 pub mod nl_head;
@@ -166,6 +168,8 @@ crate::models::registry::registry_table!(
         ("GCHead", HeadBuilders::head(gc_head::build)),
         ("ISAHead", HeadBuilders::head(isa_head::build)),
         ("IterativeDecodeHead", HeadBuilders::head(knet_head::build)),
+        ("LightHamHead", HeadBuilders::head(ham_head::build)),
+        ("LRASPPHead", HeadBuilders::head(lraspp_head::build)),
         ("Mask2FormerHead", HeadBuilders::head(mask2former_head::build), MASK_CLASSIFICATION),
         ("NLHead", HeadBuilders::head(nl_head::build)),
         ("OCRHead", HeadBuilders::head(ocr_head::build)),

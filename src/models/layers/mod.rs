@@ -4,6 +4,8 @@
 //! exactly what the Python model does.
 //!
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
+//! [`activation`] (mmcv's Hardswish, HSigmoid, Sigmoid), [`inverted_residual`]
+//! (MobileNetV3's `InvertedResidualV3` and `SELayer`),
 //! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
 //! `MultiScaleDeformableAttention`), [`positional_encoding`] (mmdet's sine
 //! encoding), [`self_attention_block`] (MMSeg's `SelfAttentionBlock`),
@@ -13,6 +15,7 @@
 //! from host data), [`ops`] (ATen ops through the shim). This file holds what
 //! every block reports to: the softmax-input emulation and the FLOP count.
 
+pub mod activation;
 pub mod attention;
 pub mod checkpoint;
 pub mod conv;
@@ -20,6 +23,7 @@ pub mod drop;
 pub mod embed;
 pub mod ffn;
 pub mod host;
+pub mod inverted_residual;
 pub mod linear;
 pub mod ms_deform_attn;
 pub mod norm;

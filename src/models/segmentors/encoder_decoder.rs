@@ -572,12 +572,13 @@ mod tests {
 
     #[test]
     fn unknown_component_types_list_the_registry() {
-        let mut cfg = b0_config(json!({"type": "LRASPPHead", "in_channels": 160, "channels": 64}));
+        let mut cfg =
+            b0_config(json!({"type": "VPDDepthHead", "in_channels": 160, "channels": 64}));
         let err = EncoderDecoder::build(&cfg, Device::Cpu).err().unwrap();
         let heads = crate::models::registry::names(DECODE_HEAD_FACTS).join(", ");
         assert_eq!(
             err.to_string(),
-            format!("unknown auxiliary head type `LRASPPHead`; segtune supports: {heads}")
+            format!("unknown auxiliary head type `VPDDepthHead`; segtune supports: {heads}")
         );
         assert!(
             heads.contains("ANNHead") && heads.contains("UPerHead"),
@@ -595,7 +596,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "unknown component types: neck `Feature2Pyramid`, auxiliary head `LRASPPHead`\n  \
+                "unknown component types: neck `Feature2Pyramid`, auxiliary head `VPDDepthHead`\n  \
                  necks segtune supports: {necks}\n  heads segtune supports: {heads}",
                 necks = crate::models::registry::names(NECK_FACTS).join(", ")
             )
