@@ -466,8 +466,19 @@ fn trials(shared: &Path) -> Vec<Trial> {
         let extra: Value =
             serde_json::from_str(&std::fs::read_to_string(path).expect("the extra oracle fixture"))
                 .expect("the extra oracle fixture is JSON");
-        assert_eq!(extra["isa"], "amx", "{path} was not measured with AMX");
-        compared += oracle_trials(&extra, &configs, &local, &mut trials);
+        if extra["isa"] == "amx" {
+            compared += oracle_trials(&extra, &configs, &local, &mut trials);
+            continue;
+        }
+        // Measured on another class: its figures are this CPU's own when
+        // the class is the same, and not known here otherwise (an empty
+        // fixture of this class: every peak listed as not compared).
+        let here = if extra["isa"] == isa {
+            None
+        } else {
+            Some(Ok(serde_json::json!({"isa": isa, "records": []})))
+        };
+        compared += oracle_trials(&extra, &configs, &here, &mut trials);
     }
     println!("oracle: {compared} peak records compared");
     trials.push(Trial::test("coverage", move || {

@@ -11,6 +11,7 @@ pub mod data_preprocessor;
 pub mod encoder_decoder;
 pub mod hf_segformer;
 pub mod inference;
+pub mod multimodal_encoder_decoder;
 
 use super::registry::Facts;
 use super::ModelError;
@@ -26,6 +27,7 @@ crate::models::registry::registry_table!(
     SEGMENTORS, SEGMENTOR_FACTS: SegmentorReader = [
         ("CascadeEncoderDecoder", cascade_encoder_decoder::read_cfg),
         ("EncoderDecoder", encoder_decoder::read_cfg),
+        ("MultimodalEncoderDecoder", multimodal_encoder_decoder::read_cfg),
         (
             hf_segformer::TYPE,
             encoder_decoder::read_cfg,
