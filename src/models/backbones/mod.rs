@@ -8,6 +8,7 @@
 pub mod bisenetv1;
 pub mod cgnet;
 pub mod convnext;
+pub mod ddrnet;
 pub mod erfnet;
 pub mod fast_scnn;
 pub mod hf_segformer;
@@ -52,6 +53,7 @@ crate::models::registry::registry_table!(
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
         ("CGNet", cgnet::build),
+        ("DDRNet", ddrnet::build),
         ("ERFNet", erfnet::build),
         ("FastSCNN", fast_scnn::build),
         ("HRNet", hrnet::build),

@@ -12,6 +12,7 @@ pub mod apc_head;
 pub mod aspp_head;
 pub mod cc_head;
 pub mod da_head;
+pub mod ddr_head;
 pub mod decode_head;
 pub mod dm_head;
 pub mod dnl_head;
@@ -155,6 +156,7 @@ crate::models::registry::registry_table!(
         ("ASPPHead", HeadBuilders::feature_head(aspp_head::build, aspp_head::build_feature_head)),
         ("CCHead", HeadBuilders::head(cc_head::build)),
         ("DAHead", HeadBuilders::head(da_head::build)),
+        ("DDRHead", HeadBuilders::head(ddr_head::build)),
         ("DMHead", HeadBuilders::head(dm_head::build)),
         ("DNLHead", HeadBuilders::head(dnl_head::build)),
         ("DepthwiseSeparableASPPHead", HeadBuilders::head(sep_aspp_head::build)),

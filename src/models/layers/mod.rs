@@ -4,7 +4,8 @@
 //! exactly what the Python model does.
 //!
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
-//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
+//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`basic_block`] and [`ppm`]
+//! (the residual blocks and pyramid pooling of DDRNet and PIDNet), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
 //! `MultiScaleDeformableAttention`), [`positional_encoding`] (mmdet's sine
 //! encoding), [`self_attention_block`] (MMSeg's `SelfAttentionBlock`),
 //! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`embed`] (mmseg's `PatchEmbed`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
@@ -14,6 +15,7 @@
 //! every block reports to: the softmax-input emulation and the FLOP count.
 
 pub mod attention;
+pub mod basic_block;
 pub mod checkpoint;
 pub mod conv;
 pub mod drop;
@@ -25,6 +27,7 @@ pub mod ms_deform_attn;
 pub mod norm;
 pub mod ops;
 pub mod positional_encoding;
+pub mod ppm;
 pub mod self_attention_block;
 pub mod shape;
 
