@@ -16,6 +16,7 @@ pub mod hrnet;
 pub mod icnet;
 pub mod mit;
 pub mod mobilenet_v2;
+pub mod pidnet;
 pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
@@ -61,6 +62,7 @@ crate::models::registry::registry_table!(
         ("MixVisionTransformer", mit::build, WITH_CP),
         ("MobileNetV2", mobilenet_v2::build),
         ("PCPVT", twins::build_pcpvt),
+        ("PIDNet", pidnet::build),
         ("ResNeSt", resnet::build_resnest),
         ("ResNet", resnet::build_resnet, WITH_CP),
         ("ResNetV1c", resnet::build_resnet_v1c, WITH_CP),

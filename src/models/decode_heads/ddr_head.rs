@@ -54,10 +54,22 @@ impl BaseHeadBlock {
     /// `bias='auto'`: a conv bias only without a norm (never here: the
     /// block's BN needs `norm_cfg`).
     pub(crate) fn new(p: &mut ParamScope, in_channels: i64, channels: i64, norm: &NormCfg) -> Self {
+        Self::with_names(p, in_channels, channels, norm, ("0", "1"))
+    }
+
+    /// The same block with its ConvModule and norm named `names`
+    /// (PIDHead's `BasePIDHead`: `conv`, `norm`).
+    pub(crate) fn with_names(
+        p: &mut ParamScope,
+        in_channels: i64,
+        channels: i64,
+        norm: &NormCfg,
+        names: (&str, &str),
+    ) -> Self {
         let spec = ConvSpec::new(in_channels, channels, 3).padding(1);
         BaseHeadBlock {
-            conv: ConvModule::norm_act_conv(&mut p.sub(0), spec, Some(*norm), true, false),
-            norm: BatchNorm2d::from_cfg(&mut p.sub(1), channels, norm),
+            conv: ConvModule::norm_act_conv(&mut p.sub(names.0), spec, Some(*norm), true, false),
+            norm: BatchNorm2d::from_cfg(&mut p.sub(names.1), channels, norm),
         }
     }
 

@@ -28,6 +28,7 @@ pub mod mask2former_head;
 pub mod mask2former_loss;
 pub mod nl_head;
 pub mod ocr_head;
+pub mod pid_head;
 pub mod pixel_decoder;
 pub mod point_head;
 pub mod psa_head;
@@ -67,6 +68,20 @@ pub trait DecodeHead {
         labels: &[Tensor],
         training: bool,
     ) -> Vec<(String, Tensor)>;
+
+    /// `loss` with the per-image `[1, H, W]` edge maps (`gt_edge_map`,
+    /// padded as the labels) as well, empty unless the pipeline makes
+    /// them: a head that reads them (PIDHead, its row's fact
+    /// `takes_edge_maps`) overrides this; the others ignore them.
+    fn loss_with_edges(
+        &self,
+        features: &[Tensor],
+        labels: &[Tensor],
+        _edges: &[Tensor],
+        training: bool,
+    ) -> Vec<(String, Tensor)> {
+        self.loss(features, None, labels, training)
+    }
 
     /// Whether this is a `BaseCascadeDecodeHead` (its forward takes the
     /// previous stage's logits): only such heads follow the first stage of
@@ -142,6 +157,13 @@ const POINT_HEAD: Facts = Facts {
     ..Facts::NONE
 };
 
+/// The facts of PIDNet's `PIDHead`: its loss reads the edge maps of the
+/// pipeline's `GenerateEdge`.
+const TAKES_EDGE_MAPS: Facts = Facts {
+    takes_edge_maps: true,
+    ..Facts::NONE
+};
+
 /// The facts of a mask-classification head.
 const MASK_CLASSIFICATION: Facts = Facts {
     mask_classification: true,
@@ -171,6 +193,7 @@ crate::models::registry::registry_table!(
         ("Mask2FormerHead", HeadBuilders::head(mask2former_head::build), MASK_CLASSIFICATION),
         ("NLHead", HeadBuilders::head(nl_head::build)),
         ("OCRHead", HeadBuilders::head(ocr_head::build)),
+        ("PIDHead", HeadBuilders::head(pid_head::build), TAKES_EDGE_MAPS),
         ("PSAHead", HeadBuilders::head(psa_head::build)),
         ("PointHead", HeadBuilders::head(point_head::build), POINT_HEAD),
         ("PSPHead", HeadBuilders::feature_head(psp_head::build, psp_head::build_feature_head)),
