@@ -74,3 +74,30 @@ fn an_ohem_loss_first_is_refused() {
     ));
     assert!(err.contains("TypeError"), "{err}");
 }
+
+/// A small PIDNet-S model (`channels` 8), with `train_pipeline` if given.
+fn small_model(pipeline: Option<serde_json::Value>) -> crate::config::Dict {
+    let mut cfg = json!({"model": {
+        "type": "EncoderDecoder",
+        "data_preprocessor": {"type": "SegDataPreProcessor", "size": [64, 64]},
+        "backbone": {"type": "PIDNet", "channels": 8, "ppm_channels": 8},
+        "decode_head": with_key(with_key(pidnet_s(), "in_channels", json!(32)), "channels", json!(16)),
+    }});
+    if let Some(p) = pipeline {
+        cfg = with_key(cfg, "train_pipeline", p);
+    }
+    crate::models::component_config::test_support::dict(cfg)
+}
+
+#[test]
+fn a_pipeline_without_generate_edge_is_refused_and_with_it_the_model_makes_edges() {
+    use crate::models::segmentors::encoder_decoder::EncoderDecoder;
+    let err = EncoderDecoder::build(&small_model(None), tch::Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("GenerateEdge"), "{err}");
+    let with_edges = small_model(Some(json!([{"type": "GenerateEdge", "edge_width": 4}])));
+    let model = EncoderDecoder::build(&with_edges, tch::Device::Cpu).unwrap();
+    assert_eq!(model.edge_maps.map(|e| e.edge_width), Some(4));
+}
