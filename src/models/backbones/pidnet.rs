@@ -163,6 +163,35 @@ fn make_single_layer(
     ResLayer::new(vec![ResBlock::new(p, kind, &args, ds)])
 }
 
+/// `d_branch_layers` and `channel_expand`: for PIDNet-S/M (`light`) a
+/// BasicBlock to `channels` and a Bottleneck (expand 1), else two
+/// BasicBlocks at `2 * channels` (expand 2); then the Bottleneck appended
+/// at the end of `__init__` (the state dict lists it with the ModuleList,
+/// before `diff_1`).
+fn d_branch(p: &mut ParamScope, c: &PidNetCfg, light: bool) -> (Vec<ResLayer>, i64) {
+    let ch = c.channels;
+    let (mut layers, expand) = if light {
+        let first = make_single_layer(&mut p.sub(0), c, BlockKind::Basic, ch * 2, ch);
+        let second = make_layer(&mut p.sub(1), c, BlockKind::Bottleneck, (ch, ch), 1, 1);
+        (vec![first, second], 1)
+    } else {
+        let layers = (0..2)
+            .map(|i| make_single_layer(&mut p.sub(i), c, BlockKind::Basic, ch * 2, ch * 2))
+            .collect();
+        (layers, 2)
+    };
+    let pair = (ch * 2, ch * 2);
+    layers.push(make_layer(
+        &mut p.sub(2),
+        c,
+        BlockKind::Bottleneck,
+        pair,
+        1,
+        1,
+    ));
+    (layers, expand)
+}
+
 /// `PagFM(in_channels, channels)`: pixel-attention-guided fusion of the P
 /// branch with the I branch (`after_relu=False`, `with_channel=False`,
 /// bilinear upsampling without aligned corners).
@@ -323,49 +352,7 @@ impl PidNet {
         let pag_2 = PagFm::new(&mut p.sub("pag_2"), ch * 2, ch);
         // PIDNet-S/M (two stem blocks): a lighter D branch, PAPPM, LightBag.
         let light = c.num_stem_blocks == 2;
-        let mut d_branch_layers = Vec::with_capacity(3);
-        let channel_expand = {
-            let mut dp = p.sub("d_branch_layers");
-            if light {
-                d_branch_layers.push(make_single_layer(
-                    &mut dp.sub(0),
-                    c,
-                    BlockKind::Basic,
-                    ch * 2,
-                    ch,
-                ));
-                d_branch_layers.push(make_layer(
-                    &mut dp.sub(1),
-                    c,
-                    BlockKind::Bottleneck,
-                    (ch, ch),
-                    1,
-                    1,
-                ));
-                1
-            } else {
-                for i in 0..2 {
-                    d_branch_layers.push(make_single_layer(
-                        &mut dp.sub(i),
-                        c,
-                        BlockKind::Basic,
-                        ch * 2,
-                        ch * 2,
-                    ));
-                }
-                2
-            }
-        };
-        // Appended to the ModuleList at the end of `__init__`; the state
-        // dict lists it with the ModuleList, before `diff_1`.
-        d_branch_layers.push(make_layer(
-            &mut p.sub("d_branch_layers").sub(2),
-            c,
-            BlockKind::Bottleneck,
-            (ch * 2, ch * 2),
-            1,
-            1,
-        ));
+        let (d_branch_layers, channel_expand) = d_branch(&mut p.sub("d_branch_layers"), c, light);
         let spec3 = |from: i64, to: i64| ConvSpec::new(from, to, 3).padding(1);
         let diff_1 = conv(p, "diff_1", spec3(ch * 4, ch * channel_expand));
         let diff_2 = conv(p, "diff_2", spec3(ch * 8, ch * 2));
