@@ -45,6 +45,10 @@ pub struct Facts {
     /// `train_cfg.num_points` points of each mask, and its `predict`
     /// upsamples the masks to the padded image.
     pub mask_classification: bool,
+    /// A head whose loss reads the edge maps (`gt_edge_map`) the training
+    /// pipeline's `GenerateEdge` makes from the labels (PIDHead): the
+    /// segmentor requires that step and the trial's batch carries them.
+    pub takes_edge_maps: bool,
     /// A segmentor whose backbone's parameters are named under this
     /// attribute rather than `backbone` (transformers' `segformer`).
     pub backbone_prefix: Option<&'static str>,
@@ -57,6 +61,7 @@ impl Facts {
         takes_run_cfgs: false,
         subdivision_inference: false,
         mask_classification: false,
+        takes_edge_maps: false,
         backbone_prefix: None,
     };
 }
@@ -181,6 +186,7 @@ mod tests {
                 takes_run_cfgs: false,
                 subdivision_inference: false,
                 mask_classification: false,
+                takes_edge_maps: false,
                 ..facts
             };
             assert_eq!(head_only, Facts::NONE);

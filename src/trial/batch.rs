@@ -1,6 +1,7 @@
 //! The synthetic training batch of a trial, shaped like the recipe's.
 
 use super::TrialRequest;
+use crate::models::segmentors::generate_edge::GenerateEdge;
 use tch::{Device, Kind, Tensor};
 
 /// One synthetic batch: `images` are `3 x H x W` float32 holding integers
@@ -8,10 +9,13 @@ use tch::{Device, Kind, Tensor};
 /// `1 x H x W` int64 class maps, on the CPU. For a model that takes
 /// `pixel_values` (Hugging Face), one `B x 3 x H x W` float32 tensor of
 /// normalised values and one `B x H x W` label tensor, as transformers'
-/// data collator stacks them.
+/// data collator stacks them. `edges` are the labels' `1 x H x W` int64
+/// edge maps when the pipeline's `GenerateEdge` makes them (PIDNet), else
+/// empty.
 pub struct Batch {
     pub images: Vec<Tensor>,
     pub labels: Vec<Tensor>,
+    pub edges: Vec<Tensor>,
 }
 
 impl Batch {
@@ -20,6 +24,7 @@ impl Batch {
         num_classes: i64,
         ignore_index: i64,
         pixel_values: bool,
+        edge_maps: Option<GenerateEdge>,
     ) -> Batch {
         let (h, w) = request.crop;
         if pixel_values {
@@ -37,6 +42,7 @@ impl Batch {
             return Batch {
                 images: vec![images],
                 labels: vec![labels],
+                edges: Vec::new(),
             };
         }
         let mut images = Vec::new();
@@ -56,13 +62,23 @@ impl Batch {
             }
             labels.push(label);
         }
-        Batch { images, labels }
+        // The pipeline's GenerateEdge, after the label is final.
+        let edges = match edge_maps {
+            Some(g) => labels.iter().map(|l| g.edge_map(l)).collect(),
+            None => Vec::new(),
+        };
+        Batch {
+            images,
+            labels,
+            edges,
+        }
     }
 
     pub fn bytes(&self) -> i64 {
         self.images
             .iter()
             .chain(&self.labels)
+            .chain(&self.edges)
             .map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
             .sum()
     }

@@ -22,7 +22,7 @@ pub fn infer_step(
     base: i64,
     step: usize,
 ) -> Result<(PhasePeaks, Vec<(String, Tensor)>), TrialError> {
-    let Batch { images, labels } = batch;
+    let Batch { images, labels, .. } = batch;
     let device = model.device();
     let (h, w) = request.crop;
     let predictions = tch::no_grad(|| -> Result<_, TrialError> {

@@ -446,6 +446,11 @@ fn run_steps(
             trainee.model.num_classes,
             trainee.model.ignore_index,
             trainee.model.takes_pixel_values(),
+            // GenerateEdge is a step of the training pipeline only.
+            trainee
+                .model
+                .edge_maps
+                .filter(|_| request.mode == RunMode::Train),
         );
         counter.set_phase_code(phase_code(step + 1, Phase::Setup));
         if step == 0 {
@@ -620,16 +625,21 @@ fn train_step(
     base: i64,
     step: usize,
 ) -> Result<(PhasePeaks, Vec<(String, Tensor)>), TrialError> {
-    let Batch { images, labels } = batch;
+    let Batch {
+        images,
+        labels,
+        edges,
+    } = batch;
     let device = model.device();
     counter.set_phase_code(phase_code(step, Phase::Forward));
-    let (inputs, padded_labels, losses) = {
+    let (inputs, padded_labels, padded_edges, losses) = {
         let _autocast = autocast(request, device)?;
         counter.set_phase_code(phase_code(step, Phase::Preprocess));
-        let (inputs, padded_labels) = model.preprocess(&images, &labels);
+        let (inputs, padded_labels, padded_edges) =
+            model.preprocess_with_edges(&images, &labels, &edges);
         counter.set_phase_code(phase_code(step, Phase::Forward));
-        let items = model.loss(&inputs, &padded_labels);
-        (inputs, padded_labels, items)
+        let items = model.loss_with_edges(&inputs, &padded_labels, &padded_edges);
+        (inputs, padded_labels, padded_edges, items)
     };
     let losses = crate::models::parse_losses(losses);
     let forward_peak = counter.peak() - base;
@@ -645,8 +655,10 @@ fn train_step(
     drop(losses.loss);
     drop(inputs);
     drop(padded_labels);
+    drop(padded_edges);
     drop(images);
     drop(labels);
+    drop(edges);
     Ok((
         PhasePeaks {
             forward: forward_peak,

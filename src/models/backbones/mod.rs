@@ -8,6 +8,7 @@
 pub mod bisenetv1;
 pub mod cgnet;
 pub mod convnext;
+pub mod ddrnet;
 pub mod erfnet;
 pub mod fast_scnn;
 pub mod hf_segformer;
@@ -17,6 +18,7 @@ pub mod mit;
 pub mod mobilenet_v2;
 pub mod mobilenet_v3;
 pub mod mscan;
+pub mod pidnet;
 pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
@@ -54,6 +56,7 @@ crate::models::registry::registry_table!(
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
         ("CGNet", cgnet::build),
+        ("DDRNet", ddrnet::build),
         ("ERFNet", erfnet::build),
         ("FastSCNN", fast_scnn::build),
         ("HRNet", hrnet::build),
@@ -63,6 +66,7 @@ crate::models::registry::registry_table!(
         ("MSCAN", mscan::build),
         ("MobileNetV3", mobilenet_v3::build),
         ("PCPVT", twins::build_pcpvt),
+        ("PIDNet", pidnet::build),
         ("ResNeSt", resnet::build_resnest),
         ("ResNet", resnet::build_resnet, WITH_CP),
         ("ResNetV1c", resnet::build_resnet_v1c, WITH_CP),

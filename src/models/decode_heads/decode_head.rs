@@ -58,7 +58,26 @@ impl DecodeHeadCfg {
         c: &mut ComponentConfig,
         input_transform: Option<InputTransform>,
     ) -> Result<DecodeHeadCfg, ModelError> {
-        Self::read(c, input_transform, false)
+        let cfg = Self::read(c, input_transform, false, false)?;
+        Self::base_head_losses_only(c, cfg)
+    }
+
+    /// Refuses the losses only a head with its own `loss_by_feat` can call.
+    fn base_head_losses_only(
+        c: &mut ComponentConfig,
+        cfg: DecodeHeadCfg,
+    ) -> Result<DecodeHeadCfg, ModelError> {
+        if let Some(loss) = cfg.losses.iter().find(|l| !l.takes_base_head_call()) {
+            // BaseDecodeHead.loss_by_feat passes weight= and ignore_index=.
+            return Err(c.unsupported(
+                "loss_decode",
+                format!(
+                    "{} in a head without its own loss_by_feat (its forward takes no `weight`: MMSeg raises a TypeError)",
+                    loss.type_name()
+                ),
+            ));
+        }
+        Ok(cfg)
     }
 
     /// [`DecodeHeadCfg::from_cfg`] for a head whose norms are all mmcv
@@ -68,13 +87,22 @@ impl DecodeHeadCfg {
         c: &mut ComponentConfig,
         input_transform: Option<InputTransform>,
     ) -> Result<DecodeHeadCfg, ModelError> {
-        Self::read(c, input_transform, true)
+        let cfg = Self::read(c, input_transform, true, false)?;
+        Self::base_head_losses_only(c, cfg)
+    }
+
+    /// BaseDecodeHead's settings of a head that calls its losses itself
+    /// (DDRHead, PIDHead): any loss, and a `sampler` MMSeg builds but the
+    /// head's `loss_by_feat` never uses.
+    pub fn from_cfg_own_loss(c: &mut ComponentConfig) -> Result<DecodeHeadCfg, ModelError> {
+        Self::read(c, None, false, true)
     }
 
     fn read(
         c: &mut ComponentConfig,
         input_transform: Option<InputTransform>,
         allow_gn: bool,
+        own_loss: bool,
     ) -> Result<DecodeHeadCfg, ModelError> {
         let input_transform = match input_transform {
             Some(fixed) => {
@@ -135,6 +163,7 @@ impl DecodeHeadCfg {
         let sampler = OhemPixelSampler::from_cfg(c.value("sampler"))
             .map_err(|e| c.setting_error("sampler", e))?;
         if sampler.is_some()
+            && !own_loss
             && losses
                 .iter()
                 .any(|l| !matches!(l, DecodeLoss::CrossEntropy(ce) if !ce.use_sigmoid))

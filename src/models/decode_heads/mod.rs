@@ -12,6 +12,7 @@ pub mod apc_head;
 pub mod aspp_head;
 pub mod cc_head;
 pub mod da_head;
+pub mod ddr_head;
 pub mod decode_head;
 pub mod dm_head;
 pub mod dnl_head;
@@ -29,6 +30,7 @@ pub mod mask2former_head;
 pub mod mask2former_loss;
 pub mod nl_head;
 pub mod ocr_head;
+pub mod pid_head;
 pub mod pixel_decoder;
 pub mod point_head;
 pub mod psa_head;
@@ -68,6 +70,20 @@ pub trait DecodeHead {
         labels: &[Tensor],
         training: bool,
     ) -> Vec<(String, Tensor)>;
+
+    /// `loss` with the per-image `[1, H, W]` edge maps (`gt_edge_map`,
+    /// padded as the labels) as well, empty unless the pipeline makes
+    /// them: a head that reads them (PIDHead, its row's fact
+    /// `takes_edge_maps`) overrides this; the others ignore them.
+    fn loss_with_edges(
+        &self,
+        features: &[Tensor],
+        labels: &[Tensor],
+        _edges: &[Tensor],
+        training: bool,
+    ) -> Vec<(String, Tensor)> {
+        self.loss(features, None, labels, training)
+    }
 
     /// Whether this is a `BaseCascadeDecodeHead` (its forward takes the
     /// previous stage's logits): only such heads follow the first stage of
@@ -143,6 +159,13 @@ const POINT_HEAD: Facts = Facts {
     ..Facts::NONE
 };
 
+/// The facts of PIDNet's `PIDHead`: its loss reads the edge maps of the
+/// pipeline's `GenerateEdge`.
+const TAKES_EDGE_MAPS: Facts = Facts {
+    takes_edge_maps: true,
+    ..Facts::NONE
+};
+
 /// The facts of a mask-classification head.
 const MASK_CLASSIFICATION: Facts = Facts {
     mask_classification: true,
@@ -157,6 +180,7 @@ crate::models::registry::registry_table!(
         ("ASPPHead", HeadBuilders::feature_head(aspp_head::build, aspp_head::build_feature_head)),
         ("CCHead", HeadBuilders::head(cc_head::build)),
         ("DAHead", HeadBuilders::head(da_head::build)),
+        ("DDRHead", HeadBuilders::head(ddr_head::build)),
         ("DMHead", HeadBuilders::head(dm_head::build)),
         ("DNLHead", HeadBuilders::head(dnl_head::build)),
         ("DepthwiseSeparableASPPHead", HeadBuilders::head(sep_aspp_head::build)),
@@ -173,6 +197,7 @@ crate::models::registry::registry_table!(
         ("Mask2FormerHead", HeadBuilders::head(mask2former_head::build), MASK_CLASSIFICATION),
         ("NLHead", HeadBuilders::head(nl_head::build)),
         ("OCRHead", HeadBuilders::head(ocr_head::build)),
+        ("PIDHead", HeadBuilders::head(pid_head::build), TAKES_EDGE_MAPS),
         ("PSAHead", HeadBuilders::head(psa_head::build)),
         ("PointHead", HeadBuilders::head(point_head::build), POINT_HEAD),
         ("PSPHead", HeadBuilders::feature_head(psp_head::build, psp_head::build_feature_head)),

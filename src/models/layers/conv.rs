@@ -120,12 +120,16 @@ impl Conv2d {
 
 /// mmcv's `ConvModule` with the default order conv -> norm -> act, BN and
 /// a ReLU, in place unless built with `inplace=False`
-/// ([`ConvModule::out_of_place`]).
+/// ([`ConvModule::out_of_place`]); or with `order=('norm', 'act', 'conv')`
+/// ([`ConvModule::norm_act_conv`]).
 pub struct ConvModule {
     conv: Conv2d,
     norm: Option<ConvNorm>,
     relu: bool,
     inplace: bool,
+    /// `order=('norm', 'act', 'conv')`: the norm (on the input channels)
+    /// and the ReLU come before the conv.
+    norm_first: bool,
 }
 
 impl ConvModule {
@@ -155,6 +159,29 @@ impl ConvModule {
             norm,
             relu,
             inplace: true,
+            norm_first: false,
+        }
+    }
+
+    /// `ConvModule(..., order=('norm', 'act', 'conv'))` with its `bias`
+    /// (`'auto'` gives `norm.is_none()`): mmcv registers the conv, then the
+    /// norm over the *input* channels; the forward normalises, applies the
+    /// ReLU in place, then convolves.
+    pub fn norm_act_conv(
+        p: &mut ParamScope,
+        spec: ConvSpec,
+        norm: Option<NormCfg>,
+        relu: bool,
+        bias: bool,
+    ) -> ConvModule {
+        let conv = Conv2d::new(&mut p.sub("conv"), spec.bias(bias));
+        let norm = norm.map(|n| ConvNorm::new(&mut p.sub(n.module_name()), spec.in_channels, &n));
+        ConvModule {
+            conv,
+            norm,
+            relu,
+            inplace: true,
+            norm_first: true,
         }
     }
 
@@ -166,6 +193,9 @@ impl ConvModule {
     }
 
     pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        if self.norm_first {
+            return self.forward_norm_first(x, training);
+        }
         let mut y = self.conv.forward(x);
         if let Some(n) = &self.norm {
             y = n.forward(&y, training);
@@ -178,6 +208,22 @@ impl ConvModule {
             }
         }
         y
+    }
+
+    /// `order=('norm', 'act', 'conv')`.
+    fn forward_norm_first(&self, x: &Tensor, training: bool) -> Tensor {
+        let mut y = match &self.norm {
+            Some(n) => n.forward(x, training),
+            None => x.shallow_clone(),
+        };
+        if self.relu {
+            if self.inplace {
+                let _ = y.relu_();
+            } else {
+                y = y.relu();
+            }
+        }
+        self.conv.forward(&y)
     }
 }
 

@@ -6,7 +6,8 @@
 //! One file per kind of block: [`conv`] (`nn.Conv2d`, mmcv's `ConvModule`),
 //! [`activation`] (mmcv's Hardswish, HSigmoid, Sigmoid), [`inverted_residual`]
 //! (MobileNetV3's `InvertedResidualV3` and `SELayer`),
-//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
+//! [`norm`] (`nn.LayerNorm`, `nn.BatchNorm2d`), [`basic_block`] and [`ppm`]
+//! (the residual blocks and pyramid pooling of DDRNet and PIDNet), [`linear`], [`attention`], [`ms_deform_attn`] (mmcv's
 //! `MultiScaleDeformableAttention`), [`positional_encoding`] (mmdet's sine
 //! encoding), [`self_attention_block`] (MMSeg's `SelfAttentionBlock`),
 //! (`nn.MultiheadAttention`), [`drop`] (mmcv's `DropPath`), [`embed`] (mmseg's `PatchEmbed`), [`ffn`] (mmcv's `FFN`), [`checkpoint`]
@@ -17,6 +18,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod basic_block;
 pub mod checkpoint;
 pub mod conv;
 pub mod drop;
@@ -29,6 +31,7 @@ pub mod ms_deform_attn;
 pub mod norm;
 pub mod ops;
 pub mod positional_encoding;
+pub mod ppm;
 pub mod self_attention_block;
 pub mod shape;
 

@@ -113,22 +113,7 @@ impl CrossEntropyCfg {
                 .to_kind(pred.kind())
                 .to_device(pred.device())
         });
-        let loss = if softmax_keeps_input() {
-            // F.cross_entropy = nll_loss(log_softmax(pred, 1)), as ATen composes
-            // it; spelled out to reach the log_softmax.
-            let log_probs = pred.log_softmax(1, pred.kind());
-            softmax_saved(pred, &log_probs);
-            log_probs.nll_loss_nd(label, class_weight.as_ref(), Reduction::None, ignore_index)
-        } else {
-            // One op, as CPU autocast has its own rule for it.
-            pred.cross_entropy_loss(
-                label,
-                class_weight.as_ref(),
-                Reduction::None,
-                ignore_index,
-                0.0,
-            )
-        };
+        let loss = pixel_cross_entropy(pred, label, class_weight.as_ref(), ignore_index);
         let eps = f32::EPSILON as f64;
         let avg_factor = match &class_weight {
             None if self.avg_non_ignore => {
@@ -154,6 +139,27 @@ impl CrossEntropyCfg {
         let reduced = loss.sum(loss.kind()) / (avg_factor + eps);
         drop(loss);
         reduced * self.loss_weight
+    }
+}
+
+/// `F.cross_entropy(pred, label, weight=class_weight, reduction='none',
+/// ignore_index=...)`: `pred` `[B, K, H, W]`, `label` `[B, H, W]`, the
+/// per-pixel loss `[B, H, W]`.
+pub(crate) fn pixel_cross_entropy(
+    pred: &Tensor,
+    label: &Tensor,
+    class_weight: Option<&Tensor>,
+    ignore_index: i64,
+) -> Tensor {
+    if softmax_keeps_input() {
+        // F.cross_entropy = nll_loss(log_softmax(pred, 1)), as ATen composes
+        // it; spelled out to reach the log_softmax.
+        let log_probs = pred.log_softmax(1, pred.kind());
+        softmax_saved(pred, &log_probs);
+        log_probs.nll_loss_nd(label, class_weight, Reduction::None, ignore_index)
+    } else {
+        // One op, as CPU autocast has its own rule for it.
+        pred.cross_entropy_loss(label, class_weight, Reduction::None, ignore_index, 0.0)
     }
 }
 

@@ -1,17 +1,23 @@
 //! The losses decode heads train with (`mmseg/models/losses/`), and the
 //! pixel accuracy every BaseDecodeHead logs. A head's `loss_decode` is one
 //! loss dict or a list of them ([`DecodeLoss`]); segtune implements
-//! `CrossEntropyLoss` and `DiceLoss`, and the `OHEMPixelSampler` a head
-//! can weight its pixels with.
+//! `CrossEntropyLoss` and `DiceLoss`, the `OHEMPixelSampler` a head can
+//! weight its pixels with, and PIDNet's `OhemCrossEntropy` and
+//! `BoundaryLoss`, which only heads that call their losses themselves
+//! (DDRHead, PIDHead) can take.
 
 pub mod accuracy;
+pub mod boundary_loss;
 pub mod cross_entropy_loss;
 pub mod dice_loss;
+pub mod ohem_cross_entropy_loss;
 pub mod ohem_pixel_sampler;
 
 pub use accuracy::accuracy;
+pub use boundary_loss::BoundaryLossCfg;
 pub use cross_entropy_loss::CrossEntropyCfg;
 pub use dice_loss::DiceLossCfg;
+pub use ohem_cross_entropy_loss::OhemCrossEntropyCfg;
 pub use ohem_pixel_sampler::OhemPixelSampler;
 
 use super::ModelError;
@@ -23,6 +29,8 @@ use tch::Tensor;
 pub enum DecodeLoss {
     CrossEntropy(CrossEntropyCfg),
     Dice(DiceLossCfg),
+    OhemCrossEntropy(OhemCrossEntropyCfg),
+    Boundary(BoundaryLossCfg),
 }
 
 impl DecodeLoss {
@@ -31,6 +39,37 @@ impl DecodeLoss {
         match self {
             DecodeLoss::CrossEntropy(l) => &l.loss_name,
             DecodeLoss::Dice(l) => &l.loss_name,
+            DecodeLoss::OhemCrossEntropy(l) => &l.loss_name,
+            DecodeLoss::Boundary(l) => &l.loss_name,
+        }
+    }
+
+    /// Whether BaseDecodeHead's `loss_by_feat` can call it: its `forward`
+    /// takes `weight` and `ignore_index` (`OhemCrossEntropy` and
+    /// `BoundaryLoss` do not: MMSeg raises a `TypeError`).
+    pub fn takes_base_head_call(&self) -> bool {
+        matches!(self, DecodeLoss::CrossEntropy(_) | DecodeLoss::Dice(_))
+    }
+
+    /// The MMSeg type name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            DecodeLoss::CrossEntropy(_) => "CrossEntropyLoss",
+            DecodeLoss::Dice(_) => "DiceLoss",
+            DecodeLoss::OhemCrossEntropy(_) => "OhemCrossEntropy",
+            DecodeLoss::Boundary(_) => "BoundaryLoss",
+        }
+    }
+
+    /// `loss_decode[i](pred, label)`, the positional call of the heads that
+    /// call their losses themselves: `CrossEntropyLoss` then takes its
+    /// own default `ignore_index=-100`.
+    pub fn call(&self, pred: &Tensor, label: &Tensor) -> Tensor {
+        match self {
+            DecodeLoss::CrossEntropy(l) => l.forward(pred, label, None, -100),
+            DecodeLoss::Dice(l) => l.forward(pred, label),
+            DecodeLoss::OhemCrossEntropy(l) => l.forward(pred, label),
+            DecodeLoss::Boundary(l) => l.forward(pred, label),
         }
     }
 
@@ -46,6 +85,9 @@ impl DecodeLoss {
         match self {
             DecodeLoss::CrossEntropy(l) => l.forward(pred, label, weight, ignore_index),
             DecodeLoss::Dice(l) => l.forward(pred, label),
+            DecodeLoss::OhemCrossEntropy(_) | DecodeLoss::Boundary(_) => {
+                unreachable!("DecodeHeadCfg refuses losses BaseDecodeHead cannot call")
+            }
         }
     }
 }
@@ -75,10 +117,16 @@ pub fn loss_decode_from_cfg(v: Option<&Value>) -> Result<Vec<DecodeLoss>, ModelE
             |d| match d.get("type").and_then(Value::as_str).unwrap_or("") {
                 "CrossEntropyLoss" => CrossEntropyCfg::from_cfg(d).map(DecodeLoss::CrossEntropy),
                 "DiceLoss" => DiceLossCfg::from_cfg(d).map(DecodeLoss::Dice),
+                "OhemCrossEntropy" => {
+                    OhemCrossEntropyCfg::from_cfg(d).map(DecodeLoss::OhemCrossEntropy)
+                }
+                "BoundaryLoss" => BoundaryLossCfg::from_cfg(d).map(DecodeLoss::Boundary),
                 ty => Err(ModelError::unsupported(
                     "loss_decode",
                     "type",
-                    format!("`{ty}` (supported: CrossEntropyLoss, DiceLoss)"),
+                    format!(
+                        "`{ty}` (supported: CrossEntropyLoss, DiceLoss, OhemCrossEntropy, BoundaryLoss)"
+                    ),
                 )),
             },
         )

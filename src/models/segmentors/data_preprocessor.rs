@@ -208,34 +208,49 @@ impl SegDataPreProcessor {
     /// so the loader's batch keeps its label tensors for the whole step).
     /// Images `[3, h, w]` -> batch `[B, 3, H, W]`; labels `[1, h, w]` ->
     /// `[1, H, W]` each.
+    /// `edges`: the per-image `gt_edge_map`s (`[1, h, w]`, padded after
+    /// each label as `stack_batch` does), empty when the pipeline makes none.
     pub fn forward(
         &self,
         images: &[Tensor],
         labels: &[Tensor],
+        edges: &[Tensor],
         device: Device,
-    ) -> (Tensor, Vec<Tensor>) {
+    ) -> (Tensor, Vec<Tensor>, Vec<Tensor>) {
         if self.cfg.pixel_values {
             return (
                 images[0].to_device(device),
                 vec![labels[0].to_device(device)],
+                Vec::new(),
             );
         }
         let inputs = self.normalised(images, device);
         let mut padded_inputs = Vec::with_capacity(inputs.len());
         let mut padded_labels = Vec::with_capacity(labels.len());
-        for (x, label) in inputs.iter().zip(labels) {
+        let mut padded_edges = Vec::with_capacity(edges.len());
+        for (i, (x, label)) in inputs.iter().zip(labels).enumerate() {
             let (h, w) = (x.size()[1], x.size()[2]);
             let pad = match self.cfg.size {
                 Some((sh, sw)) => [0, (sw - w).max(0), 0, (sh - h).max(0)],
                 None => [0, 0, 0, 0],
             };
             padded_inputs.push(x.pad(pad, "constant", self.cfg.pad_val));
-            let label = label.to_device(device);
-            let label = &label;
-            padded_labels.push(label.pad(pad, "constant", self.cfg.seg_pad_val));
+            for (map, padded) in [
+                (Some(label), &mut padded_labels),
+                (edges.get(i), &mut padded_edges),
+            ] {
+                if let Some(map) = map {
+                    let map = map.to_device(device);
+                    padded.push(map.pad(pad, "constant", self.cfg.seg_pad_val));
+                }
+            }
         }
         drop(inputs);
-        (Tensor::stack(&padded_inputs, 0), padded_labels)
+        (
+            Tensor::stack(&padded_inputs, 0),
+            padded_labels,
+            padded_edges,
+        )
     }
 
     /// `forward(data, training=False)`: BGR->RGB, normalise, and either

@@ -14,6 +14,7 @@
 //! logits.
 
 use super::data_preprocessor::{PreprocessorCfg, SegDataPreProcessor};
+use super::generate_edge::GenerateEdge;
 use super::{SEGMENTORS, SEGMENTOR_FACTS};
 use crate::config::{Dict, Value};
 use crate::models::backbones::{Backbone, BACKBONES, BACKBONE_FACTS};
@@ -245,6 +246,9 @@ pub struct EncoderDecoder {
     pub ignore_index: i64,
     /// `model.test_cfg.mode` (see `inference.rs`).
     pub test_mode: super::inference::TestMode,
+    /// The training pipeline's `GenerateEdge`, whose edge maps the batch
+    /// carries (required by a head with the fact `takes_edge_maps`).
+    pub edge_maps: Option<GenerateEdge>,
 }
 
 impl EncoderDecoder {
@@ -328,6 +332,7 @@ impl EncoderDecoder {
         let last = &decode_heads.last().expect("at least one decode head").1;
         let (num_classes, ignore_index) = (last.num_classes(), last.ignore_index());
         let test_mode = super::inference::TestMode::from_model(model)?;
+        let edge_maps = Self::edge_maps_of(cfg, &parts)?;
         Ok(EncoderDecoder {
             params,
             preprocessor,
@@ -339,7 +344,29 @@ impl EncoderDecoder {
             num_classes,
             ignore_index,
             test_mode,
+            edge_maps,
         })
+    }
+
+    /// The pipeline's `GenerateEdge`; an error when a head reads edge maps
+    /// (`takes_edge_maps`) the pipeline does not make (MMSeg's
+    /// `AttributeError` on `gt_edge_map` in the first step).
+    fn edge_maps_of(
+        cfg: &Dict,
+        parts: &EncoderDecoderCfg,
+    ) -> Result<Option<GenerateEdge>, ModelError> {
+        let edge_maps = GenerateEdge::from_train_pipeline(cfg)?;
+        let heads = parts.decode_head.named().into_iter().map(|h| h.cfg);
+        for head in heads.chain(parts.auxiliary_heads.iter().map(|a| a.cfg)) {
+            let head_type = type_of(head, "decode_head")?;
+            if edge_maps.is_none() && facts_of(DECODE_HEAD_FACTS, head_type).takes_edge_maps {
+                return Err(ModelError::config(
+                    format!("model.decode_head ({head_type})"),
+                    "reads the edge maps (gt_edge_map) of the training pipeline's GenerateEdge, which the pipeline lacks",
+                ));
+            }
+        }
+        Ok(edge_maps)
     }
 
     /// `(loss prefix, head)` per decode head (one, or a cascade's stages).
@@ -379,7 +406,21 @@ impl EncoderDecoder {
 
     /// Data preprocessing: returns the batch tensor and the padded labels.
     pub fn preprocess(&self, images: &[Tensor], labels: &[Tensor]) -> (Tensor, Vec<Tensor>) {
-        self.preprocessor.forward(images, labels, self.device)
+        let (inputs, labels, _) = self.preprocessor.forward(images, labels, &[], self.device);
+        (inputs, labels)
+    }
+
+    /// Data preprocessing of a batch with edge maps (see
+    /// [`EncoderDecoder::edge_maps`]): the batch tensor, the padded labels
+    /// and the padded edge maps.
+    pub fn preprocess_with_edges(
+        &self,
+        images: &[Tensor],
+        labels: &[Tensor],
+        edges: &[Tensor],
+    ) -> (Tensor, Vec<Tensor>, Vec<Tensor>) {
+        self.preprocessor
+            .forward(images, labels, edges, self.device)
     }
 
     /// `extract_feat`: the backbone's features, through the neck if any.
@@ -399,11 +440,16 @@ impl EncoderDecoder {
 
     /// `_decode_head_forward_train`: the decode head's loss items, or each
     /// cascade stage's.
-    fn decode_head_loss(&self, features: &[Tensor], labels: &[Tensor]) -> Vec<(String, Tensor)> {
+    fn decode_head_loss(
+        &self,
+        features: &[Tensor],
+        labels: &[Tensor],
+        edges: &[Tensor],
+    ) -> Vec<(String, Tensor)> {
         match self.decode_heads.as_slice() {
             [(prefix, head)] if prefix == "decode" => {
                 let _part = scope::enter("decode_head");
-                with_prefix(prefix, head.loss(features, None, labels, true))
+                with_prefix(prefix, head.loss_with_edges(features, labels, edges, true))
             }
             stages => {
                 super::cascade_encoder_decoder::decode_head_forward_train(stages, features, labels)
@@ -416,8 +462,20 @@ impl EncoderDecoder {
     /// `aux_0.loss_ce`, ... for a list), before `parse_losses`. The features
     /// live until every head is done, as `x` does in Python.
     pub fn loss(&self, inputs: &Tensor, labels: &[Tensor]) -> Vec<(String, Tensor)> {
+        self.loss_with_edges(inputs, labels, &[])
+    }
+
+    /// [`EncoderDecoder::loss`] with the padded edge maps of
+    /// [`EncoderDecoder::preprocess_with_edges`] (the data samples'
+    /// `gt_edge_map`), which every head is given.
+    pub fn loss_with_edges(
+        &self,
+        inputs: &Tensor,
+        labels: &[Tensor],
+        edges: &[Tensor],
+    ) -> Vec<(String, Tensor)> {
         let features = self.extract_feat(inputs, true);
-        let mut items = self.decode_head_loss(&features, labels);
+        let mut items = self.decode_head_loss(&features, labels, edges);
         for (prefix, head) in &self.auxiliary_heads {
             // `aux` -> `auxiliary_head`, `aux_<i>` -> `auxiliary_head.<i>`.
             let _part = scope::enter(&match prefix.strip_prefix("aux_") {
@@ -426,7 +484,7 @@ impl EncoderDecoder {
             });
             items.extend(with_prefix(
                 prefix,
-                head.loss(&features, None, labels, true),
+                head.loss_with_edges(&features, labels, edges, true),
             ));
         }
         drop(features);

@@ -9,6 +9,7 @@ pub mod base;
 pub mod cascade_encoder_decoder;
 pub mod data_preprocessor;
 pub mod encoder_decoder;
+pub mod generate_edge;
 pub mod hf_segformer;
 pub mod inference;
 pub mod multimodal_encoder_decoder;
