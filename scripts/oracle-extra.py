@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The shared CPU oracle (../shared/oracle/mmseg_cpu_oracle.py), unchanged,
-with the two things it lacks for K-Net and PSANet:
+with the things it lacks for K-Net, PSANet and PIDNet:
 
+* `SEGTUNE_ORACLE_EDGE_WIDTH=4`: PIDNet's edge maps (`gt_edge_map`,
+  made by MMSeg's GenerateEdge from each synthetic label), which the
+  shared script's batch lacks.
 * `num_classes_of`: K-Net's IterativeDecodeHead has no `num_classes` of its
   own; it is its kernel generate head's (as IterativeDecodeHead.__init__
   copies it). The oracle's synthetic labels need it.
@@ -110,6 +113,31 @@ def patch(oracle):
         return num_classes_of(cfg)
 
     oracle.num_classes_of = num_classes_of_knet
+
+    # PIDNet's PIDHead reads `gt_edge_map`, which MMSeg's pipeline makes
+    # with GenerateEdge (its configs: edge_width=4) and PackSegInputs packs
+    # as an int64 1xHxW tensor. SEGTUNE_ORACLE_EDGE_WIDTH=4 adds it to each
+    # synthetic sample, from its label, with MMSeg's own transform.
+    edge_width = int(os.environ.get('SEGTUNE_ORACLE_EDGE_WIDTH', '0'))
+    if edge_width:
+        make_batch = oracle.make_batch
+
+        def make_batch_with_edges(batch, crop, num_classes, gen):
+            import numpy as np
+            import torch
+            from mmengine.structures import PixelData
+            from mmseg.datasets.transforms import GenerateEdge
+            data, nbytes = make_batch(batch, crop, num_classes, gen)
+            for ds in data['data_samples']:
+                seg = ds.gt_sem_seg.data
+                r = GenerateEdge(edge_width=edge_width).transform(
+                    dict(img_shape=(crop, crop),
+                         gt_seg_map=seg[0].numpy().astype(np.uint8)))
+                ds.gt_edge_map = PixelData(data=torch.tensor(
+                    r['gt_edge_map'][None].astype(np.int64)))
+            return data, nbytes
+
+        oracle.make_batch = make_batch_with_edges
 
 
 def self_check():
