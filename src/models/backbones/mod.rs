@@ -6,6 +6,7 @@
 //! plus its `mod` line and its table row below.
 
 pub mod bisenetv1;
+pub mod bisenetv2;
 pub mod cgnet;
 pub mod convnext;
 pub mod erfnet;
@@ -51,6 +52,7 @@ crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
+        ("BiSeNetV2", bisenetv2::build),
         ("CGNet", cgnet::build),
         ("ERFNet", erfnet::build),
         ("FastSCNN", fast_scnn::build),
