@@ -19,6 +19,7 @@ pub mod mobilenet_v2;
 pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
+pub mod stdc;
 pub mod swin;
 pub mod twins;
 pub mod unet;
@@ -65,6 +66,8 @@ crate::models::registry::registry_table!(
         ("ResNet", resnet::build_resnet, WITH_CP),
         ("ResNetV1c", resnet::build_resnet_v1c, WITH_CP),
         ("ResNetV1d", resnet::build_resnet_v1d, WITH_CP),
+        ("STDCContextPathNet", stdc::build_context_path_net),
+        ("STDCNet", stdc::build_stdc_net),
         ("SVT", twins::build_svt),
         ("SegformerModel", hf_segformer::build, WITH_CP),
         ("SwinTransformer", swin::build, WITH_CP),
