@@ -581,7 +581,7 @@ impl Backbone for StdcContextPathNet {
             self.arms.len(),
             self.arms.len() + 1
         );
-        let _part = crate::models::scope::enter("context_path");
+        let context_part = crate::models::scope::enter("context_path");
         let avg = outs[n - 1].adaptive_avg_pool2d([1, 1]); // [B, last_in[0], 1, 1]
         let avg_feat = self.conv_avg.forward(&avg, training); // [B, out, 1, 1]
         let mut feature_up = self.upsample.resize(&avg_feat, &outs[n - 1]);
@@ -595,6 +595,7 @@ impl Backbone for StdcContextPathNet {
             feature_up = conv.forward(&feature_up, training); // [B, out, h_(i+1), w_(i+1)]
             arms_out.push(feature_up.shallow_clone());
         }
+        drop(context_part);
         let feat_fuse = {
             let _part = crate::models::scope::enter("ffm");
             self.ffm.forward(&outs[0], &arms_out[1], training)

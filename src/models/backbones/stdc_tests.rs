@@ -75,3 +75,30 @@ fn unknown_keys_are_refused_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn a_plain_stdc_net_with_add_fusion_and_a_final_conv_is_mmsegs() {
+    // MMSeg's STDCNet(stdc_type='STDCNet2', in_channels=3,
+    // channels=(32, 64, 256, 512, 1024), bottleneck_type='add', num_convs=3,
+    // norm_cfg=dict(type='BN'), act_cfg=dict(type='ReLU'),
+    // with_final_conv=True): 11,747,424 parameters in 144 tensors, 144
+    // buffers; on a [2, 3, 64, 64] input, maps of 1/8, 1/16, 1/32.
+    let (store, net) = backbone(json!({
+        "type": "STDCNet",
+        "stdc_type": "STDCNet2",
+        "in_channels": 3,
+        "channels": [32, 64, 256, 512, 1024],
+        "bottleneck_type": "add",
+        "num_convs": 3,
+        "norm_cfg": {"type": "BN"},
+        "act_cfg": {"type": "ReLU"},
+        "with_final_conv": true
+    }));
+    assert_eq!(store.total(), 11_747_424);
+    assert_eq!((store.params.len(), store.buffers.len()), (144, 144));
+    let outs = net.forward(&image(2, 64, 64), true);
+    assert_eq!(
+        shapes(&outs),
+        [vec![2, 256, 8, 8], vec![2, 512, 4, 4], vec![2, 1024, 2, 2]]
+    );
+}
