@@ -90,14 +90,18 @@ impl BiSeNetV1Cfg {
 }
 
 /// `AttentionRefinementModule`: a 3x3 ConvModule, gated by
-/// `sigmoid(ConvModule(avg_pool(x)))`.
-struct AttentionRefinement {
+/// `sigmoid(ConvModule(avg_pool(x)))` (STDC's context path uses it too).
+pub(crate) struct AttentionRefinement {
     conv_layer: ConvModule,
     atten_conv: ConvModule,
 }
 
 impl AttentionRefinement {
-    fn new(p: &mut ParamScope, in_channels: i64, out_channels: i64) -> AttentionRefinement {
+    pub(crate) fn new(
+        p: &mut ParamScope,
+        in_channels: i64,
+        out_channels: i64,
+    ) -> AttentionRefinement {
         AttentionRefinement {
             conv_layer: ConvModule::new(
                 &mut p.sub("conv_layer"),
@@ -115,7 +119,7 @@ impl AttentionRefinement {
         }
     }
 
-    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+    pub(crate) fn forward(&self, x: &Tensor, training: bool) -> Tensor {
         let x = self.conv_layer.forward(x, training);
         // nn.Sequential(AdaptiveAvgPool2d(1), ConvModule, Sigmoid).
         let x_atten = {

@@ -6,6 +6,7 @@
 //! plus its `mod` line and its table row below.
 
 pub mod bisenetv1;
+pub mod bisenetv2;
 pub mod cgnet;
 pub mod convnext;
 pub mod ddrnet;
@@ -22,6 +23,7 @@ pub mod pidnet;
 pub mod poolformer;
 pub mod resnest;
 pub mod resnet;
+pub mod stdc;
 pub mod swin;
 pub mod twins;
 pub mod unet;
@@ -55,6 +57,7 @@ crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
         ("BiSeNetV1", bisenetv1::build),
+        ("BiSeNetV2", bisenetv2::build),
         ("CGNet", cgnet::build),
         ("DDRNet", ddrnet::build),
         ("ERFNet", erfnet::build),
@@ -71,6 +74,8 @@ crate::models::registry::registry_table!(
         ("ResNet", resnet::build_resnet, WITH_CP),
         ("ResNetV1c", resnet::build_resnet_v1c, WITH_CP),
         ("ResNetV1d", resnet::build_resnet_v1d, WITH_CP),
+        ("STDCContextPathNet", stdc::build_context_path_net),
+        ("STDCNet", stdc::build_stdc_net),
         ("SVT", twins::build_svt),
         ("SegformerModel", hf_segformer::build, WITH_CP),
         ("SwinTransformer", swin::build, WITH_CP),

@@ -41,6 +41,7 @@ pub mod sep_aspp_head;
 pub mod sep_fcn_head;
 pub mod setr_mla_head;
 pub mod setr_up_head;
+pub mod stdc_head;
 pub mod uper_head;
 
 use super::params::ParamScope;
@@ -206,6 +207,7 @@ crate::models::registry::registry_table!(
         ("SegmenterMaskTransformerHead", HeadBuilders::head(segmenter_mask_head::build)),
         ("SETRMLAHead", HeadBuilders::head(setr_mla_head::build)),
         ("SETRUPHead", HeadBuilders::head(setr_up_head::build)),
+        ("STDCHead", HeadBuilders::head(stdc_head::build)),
         ("UPerHead", HeadBuilders::feature_head(uper_head::build, uper_head::build_feature_head)),
     ]
 );

@@ -232,6 +232,8 @@ impl ConvModule {
 /// ConvModule (`groups = in_channels`) then a pointwise 1x1 ConvModule, both
 /// with the module's norm; the pointwise one with a ReLU, the depthwise one
 /// too unless `dw_act_cfg=None` (`depthwise_relu == false`).
+/// [`DepthwiseSeparableConvModule::with_parts`] sets each part's norm and
+/// ReLU apart (`dw_norm_cfg`, `dw_act_cfg`, `pw_norm_cfg`, `pw_act_cfg`).
 pub struct DepthwiseSeparableConvModule {
     depthwise_conv: ConvModule,
     pointwise_conv: ConvModule,
@@ -246,7 +248,19 @@ impl DepthwiseSeparableConvModule {
         norm: Option<NormCfg>,
         depthwise_relu: bool,
     ) -> Self {
-        let depthwise = ConvSpec {
+        Self::with_parts(p, spec, (norm, depthwise_relu), (norm, true))
+    }
+
+    /// `depthwise` and `pointwise`: each ConvModule's norm (`None`: none,
+    /// and then a conv bias, mmcv's `bias='auto'`) and whether it has a
+    /// ReLU.
+    pub fn with_parts(
+        p: &mut ParamScope,
+        spec: ConvSpec,
+        depthwise: (Option<NormCfg>, bool),
+        pointwise: (Option<NormCfg>, bool),
+    ) -> Self {
+        let depthwise_spec = ConvSpec {
             out_channels: spec.in_channels,
             groups: spec.in_channels,
             ..spec
@@ -254,15 +268,15 @@ impl DepthwiseSeparableConvModule {
         DepthwiseSeparableConvModule {
             depthwise_conv: ConvModule::new(
                 &mut p.sub("depthwise_conv"),
-                depthwise,
-                norm,
-                depthwise_relu,
+                depthwise_spec,
+                depthwise.0,
+                depthwise.1,
             ),
             pointwise_conv: ConvModule::new(
                 &mut p.sub("pointwise_conv"),
                 ConvSpec::new(spec.in_channels, spec.out_channels, 1),
-                norm,
-                true,
+                pointwise.0,
+                pointwise.1,
             ),
         }
     }

@@ -76,13 +76,18 @@ impl DiceLossCfg {
         };
         // dice_loss: drop the channel `ignore_index` (a no-op copy unless
         // it names a class).
-        let keep = Tensor::arange(num_classes, (Kind::Int64, pred.device())).ne(self.ignore_index);
-        let pred = pred.index(&[None, Some(&keep)]);
-        let target = one_hot.index(&[None, Some(&keep)]);
-        drop(keep);
+        // `torch.arange(num_classes) != ignore_index`, made for each indexing.
+        let keep =
+            || Tensor::arange(num_classes, (Kind::Int64, pred.device())).ne(self.ignore_index);
+        let pred = pred.index(&[None, Some(&keep())]);
+        let target = one_hot.index(&[None, Some(&keep())]);
         let input = pred.flatten(1, -1); // [B, K * H * W]
         drop(pred);
-        let target = target.flatten(1, -1).to_kind(Kind::Float);
+        // Python rebinds `target`: the indexed int64 copy dies once the float one exists.
+        let target = {
+            let indexed = target;
+            indexed.flatten(1, -1).to_kind(Kind::Float)
+        };
         let a = (&input * &target).sum_dim_intlist(1, false, None::<Kind>);
         let d = if self.naive_dice {
             let b = input.sum_dim_intlist(1, false, None::<Kind>);
