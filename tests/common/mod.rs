@@ -90,8 +90,10 @@ pub fn search_command_on(
 /// issue 16; K-Net and PSANet through `scripts/oracle-extra.py`; MobileNetV2;
 /// the ViT family (ViT UPerNet with MultiLevelNeck, SETR, Segmenter); ICNet
 /// and BiSeNetV1; Twins (PCPVT, SVT); ResNeSt; mmpretrain's ConvNeXt and
-/// PoolFormer.
-pub const EXTRA_ORACLES: [&str; 12] = [
+/// PoolFormer. `oracle_cpu_realtime.json` (BiSeNetV2, STDC, DDRNet, PIDNet,
+/// MobileNetV3 LR-ASPP, SegNeXt) was measured on an AVX-512-bf16 CPU
+/// without AMX: its peaks are compared on a CPU of that class only.
+pub const EXTRA_ORACLES: [&str; 13] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -139,6 +141,10 @@ pub const EXTRA_ORACLES: [&str; 12] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_mmpretrain.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_realtime.json"
     ),
 ];
 
