@@ -5,6 +5,7 @@
 //! Adding a backbone: its own file here (see `mit.rs` for the pattern),
 //! plus its `mod` line and its table row below.
 
+pub mod beit;
 pub mod bisenetv1;
 pub mod cgnet;
 pub mod convnext;
@@ -50,6 +51,7 @@ const WITH_CP: Facts = Facts {
 crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
+        ("BEiT", beit::build),
         ("BiSeNetV1", bisenetv1::build),
         ("CGNet", cgnet::build),
         ("ERFNet", erfnet::build),

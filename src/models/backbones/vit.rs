@@ -68,7 +68,11 @@ pub struct VitConfig {
 }
 
 /// An int or a one- or two-element list of ints, as `img_size` takes it.
-fn size_pair(r: &mut ComponentConfig, key: &str, default: i64) -> Result<(i64, i64), ModelError> {
+pub(crate) fn size_pair(
+    r: &mut ComponentConfig,
+    key: &str,
+    default: i64,
+) -> Result<(i64, i64), ModelError> {
     match r.value(key) {
         None => Ok((default, default)),
         Some(v) => match v.as_i64() {

@@ -587,7 +587,7 @@ mod tests {
         model.insert(
             "neck".into(),
             crate::models::component_config::test_support::to_value(
-                &json!({"type": "Feature2Pyramid"}),
+                &json!({"type": "NotARegisteredNeck"}),
             ),
         );
         // Every unknown type is named, each table listed once.
@@ -595,7 +595,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "unknown component types: neck `Feature2Pyramid`, auxiliary head `LRASPPHead`\n  \
+                "unknown component types: neck `NotARegisteredNeck`, auxiliary head `LRASPPHead`\n  \
                  necks segtune supports: {necks}\n  heads segtune supports: {heads}",
                 necks = crate::models::registry::names(NECK_FACTS).join(", ")
             )
