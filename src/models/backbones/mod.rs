@@ -14,6 +14,7 @@ pub mod fast_scnn;
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod icnet;
+pub mod mae;
 pub mod mit;
 pub mod mobilenet_v2;
 pub mod poolformer;
@@ -58,6 +59,7 @@ crate::models::registry::registry_table!(
         ("FastSCNN", fast_scnn::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
+        ("MAE", mae::build),
         ("MixVisionTransformer", mit::build, WITH_CP),
         ("MobileNetV2", mobilenet_v2::build),
         ("PCPVT", twins::build_pcpvt),
