@@ -15,6 +15,7 @@ pub mod da_head;
 pub mod decode_head;
 pub mod dm_head;
 pub mod dnl_head;
+pub mod dpt_head;
 pub mod ema_head;
 pub mod enc_head;
 pub mod fcn_head;
@@ -157,6 +158,7 @@ crate::models::registry::registry_table!(
         ("DAHead", HeadBuilders::head(da_head::build)),
         ("DMHead", HeadBuilders::head(dm_head::build)),
         ("DNLHead", HeadBuilders::head(dnl_head::build)),
+        ("DPTHead", HeadBuilders::head(dpt_head::build)),
         ("DepthwiseSeparableASPPHead", HeadBuilders::head(sep_aspp_head::build)),
         ("DepthwiseSeparableFCNHead", HeadBuilders::head(sep_fcn_head::build)),
         ("EMAHead", HeadBuilders::head(ema_head::build)),
