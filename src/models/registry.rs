@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn a_row_without_facts_and_an_unknown_type_have_none() {
         assert_eq!(facts_of(NECK_FACTS, "FPN"), Facts::NONE);
-        assert_eq!(facts_of(NECK_FACTS, "Feature2Pyramid"), Facts::NONE);
+        assert_eq!(facts_of(NECK_FACTS, "NotARegisteredNeck"), Facts::NONE);
         assert!(facts_of(BACKBONE_FACTS, "ResNetV1c").takes_with_cp);
         let point_head = facts_of(DECODE_HEAD_FACTS, "PointHead");
         assert!(point_head.takes_run_cfgs && point_head.subdivision_inference);

@@ -5,6 +5,7 @@
 //! Adding a backbone: its own file here (see `mit.rs` for the pattern),
 //! plus its `mod` line and its table row below.
 
+pub mod beit;
 pub mod bisenetv1;
 pub mod bisenetv2;
 pub mod cgnet;
@@ -15,6 +16,7 @@ pub mod fast_scnn;
 pub mod hf_segformer;
 pub mod hrnet;
 pub mod icnet;
+pub mod mae;
 pub mod mit;
 pub mod mobilenet_v2;
 pub mod mobilenet_v3;
@@ -56,6 +58,7 @@ const WITH_CP: Facts = Facts {
 crate::models::registry::registry_table!(
     /// Backbone types (`model.backbone.type`).
     BACKBONES, BACKBONE_FACTS: BackboneCtor = [
+        ("BEiT", beit::build),
         ("BiSeNetV1", bisenetv1::build),
         ("BiSeNetV2", bisenetv2::build),
         ("CGNet", cgnet::build),
@@ -64,6 +67,7 @@ crate::models::registry::registry_table!(
         ("FastSCNN", fast_scnn::build),
         ("HRNet", hrnet::build),
         ("ICNet", icnet::build),
+        ("MAE", mae::build),
         ("MixVisionTransformer", mit::build, WITH_CP),
         ("MobileNetV2", mobilenet_v2::build),
         ("MSCAN", mscan::build),

@@ -27,7 +27,7 @@
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::{ComponentConfig, NormCfg};
-use crate::models::layers::{count_flops, resize_bilinear, BatchNorm2d, ConvModule, ConvSpec};
+use crate::models::layers::{resize_bilinear, BatchNorm2d, ConvModule, ConvSpec, ConvTranspose2d};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
 use tch::Tensor;
@@ -334,50 +334,6 @@ impl BasicConvBlock {
             x = conv.forward(&x, bn_training);
         }
         x
-    }
-}
-
-/// `nn.ConvTranspose2d` (groups 1, no dilation, no output padding, a bias).
-struct ConvTranspose2d {
-    weight: Tensor,
-    bias: Tensor,
-    stride: i64,
-    padding: i64,
-}
-
-impl ConvTranspose2d {
-    fn new(
-        p: &mut ParamScope,
-        cin: i64,
-        cout: i64,
-        kernel: i64,
-        stride: i64,
-        padding: i64,
-    ) -> Self {
-        // The values (nn.ConvTranspose2d's kaiming-uniform bound) do not
-        // change memory or speed.
-        let bound = 1.0 / ((cout * kernel * kernel) as f64).sqrt();
-        ConvTranspose2d {
-            weight: p.param_uniform("weight", &[cin, cout, kernel, kernel], bound),
-            bias: p.param_uniform("bias", &[cout], bound),
-            stride,
-            padding,
-        }
-    }
-
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let s = x.size(); // [B, C_in, H, W]
-        let ws = self.weight.size();
-        count_flops(2.0 * (s[0] * ws[0] * ws[1] * ws[2] * ws[3]) as f64 * (s[2] * s[3]) as f64);
-        x.conv_transpose2d(
-            &self.weight,
-            Some(&self.bias),
-            [self.stride, self.stride],
-            [self.padding, self.padding],
-            [0, 0],
-            1,
-            [1, 1],
-        )
     }
 }
 

@@ -13,6 +13,11 @@
 //! a `[B, C, H/16, W/16]` map. The backbone of SETR, Segmenter, DPT and the
 //! ViT/DeiT UPerNet configs; [`TransformerEncoderLayer`] is also Segmenter's
 //! mask transformer layer.
+//!
+//! With `output_cls_token` (DPT) vit.py's outputs are `[map, cls_token]`
+//! pairs, the class token `x[:, 0]` a `[B, C]` view of the layer's tokens:
+//! the [`Backbone`] list then holds each pair flat, the map followed by its
+//! class token (see `decode_heads/dpt_head.rs`).
 
 use super::Backbone;
 use crate::config::{Dict, Value};
@@ -57,6 +62,8 @@ pub struct VitConfig {
     pub drop_rate: f64,
     pub drop_path_rate: f64,
     pub with_cls_token: bool,
+    /// Each output a `[map, cls_token]` pair (two entries of the list).
+    pub output_cls_token: bool,
     pub norm: LayerNormCfg,
     pub patch_norm: bool,
     pub patch_bias: bool,
@@ -68,7 +75,11 @@ pub struct VitConfig {
 }
 
 /// An int or a one- or two-element list of ints, as `img_size` takes it.
-fn size_pair(r: &mut ComponentConfig, key: &str, default: i64) -> Result<(i64, i64), ModelError> {
+pub(crate) fn size_pair(
+    r: &mut ComponentConfig,
+    key: &str,
+    default: i64,
+) -> Result<(i64, i64), ModelError> {
     match r.value(key) {
         None => Ok((default, default)),
         Some(v) => match v.as_i64() {
@@ -139,6 +150,7 @@ impl VitConfig {
             drop_rate: r.float("drop_rate", 0.0)?,
             drop_path_rate: r.float("drop_path_rate", 0.0)?,
             with_cls_token: r.flag("with_cls_token", true),
+            output_cls_token: r.flag("output_cls_token", false),
             norm: LayerNormCfg::from_cfg(&mut r, "norm_cfg", LayerNormCfg::DEFAULT)?,
             patch_norm: r.flag("patch_norm", false),
             patch_bias: r.flag("patch_bias", false),
@@ -149,8 +161,6 @@ impl VitConfig {
         };
         // The attention-weight dropout (inside nn.MultiheadAttention) is not reproduced.
         r.unimplemented("attn_drop_rate", &Value::Float(0.0))?;
-        // DPT's (cls token, map) outputs are not implemented.
-        r.unimplemented("output_cls_token", &Value::Bool(false))?;
         r.unimplemented("num_fcs", &Value::Int(2))?;
         if r.strings("frozen_exclude", &["all"])?
             .iter()
@@ -172,6 +182,13 @@ impl VitConfig {
     /// before libtorch would fail on them.
     fn checked(self) -> Result<VitConfig, ModelError> {
         let num_layers = self.num_layers;
+        if self.output_cls_token && !self.with_cls_token {
+            // vit.py's assert (its f-string lacks the space).
+            return Err(ModelError::config(
+                "VisionTransformer",
+                "with_cls_token must be True ifset output_cls_token to True, but got False",
+            ));
+        }
         let positive = [
             ("img_size", self.img_size.0.min(self.img_size.1)),
             ("patch_size", self.patch_size),
@@ -316,6 +333,7 @@ pub struct VisionTransformer {
     embed_dims: i64,
     drop_rate: f64,
     with_cls_token: bool,
+    output_cls_token: bool,
     out_origin: bool,
     out_indices: Vec<i64>,
     interpolate_mode: PosInterpolation,
@@ -372,6 +390,7 @@ impl VisionTransformer {
             embed_dims: c.embed_dims,
             drop_rate: c.drop_rate,
             with_cls_token: c.with_cls_token,
+            output_cls_token: c.output_cls_token,
             out_origin: c.out_origin,
             out_indices: c.out_indices.clone(),
             interpolate_mode: c.interpolate_mode,
@@ -408,7 +427,16 @@ impl VisionTransformer {
         with_pos.dropout(self.drop_rate, training)
     }
 
-    /// An output: the tokens without the class token as a `[B, C, h, w]` map.
+    /// An output: the tokens without the class token as a `[B, C, h, w]`
+    /// map, then (`output_cls_token`) the class token `x[:, 0]`.
+    fn push_output(&self, outs: &mut Vec<Tensor>, x: &Tensor, hw: (i64, i64)) {
+        outs.push(self.output_map(x, hw));
+        if self.output_cls_token {
+            outs.push(x.select(1, 0));
+        }
+    }
+
+    /// The tokens without the class token as a `[B, C, h, w]` map.
     fn output_map(&self, x: &Tensor, hw: (i64, i64)) -> Tensor {
         let out = if self.with_cls_token {
             x.slice(1, 1, None, 1)
@@ -424,7 +452,8 @@ impl VisionTransformer {
 
 impl Backbone for VisionTransformer {
     /// One `[B, embed_dims, H / patch, W / patch]` map per output index
-    /// (after the embedding first, with `out_origin`).
+    /// (after the embedding first, with `out_origin`), each followed by its
+    /// `[B, embed_dims]` class token with `output_cls_token`.
     fn forward(&self, inputs: &Tensor, training: bool) -> Vec<Tensor> {
         let b = inputs.size()[0];
         let (tokens, hw) = {
@@ -442,7 +471,7 @@ impl Backbone for VisionTransformer {
         }
         let mut outs = Vec::new();
         if self.out_origin {
-            outs.push(self.output_map(&x, hw));
+            self.push_output(&mut outs, &x, hw);
         }
         let last = self.layers.len() - 1;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -454,7 +483,7 @@ impl Backbone for VisionTransformer {
                 }
             }
             if self.out_indices.contains(&(i as i64)) {
-                outs.push(self.output_map(&x, hw));
+                self.push_output(&mut outs, &x, hw);
             }
         }
         outs
@@ -484,6 +513,25 @@ mod tests {
     }
 
     #[test]
+    fn output_cls_token_follows_each_map_with_its_class_token() {
+        let (_, vit) = crate::models::component_config::test_support::backbone(json!({
+            "type": "VisionTransformer", "img_size": 32, "embed_dims": 16, "num_layers": 2,
+            "num_heads": 2, "out_indices": [0, 1], "output_cls_token": true
+        }));
+        let outs = vit.forward(&Tensor::randn([2, 3, 64, 64], tch::kind::FLOAT_CPU), true);
+        let shapes: Vec<Vec<i64>> = outs.iter().map(Tensor::size).collect();
+        assert_eq!(
+            shapes,
+            [
+                vec![2, 16, 4, 4],
+                vec![2, 16],
+                vec![2, 16, 4, 4],
+                vec![2, 16]
+            ]
+        );
+    }
+
+    #[test]
     fn out_indices_minus_one_is_the_last_layer() {
         let c = VitConfig::from_cfg(&dict(json!({
             "type": "VisionTransformer", "num_layers": 6, "out_indices": -1
@@ -502,8 +550,10 @@ mod tests {
         );
         let e = err(json!({"type": "VisionTransformer", "num_layers": 4, "out_indices": [1, 7]}));
         assert!(e.contains("out_indices entry 7"), "{e}");
-        let e = err(json!({"type": "VisionTransformer", "output_cls_token": true}));
-        assert!(e.contains("output_cls_token"), "{e}");
+        let e = err(
+            json!({"type": "VisionTransformer", "output_cls_token": true, "with_cls_token": false}),
+        );
+        assert!(e.contains("ifset output_cls_token"), "{e}");
         let e = err(json!({"type": "VisionTransformer", "interpolate_mode": "area"}));
         assert!(e.contains("interpolate_mode") && e.contains("area"), "{e}");
         let e = err(

@@ -16,6 +16,7 @@ pub mod ddr_head;
 pub mod decode_head;
 pub mod dm_head;
 pub mod dnl_head;
+pub mod dpt_head;
 pub mod ema_head;
 pub mod enc_head;
 pub mod fcn_head;
@@ -184,6 +185,7 @@ crate::models::registry::registry_table!(
         ("DDRHead", HeadBuilders::head(ddr_head::build)),
         ("DMHead", HeadBuilders::head(dm_head::build)),
         ("DNLHead", HeadBuilders::head(dnl_head::build)),
+        ("DPTHead", HeadBuilders::head(dpt_head::build)),
         ("DepthwiseSeparableASPPHead", HeadBuilders::head(sep_aspp_head::build)),
         ("DepthwiseSeparableFCNHead", HeadBuilders::head(sep_fcn_head::build)),
         ("EMAHead", HeadBuilders::head(ema_head::build)),

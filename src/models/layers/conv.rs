@@ -287,6 +287,50 @@ impl DepthwiseSeparableConvModule {
     }
 }
 
+/// `nn.ConvTranspose2d` (groups 1, no dilation, no output padding, a bias).
+pub struct ConvTranspose2d {
+    weight: Tensor,
+    bias: Tensor,
+    stride: i64,
+    padding: i64,
+}
+
+impl ConvTranspose2d {
+    pub fn new(
+        p: &mut ParamScope,
+        cin: i64,
+        cout: i64,
+        kernel: i64,
+        stride: i64,
+        padding: i64,
+    ) -> Self {
+        // The values (nn.ConvTranspose2d's kaiming-uniform bound) do not
+        // change memory or speed.
+        let bound = 1.0 / ((cout * kernel * kernel) as f64).sqrt();
+        ConvTranspose2d {
+            weight: p.param_uniform("weight", &[cin, cout, kernel, kernel], bound),
+            bias: p.param_uniform("bias", &[cout], bound),
+            stride,
+            padding,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let s = x.size(); // [B, C_in, H, W]
+        let ws = self.weight.size();
+        count_flops(2.0 * (s[0] * ws[0] * ws[1] * ws[2] * ws[3]) as f64 * (s[2] * s[3]) as f64);
+        x.conv_transpose2d(
+            &self.weight,
+            Some(&self.bias),
+            [self.stride, self.stride],
+            [self.padding, self.padding],
+            [0, 0],
+            1,
+            [1, 1],
+        )
+    }
+}
+
 #[cfg(test)]
 #[path = "conv_tests.rs"]
 mod tests;

@@ -37,7 +37,7 @@ pub mod shape;
 
 pub use attention::MultiheadAttention;
 pub use checkpoint::{checkpoint, checkpoint_if, checkpoint_inputs};
-pub use conv::{Conv2d, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
+pub use conv::{Conv2d, ConvModule, ConvSpec, ConvTranspose2d, DepthwiseSeparableConvModule};
 pub use drop::{dropout, linspace_drop_path_rates, DropPath};
 pub use embed::{corner_padding, PatchEmbed, PatchPadding};
 pub use ffn::{Ffn, FfnActivation};

@@ -4,6 +4,7 @@
 //!
 //! Adding one: its own file here following the pattern of `jpu.rs`, plus its `mod` line and its table row below.
 
+pub mod feature2pyramid;
 pub mod fpn;
 pub mod ic_neck;
 pub mod jpu;
@@ -32,6 +33,7 @@ crate::models::registry::registry_table!(
     /// Neck types (`model.neck.type`).
     NECKS, NECK_FACTS: NeckCtor = [
         ("FPN", fpn::build),
+        ("Feature2Pyramid", feature2pyramid::build),
         ("ICNeck", ic_neck::build),
         ("JPU", jpu::build),
         ("MLANeck", mla_neck::build),

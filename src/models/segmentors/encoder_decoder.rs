@@ -646,7 +646,7 @@ mod tests {
         model.insert(
             "neck".into(),
             crate::models::component_config::test_support::to_value(
-                &json!({"type": "Feature2Pyramid"}),
+                &json!({"type": "NotARegisteredNeck"}),
             ),
         );
         // Every unknown type is named, each table listed once.
@@ -654,7 +654,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "unknown component types: neck `Feature2Pyramid`, auxiliary head `VPDDepthHead`\n  \
+                "unknown component types: neck `NotARegisteredNeck`, auxiliary head `VPDDepthHead`\n  \
                  necks segtune supports: {necks}\n  heads segtune supports: {heads}",
                 necks = crate::models::registry::names(NECK_FACTS).join(", ")
             )
