@@ -534,6 +534,10 @@ def run_trial(args, alloc, device):
 
 def main(argv):
     args = parse_args(argv)
+    # This file runs from a temporary directory: the user's working directory
+    # stands in for it on sys.path, so that modules beside the config (or the
+    # project's packages) import as `custom_imports` names them.
+    sys.path[0] = os.getcwd()
     try:
         check_packages()
         import torch

@@ -240,6 +240,11 @@ impl TrialRequest {
         refuse(self.cpu_cap_bytes.is_some(), "--cpu-cap");
         refuse(self.vram_budget_bytes.is_some(), "--vram");
         refuse(self.cudnn_benchmark.is_some(), "--cudnn-benchmark");
+        // mmengine's autocast asserts bf16 on the CPU (mmengine/runner/amp.py).
+        refuse(
+            self.amp == super::Amp::Fp16 && self.device == super::DeviceChoice::Cpu,
+            "--amp fp16 on the CPU (MMEngine's CPU autocast takes bf16 only)",
+        );
         refused
     }
 }

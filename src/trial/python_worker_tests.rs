@@ -60,6 +60,17 @@ fn settings_only_the_native_worker_has_are_refused_by_name() {
         assert!(err.contains(name), "{err}");
     }
     assert!(!err.contains("--gpus"), "{err}");
+    let fp16 = TrialRequest {
+        amp: Amp::Fp16,
+        ..TrialRequest::new("cfg.py")
+    };
+    let err = fp16.to_python_argv().unwrap_err().to_string();
+    assert!(err.contains("--amp fp16 on the CPU"), "{err}");
+    let on_cuda = TrialRequest {
+        device: DeviceChoice::Cuda(0),
+        ..fp16
+    };
+    assert!(on_cuda.to_python_argv().is_ok());
 }
 
 #[test]
