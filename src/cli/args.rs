@@ -151,7 +151,7 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  segtune trial my_config.py --batch-size 2 --crop 512x512 --amp bf16\n  segtune trial my_config.py --device cuda --batch-size 4 --json"
     )]
-    Trial(TrialArgs),
+    Trial(TrialCommandArgs),
     /// Show the config's model: type, whether segtune supports it, parameters.
     #[command(
         after_help = "Example:\n  segtune inspect configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py"
@@ -269,6 +269,24 @@ pub struct CommonArgs {
     /// with dotted keys (list items by index: a.0.b=1).
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     pub cfg_options: Vec<String>,
+}
+
+/// `segtune trial`'s arguments: the request's, and which worker runs it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrialCommandArgs {
+    #[command(flatten)]
+    pub trial: TrialArgs,
+    /// Run the trial with MMSeg itself in Python (the Python worker: your
+    /// MMSeg, your custom_imports modules, MMSeg's own train_step) instead
+    /// of segtune's libtorch rebuild. Without it, segtune falls back to the
+    /// Python worker when the config has component types it does not build.
+    #[arg(long)]
+    pub python_worker: bool,
+    /// The Python interpreter of the Python worker (with torch and
+    /// MMSegmentation). Default: the Python segtune asks for its torch
+    /// release ($SEGTUNE_PYTHON, else python3 with torch), else python3.
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
 }
 
 /// `segtune trial` arguments (also the worker's: see [`TrialRequest::to_argv`]).

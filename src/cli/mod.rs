@@ -205,14 +205,44 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
 
 /// `segtune trial`: a measurement that says "does not fit" or "cannot
 /// train" is an answer (exit 1 with its report); a trial that broke is not
-/// (one line on stderr, exit 2).
-fn trial_command(args: &args::TrialArgs) -> Result<Output> {
-    let request = args.request();
+/// (one line on stderr, exit 2). The native worker runs it, or the Python
+/// worker when asked (`--python-worker`) or when the config has component
+/// types segtune does not build (said on stderr).
+fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
+    use trial::python_worker::{self, PythonWorker};
+    let request = args.trial.request();
     let deadline = args
+        .trial
         .timeout
         .map(std::time::Duration::from_secs)
         .unwrap_or_else(|| trial_deadline(&request));
-    let report = Worker::locate()?.trial(&request, Some(deadline))?;
+    let unknown = (!args.python_worker)
+        .then(|| python_worker::unknown_types(&request))
+        .flatten();
+    let report = if args.python_worker || unknown.is_some() {
+        let worker = PythonWorker::locate(args.python.as_deref());
+        if let Some(e) = &unknown {
+            eprintln!(
+                "segtune: {} has component types segtune does not build ({}); running the trial \
+                 with MMSeg itself in {} (the Python worker)",
+                request.config.display(),
+                python_worker::unknown_type_names(e).join(", "),
+                worker.python().display()
+            );
+        }
+        let deadline = args
+            .trial
+            .timeout
+            .map_or(deadline + python_worker::START_ALLOWANCE, |_| deadline);
+        worker.trial(&request, Some(deadline))?
+    } else {
+        Worker::locate()?.trial(&request, Some(deadline))?
+    };
+    trial_output(&report, args.trial.common.json)
+}
+
+/// A trial's report as `segtune trial` prints it, with its exit code.
+fn trial_output(report: &trial::TrialReport, as_json: bool) -> Result<Output> {
     if matches!(
         report.status,
         trial::TrialStatus::Error
@@ -226,10 +256,10 @@ fn trial_command(args: &args::TrialArgs) -> Result<Output> {
             report.message.as_deref().unwrap_or("no reason given")
         )));
     }
-    let text = if args.common.json {
-        json(&report)
+    let text = if as_json {
+        json(report)
     } else {
-        report::trial(&report)
+        report::trial(report)
     };
     let code = if report.status == trial::TrialStatus::Ok {
         0

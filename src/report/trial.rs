@@ -1,7 +1,7 @@
 //! `segtune trial`'s text: the status, the model, the candidate and setup,
 //! and the measured peaks and step time.
 
-use crate::trial::{RunMode, TorchVersion, TrialReport};
+use crate::trial::{RunMode, TorchVersion, TrialReport, WorkerKind};
 
 /// A short human-readable summary of a trial.
 pub fn trial(r: &TrialReport) -> String {
@@ -10,8 +10,12 @@ pub fn trial(r: &TrialReport) -> String {
         RunMode::Train => format!("accumulation {}", r.accumulative_counts),
         RunMode::Infer => "inference (test steps)".to_string(),
     };
+    let worker = match r.worker {
+        WorkerKind::Native => "",
+        WorkerKind::Python => " (Python worker)",
+    };
     let mut out = format!(
-        "status: {}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {}, {steps}, device {}\n",
+        "status: {}{worker}\nmodel: {} params ({} trainable)\nbatch {} x {}x{}, amp {}, {steps}, device {}\n",
         r.status.name(),
         r.params_total,
         r.params_trainable,
@@ -31,6 +35,12 @@ pub fn trial(r: &TrialReport) -> String {
             } else {
                 ""
             }
+        ));
+    }
+    if let Some(p) = &r.python {
+        out.push_str(&format!(
+            "python: {} (torch {}, mmsegmentation {}): MMSeg's own train_step\n",
+            p.executable, p.torch, p.mmseg
         ));
     }
     if let Some(m) = &r.message {

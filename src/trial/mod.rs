@@ -21,6 +21,9 @@
 //!   `torch_version.rs`, `autocast_lists.rs`: the PyTorch release it
 //!   reproduces;
 //!   `infer.rs`: its step in inference mode.
+//! - `python_worker.rs` + `python_worker.py`: the same request answered by
+//!   MMSeg itself in the user's Python (models with types segtune does not
+//!   build: a custom backbone from `custom_imports`).
 //! - `optim/`, `amp.rs`, `ddp.rs`: what the optimizer wrapper and DDP hold.
 //! - `memory.rs` + `shim.cpp`, `trace.rs`: measuring and tracing memory
 //!   (every shim function is declared in `crate::ffi` and `segtune_ffi.h`);
@@ -38,6 +41,7 @@ pub mod infer;
 pub mod kernel_calls;
 pub mod memory;
 pub mod optim;
+pub mod python_worker;
 pub mod report;
 pub mod request;
 pub mod run;
@@ -50,7 +54,7 @@ pub use amp::Amp;
 pub use error::TrialError;
 pub use execute::{execute, inspect, ModelSummary};
 pub use memory::OpTrace;
-pub use report::{StepRecord, TrialReport, TrialStatus};
+pub use report::{PythonRuntime, StepRecord, TrialReport, TrialStatus, WorkerKind};
 pub use request::{DeviceChoice, RunMode, TrialRequest, DEFAULT_GT_SEGMENTS};
 pub use run::run;
 pub use setup::{Stack, TrainingSetup};

@@ -80,9 +80,43 @@ pub struct PrefixCount {
     pub trainable: i64,
 }
 
+/// Which worker ran a trial: segtune's own libtorch rebuild of the model
+/// (`segtune-torch`), or MMSeg itself in the user's Python
+/// (`python_worker.py`, for models with types segtune does not build).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerKind {
+    #[default]
+    Native,
+    Python,
+}
+
+impl WorkerKind {
+    pub fn is_native(&self) -> bool {
+        *self == WorkerKind::Native
+    }
+}
+
+/// The Python a Python-worker trial ran in, and its packages' versions.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PythonRuntime {
+    pub executable: String,
+    /// `torch.__version__` (`2.11.0+cu130`).
+    pub torch: String,
+    /// `mmseg.__version__`.
+    pub mmseg: String,
+}
+
 /// A trial's result.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TrialReport {
+    /// Which worker ran it (written only for the Python worker: reports
+    /// without it are native).
+    #[serde(default, skip_serializing_if = "WorkerKind::is_native")]
+    pub worker: WorkerKind,
+    /// The Python worker's interpreter and versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonRuntime>,
     pub status: TrialStatus,
     pub message: Option<String>,
     pub device: String,
@@ -168,6 +202,8 @@ impl TrialReport {
     /// An empty report of `request` running on `device` (its name in reports).
     pub fn new(request: &TrialRequest, device: String) -> TrialReport {
         TrialReport {
+            worker: WorkerKind::Native,
+            python: None,
             status: TrialStatus::Ok,
             message: None,
             device,

@@ -29,11 +29,11 @@ pub struct Worker {
 }
 
 /// What a finished worker process left.
-struct Finished {
-    status: Option<std::process::ExitStatus>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    timed_out: bool,
+pub(super) struct Finished {
+    pub(super) status: Option<std::process::ExitStatus>,
+    pub(super) stdout: Vec<u8>,
+    pub(super) stderr: Vec<u8>,
+    pub(super) timed_out: bool,
 }
 
 impl Finished {
@@ -135,59 +135,69 @@ impl Worker {
     }
 
     fn run(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
-        use std::os::unix::process::CommandExt;
         let mut command = Command::new(&self.path);
-        command
-            .args(argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                // The worker dies with the thread that waits for it: a
-                // killed segtune leaves no worker computing on.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = command
-            .spawn()
-            .map_err(|e| Error::io(format!("cannot run {}", self.path.display()), e))?;
-        let _registered = LiveWorker::register(child.id());
-        // Drained on threads, so that a chatty worker never blocks on a full pipe.
-        fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
-            std::thread::spawn(move || {
-                let mut bytes = Vec::new();
-                if let Some(mut p) = pipe {
-                    let _ = p.read_to_end(&mut bytes);
-                }
-                bytes
-            })
-        }
-        let stdout = drain(child.stdout.take());
-        let stderr = drain(child.stderr.take());
-        let started = Instant::now();
-        let mut timed_out = false;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
-                    let _ = child.kill();
-                    timed_out = true;
-                    break child.wait().ok();
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(_) => break None,
+        command.args(argv);
+        run_child(command, &self.path, timeout)
+    }
+}
+
+/// Runs `command` (the program at `program`) to its end or its `timeout`,
+/// killed with this process, its pipes drained: a worker of either kind.
+pub(super) fn run_child(
+    mut command: Command,
+    program: &Path,
+    timeout: Option<Duration>,
+) -> Result<Finished> {
+    use std::os::unix::process::CommandExt;
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            // The worker dies with the thread that waits for it: a
+            // killed segtune leaves no worker computing on.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| Error::io(format!("cannot run {}", program.display()), e))?;
+    let _registered = LiveWorker::register(child.id());
+    // Drained on threads, so that a chatty worker never blocks on a full pipe.
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
             }
-        };
-        Ok(Finished {
-            status,
-            stdout: stdout.join().unwrap_or_default(),
-            stderr: stderr.join().unwrap_or_default(),
-            timed_out,
+            bytes
         })
     }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let started = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
+                let _ = child.kill();
+                timed_out = true;
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break None,
+        }
+    };
+    Ok(Finished {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+        timed_out,
+    })
 }
 
 /// Workers running now and temporary files in use, so that a segtune

@@ -1,0 +1,562 @@
+"""segtune's Python worker: one training trial of an MMSeg config in the
+user's own Python, with MMSeg's own modules and `model.train_step`.
+
+segtune (src/trial/python_worker.rs) runs this file with the interpreter it
+chose and the flags of a `TrialRequest`; it prints ONE JSON object on stdout:
+
+* a `TrialReport` (src/trial/report.rs) with `"worker": "python"`; exit 0
+  when its status is `ok`, 1 otherwise (`oom`, `infeasible`, `error`,
+  `non_finite_loss`);
+* or, when the trial cannot start (no MMSeg in this Python, a config that
+  does not load, no such device), `{"python_worker_error": {...}}` with a
+  `kind` (`missing_mmseg`, `config`, `device`, `environment`); exit 2.
+
+Measurement, as the MMSeg CPU oracle (`../shared/oracle/mmseg_cpu_oracle.py`)
+measures it: on the CPU a counting allocator replaces libtorch's CPU
+allocator before MMSeg is imported (every storage counted at its requested
+size); bytes are relative to the count just before the model is built; each
+step's peak is reset when the step starts; the trial's peak is the largest
+over the measured steps. On CUDA: `reset_peak_memory_stats`,
+`max_memory_allocated` and `max_memory_reserved` per step.
+"""
+import argparse
+import copy
+import gc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+import warnings
+
+PIP_LINE = 'pip install mmengine==0.10.7 mmcv-lite==2.1.0 mmsegmentation==1.2.2'
+ONE_VALUE_PER_CHANNEL = 'Expected more than 1 value per channel'
+
+# The counting CPU allocator: c10::SetCPUAllocator at priority 255 (above
+# libtorch's default), a pointer -> requested-size map, live and peak bytes.
+COUNTING_ALLOCATOR = r'''
+#include <torch/extension.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <mutex>
+#include <unordered_map>
+
+namespace segtune_py {
+std::mutex mu;
+std::unordered_map<void*, size_t> live;
+int64_t current_bytes = 0;
+int64_t peak_bytes = 0;
+
+void release(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    auto found = live.find(ptr);
+    if (found != live.end()) {
+      current_bytes -= static_cast<int64_t>(found->second);
+      live.erase(found);
+    }
+  }
+  c10::free_cpu(ptr);
+}
+
+struct Counting final : c10::Allocator {
+  c10::DataPtr allocate(size_t bytes) override {
+    void* ptr = bytes == 0 ? nullptr : c10::alloc_cpu(bytes);
+    if (ptr != nullptr) {
+      std::lock_guard<std::mutex> guard(mu);
+      live.emplace(ptr, bytes);
+      current_bytes += static_cast<int64_t>(bytes);
+      peak_bytes = std::max(peak_bytes, current_bytes);
+    }
+    // libtorch requires a CPU storage's context to be its data pointer.
+    return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t n) const override {
+    default_copy_data(dest, src, n);
+  }
+};
+
+Counting allocator;
+}  // namespace segtune_py
+
+void install() { c10::SetCPUAllocator(&segtune_py::allocator, 255); }
+int64_t current() { std::lock_guard<std::mutex> g(segtune_py::mu); return segtune_py::current_bytes; }
+int64_t peak() { std::lock_guard<std::mutex> g(segtune_py::mu); return segtune_py::peak_bytes; }
+void reset_peak() {
+  std::lock_guard<std::mutex> g(segtune_py::mu);
+  segtune_py::peak_bytes = segtune_py::current_bytes;
+}
+'''
+
+
+class StartError(Exception):
+    """The trial cannot start: printed as `python_worker_error`, exit 2."""
+
+    def __init__(self, kind, message, **extra):
+        super().__init__(message)
+        self.kind = kind
+        self.extra = extra
+
+
+def emit(obj, code):
+    sys.stdout.write(json.dumps(obj) + '\n')
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog='segtune-python-worker')
+    ap.add_argument('config')
+    ap.add_argument('--cfg-options', nargs='*', default=[])
+    ap.add_argument('--batch-size', type=int, default=2)
+    ap.add_argument('--crop', default='512x512')
+    ap.add_argument('--amp', choices=['off', 'fp16', 'bf16'], default='off')
+    ap.add_argument('--accum', type=int, default=None)
+    ap.add_argument('--warmup', type=int, default=1)
+    ap.add_argument('--steps', type=int, default=2)
+    ap.add_argument('--threads', type=int, default=None)
+    ap.add_argument('--device', default='cpu')
+    ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--ignore-fraction', type=float, default=0.05)
+    ap.add_argument('--gt-segments', default='20')
+    ap.add_argument('--ext-dir', default=None)
+    args = ap.parse_args(argv)
+    h, w = args.crop.lower().split('x')
+    args.crop = (int(h), int(w))
+    args.gt_segments = None if args.gt_segments == 'all' else int(args.gt_segments)
+    return args
+
+
+def check_packages():
+    """torch, mmengine, mmcv and mmseg importable here, without importing them."""
+    missing = [m for m in ('torch', 'mmengine', 'mmcv', 'mmseg')
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise StartError(
+            'missing_mmseg',
+            f'{sys.executable} cannot import {", ".join(missing)}: the Python worker runs '
+            f'MMSegmentation\'s own training step; install it into that Python with '
+            f'`{sys.executable} -m {PIP_LINE}` (on CUDA, mmcv==2.1.0 instead of mmcv-lite '
+            f'for its compiled ops), or pass --python with an interpreter that has it',
+            missing=missing, python=sys.executable, install=PIP_LINE)
+
+
+def counting_allocator(ext_dir):
+    """Builds (once, cached by torch) and installs the counting allocator."""
+    from torch.utils.cpp_extension import load_inline
+    # ninja is looked up on PATH: this interpreter's bin directory first.
+    os.environ['PATH'] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', '')
+    if ext_dir:
+        os.makedirs(ext_dir, exist_ok=True)
+    try:
+        ext = load_inline(name='segtune_counting_cpu_allocator', cpp_sources=COUNTING_ALLOCATOR,
+                          functions=['install', 'current', 'peak', 'reset_peak'],
+                          build_directory=ext_dir, verbose=False)
+    except Exception as e:  # no compiler, no ninja, no headers
+        raise StartError('environment', 'the counting CPU allocator (a C++ extension built '
+                         'with torch.utils.cpp_extension.load_inline) could not be built; it '
+                         f'needs g++ and ninja: {one_line(e)}')
+    ext.install()
+    return ext
+
+
+def stub_mmcv_ext():
+    """mmcv-lite has no compiled `mmcv._ext`, which `import mmcv.ops` needs
+    (mmseg.utils and mmdet import it): a stand-in whose every op raises, with
+    a spec without a loader so that mmengine's `mmcv_full_available()` still
+    answers False. The ops MMSeg's models run on the CPU are pure PyTorch."""
+    if 'mmcv._ext' in sys.modules or importlib.util.find_spec('mmcv._ext') is not None:
+        return False
+    ext = types.ModuleType('mmcv._ext')
+
+    def __getattr__(name):
+        if name.startswith('__'):
+            raise AttributeError(name)
+
+        def op(*args, **kwargs):
+            raise NotImplementedError(f'compiled mmcv op `{name}` is not available (mmcv-lite)')
+        return op
+
+    ext.__getattr__ = __getattr__
+    ext.__spec__ = importlib.machinery.ModuleSpec('mmcv._ext', None)
+    sys.modules['mmcv._ext'] = ext
+    return True
+
+
+def import_mmseg():
+    warnings.filterwarnings('ignore')
+    import mmcv.ops  # noqa: F401  (through the stand-in with mmcv-lite)
+    try:
+        import mmdet.models  # noqa: F401  (Mask2Former's parts, when installed)
+    except ImportError:
+        pass
+    from mmseg.utils import register_all_modules
+    register_all_modules(init_default_scope=True)
+    from mmengine.logging import MMLogger
+    MMLogger.get_instance('mmengine', log_level='ERROR')
+
+
+def one_line(e):
+    text = str(e).strip()
+    line = next((l.strip() for l in text.splitlines() if l.strip()), '')
+    line = f'{type(e).__name__}: {line}' if line else type(e).__name__
+    return line if len(line) <= 300 else line[:300] + '...'
+
+
+def replace_syncbn(node):
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+        for v in node.values():
+            replace_syncbn(v)
+    elif isinstance(node, (list, tuple)):
+        for v in node:
+            replace_syncbn(v)
+
+
+def load_config(args):
+    """Config.fromfile (which imports `custom_imports`), the --cfg-options
+    as DictAction parses them, then the oracle's changes: SyncBN -> BN, no
+    pretrained checkpoints, data_preprocessor.size = the crop."""
+    from mmengine.config import Config, DictAction
+    try:
+        cfg = Config.fromfile(args.config)
+        options = {}
+        for item in args.cfg_options:
+            key, value = item.split('=', maxsplit=1)
+            options[key] = DictAction._parse_iterable(value)
+        cfg.merge_from_dict(options)
+        replace_syncbn(cfg.model)
+        cfg.model.pretrained = None
+        backbone = cfg.model.backbone
+        backbone.init_cfg = None
+        if 'pretrained' in backbone:
+            backbone.pretrained = None
+        cfg.model.data_preprocessor.size = tuple(args.crop)
+    except Exception as e:
+        raise StartError('config', f'{args.config}: {one_line(e)}')
+    return cfg
+
+
+def pick_device(name):
+    import torch
+    if name == 'cpu':
+        return torch.device('cpu')
+    index = int(name.split(':')[1]) if ':' in name else 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= count:
+        raise StartError('device', f'--device cuda:{index} requested, but this PyTorch '
+                         f'({sys.executable}) sees {count} CUDA device(s)')
+    return torch.device('cuda', index)
+
+
+def build_optim_wrapper(model, cfg, args, on_cpu):
+    """The config's optim_wrapper; AMP as segtune writes it (AmpOptimWrapper
+    with the dtype, dynamic loss scale for fp16). AmpOptimWrapper asserts a
+    GPU when built: on the CPU that one check is let pass (its GradScaler
+    then disables itself, and its context is CPU autocast)."""
+    from mmengine.optim import build_optim_wrapper as build
+    from mmengine.optim.optimizer import amp_optimizer_wrapper as amp_module
+    ow_cfg = copy.deepcopy(cfg.optim_wrapper)
+    for key in ('dtype', 'loss_scale'):
+        ow_cfg.pop(key, None)
+    if args.accum is not None:
+        ow_cfg['accumulative_counts'] = args.accum
+    if args.amp == 'off':
+        ow_cfg['type'] = 'OptimWrapper'
+        return build(model, ow_cfg)
+    ow_cfg['type'] = 'AmpOptimWrapper'
+    ow_cfg['dtype'] = 'bfloat16' if args.amp == 'bf16' else 'float16'
+    ow_cfg['loss_scale'] = 'dynamic'
+    saved = amp_module.is_cuda_available
+    if on_cpu:
+        amp_module.is_cuda_available = lambda: True
+    try:
+        return build(model, ow_cfg)
+    finally:
+        amp_module.is_cuda_available = saved
+
+
+def num_classes_and_ignore_index(cfg):
+    head = cfg.model.decode_head
+    if isinstance(head, (list, tuple)):
+        head = head[-1]
+    return int(head.num_classes), int(head.get('ignore_index', 255))
+
+
+def make_batch(args, num_classes, ignore_index, gen):
+    """As MMSeg's loader hands a batch over (and segtune's synthetic one):
+    B images 3xHxW float32 of integers 0..255 (BGR), B label maps 1xHxW int64
+    over the first `gt_segments` classes, `ignore_fraction` of them ignored."""
+    import torch
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    h, w = args.crop
+    classes = num_classes if args.gt_segments is None else min(args.gt_segments, num_classes)
+    inputs, samples = [], []
+    for _ in range(args.batch_size):
+        img = torch.randint(0, 256, (3, h, w), generator=gen).float()
+        seg = torch.randint(0, classes, (1, h, w), generator=gen, dtype=torch.int64)
+        if args.ignore_fraction > 0:
+            seg.masked_fill_(torch.rand((1, h, w), generator=gen) < args.ignore_fraction,
+                             ignore_index)
+        sample = SegDataSample()
+        sample.gt_sem_seg = PixelData(data=seg)
+        sample.set_metainfo(dict(img_path='random.png', seg_map_path='random.png',
+                                 ori_shape=(h, w), img_shape=(h, w), pad_shape=(h, w),
+                                 scale_factor=(1.0, 1.0), flip=False, flip_direction=None,
+                                 reduce_zero_label=False))
+        inputs.append(img)
+        samples.append(sample)
+    nbytes = sum(t.numel() * t.element_size() for t in inputs) + \
+        sum(s.gt_sem_seg.data.numel() * 8 for s in samples)
+    return dict(inputs=inputs, data_samples=samples), nbytes
+
+
+class Meter:
+    """Live and peak bytes relative to the count before the model build:
+    the counting allocator's on the CPU, the caching allocator's on CUDA."""
+
+    def __init__(self, alloc, device):
+        import torch
+        self.torch = torch
+        self.alloc = alloc
+        self.cuda = device.type == 'cuda'
+        self.device = device
+        self.base = 0
+        self.base = self.current()
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def current(self):
+        if self.cuda:
+            return self.torch.cuda.memory_allocated(self.device) - self.base
+        return self.alloc.current() - self.base
+
+    def peak(self):
+        if self.cuda:
+            return self.torch.cuda.max_memory_allocated(self.device) - self.base
+        return self.alloc.peak() - self.base
+
+    def reset_peak(self):
+        if self.cuda:
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.alloc.reset_peak()
+
+    def device_stats(self):
+        if not self.cuda:
+            return None
+        t = self.torch.cuda
+        s = t.memory_stats(self.device)
+        free, total = t.mem_get_info(self.device)
+        return dict(allocated_current=s.get('allocated_bytes.all.current', 0),
+                    allocated_peak=s.get('allocated_bytes.all.peak', 0),
+                    reserved_current=s.get('reserved_bytes.all.current', 0),
+                    reserved_peak=s.get('reserved_bytes.all.peak', 0),
+                    requested_peak=s.get('requested_bytes.all.peak', 0),
+                    num_alloc_retries=s.get('num_alloc_retries', 0),
+                    num_ooms=s.get('num_ooms', 0), free_bytes=free, total_bytes=total)
+
+
+def mark_phases(ow, meter, phase):
+    """The optimizer wrapper's backward, wrapped to read the peak of the
+    forward (preprocessing, forward, losses) and of the backward."""
+    backward = ow.backward
+
+    def backward_with_marks(loss, **kwargs):
+        meter.sync()
+        phase['forward'] = meter.peak()
+        meter.reset_peak()
+        backward(loss, **kwargs)
+        meter.sync()
+        phase['backward'] = meter.peak()
+        meter.reset_peak()
+
+    ow.backward = backward_with_marks
+
+
+def one_step(model, ow, meter, phase, data, index, measured):
+    meter.sync()
+    before = meter.current()
+    phase.clear()
+    meter.reset_peak()
+    started = time.perf_counter()
+    log_vars = model.train_step(data, ow)
+    meter.sync()
+    seconds = time.perf_counter() - started
+    optimizer = meter.peak()
+    loss = float(log_vars['loss']) if 'loss' in log_vars else None
+    record = dict(step=index + 1, measured=measured, seconds=seconds, bytes_before=before,
+                  peak_bytes=max(phase.get('forward', 0), phase.get('backward', 0), optimizer),
+                  bytes_after=0, forward_peak=phase.get('forward', 0),
+                  backward_peak=phase.get('backward', 0), optimizer_peak=optimizer, loss=loss,
+                  cuda=meter.device_stats())
+    return record, log_vars
+
+
+def status_of(error):
+    import torch
+    text = str(error)
+    low = text.lower()
+    if ONE_VALUE_PER_CHANNEL in text:
+        return 'infeasible', next(l for l in text.splitlines() if ONE_VALUE_PER_CHANNEL in l).strip()
+    if isinstance(error, torch.cuda.OutOfMemoryError) or any(
+            s in low for s in ('out of memory', "can't allocate memory", 'failed to allocate')):
+        return 'oom', one_line(error)
+    return 'error', one_line(error)
+
+
+def torch_release(version):
+    """`2.11.0+cu130` as the MAJOR.MINOR segtune reads, within 1.8..2.11."""
+    major, minor = (int(''.join(c for c in p if c.isdigit()) or 0)
+                    for p in version.split('+')[0].split('.')[:2])
+    major, minor = max((1, 8), min((2, 11), (major, minor)))
+    return f'{major}.{minor}'
+
+
+def new_report(args, device):
+    import torch
+    import mmseg
+    return dict(
+        status='ok', message=None, device=str(device), batch_size=args.batch_size,
+        crop=list(args.crop), amp=args.amp, accumulative_counts=1, mode='train',
+        torch=torch_release(torch.__version__), gpus=1, as_cuda=False, optimizer='',
+        params_total=0, params_trainable=0, params_by_prefix={}, param_bytes=0,
+        buffer_bytes=0, bytes_after_model_build=0, batch_bytes=0, bytes_before_step1=0,
+        peak_bytes=None, cuda_peak_allocated_bytes=None, cuda_peak_reserved_bytes=None,
+        optimizer_state_bytes=0, forward_flops=0.0, recompute_flops=0.0,
+        step_time_median_s=None, images_per_s=None, steps=[], worker='python',
+        python=dict(executable=sys.executable, torch=torch.__version__,
+                    mmseg=mmseg.__version__))
+
+
+def set_params(report, model):
+    prefix = {}
+    for name, p in model.named_parameters():
+        d = prefix.setdefault(name.split('.')[0], dict(total=0, trainable=0))
+        d['total'] += p.numel()
+        d['trainable'] += p.numel() if p.requires_grad else 0
+    report['params_by_prefix'] = prefix
+    report['params_total'] = sum(d['total'] for d in prefix.values())
+    report['params_trainable'] = sum(d['trainable'] for d in prefix.values())
+    report['param_bytes'] = sum(p.numel() * p.element_size() for p in model.parameters())
+    report['buffer_bytes'] = sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def finish(report):
+    """The measured steps' aggregates, as TrialReport::finish makes them."""
+    steps = report['steps']
+    cuda = [s['cuda'] for s in steps if s['cuda']]
+    if cuda:
+        report['cuda_first_step_peak_allocated_bytes'] = cuda[0]['allocated_peak']
+    measured = [s for s in steps if s['measured']]
+    if not measured:
+        return
+    if not any(s['cuda'] for s in measured):
+        report['peak_bytes'] = max(s['peak_bytes'] for s in measured)
+    else:
+        report['cuda_peak_allocated_bytes'] = max(s['cuda']['allocated_peak'] for s in measured)
+        report['cuda_peak_reserved_bytes'] = max(s['cuda']['reserved_peak'] for s in measured)
+    times = sorted(s['seconds'] for s in measured)
+    n = len(times)
+    median = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
+    report['step_time_median_s'] = median
+    report['images_per_s'] = report['batch_size'] / median
+
+
+def run_steps(args, cfg, model, ow, meter, report):
+    import torch
+    num_classes, ignore_index = num_classes_and_ignore_index(cfg)
+    phase = {}
+    mark_phases(ow, meter, phase)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    for index in range(args.warmup + args.steps):
+        data, nbytes = make_batch(args, num_classes, ignore_index, gen)
+        if index == 0:
+            report['batch_bytes'] = nbytes
+            report['bytes_before_step1'] = meter.current()
+        record, log_vars = one_step(model, ow, meter, phase, data, index, index >= args.warmup)
+        del data
+        gc.collect()
+        record['bytes_after'] = meter.current()
+        report['steps'].append(record)
+        loss = record['loss']
+        if loss is None or loss != loss or loss in (float('inf'), float('-inf')):
+            report['status'] = 'non_finite_loss'
+            report['message'] = f'the loss is {loss} at step {index + 1}'
+            return
+
+
+def optimizer_state_bytes(ow):
+    import torch
+    return sum(v.numel() * v.element_size() for state in ow.optimizer.state.values()
+               for v in state.values() if torch.is_tensor(v))
+
+
+def run_trial(args, alloc, device):
+    import torch
+    from mmseg.registry import MODELS
+    cfg = load_config(args)
+    report = new_report(args, device)
+    gc.collect()
+    meter = Meter(alloc, device)
+    torch.manual_seed(args.seed)
+    try:
+        model = MODELS.build(cfg.model)
+        model.init_weights()
+        model.train()
+        model.to(device)
+    except Exception as e:
+        raise StartError('config', f'{args.config}: the model does not build: {one_line(e)}')
+    set_params(report, model)
+    report['bytes_after_model_build'] = meter.current()
+    try:
+        ow = build_optim_wrapper(model, cfg, args, device.type == 'cpu')
+    except Exception as e:
+        raise StartError('config', f'{args.config}: the optim_wrapper does not build: {one_line(e)}')
+    report['optimizer'] = type(ow.optimizer).__name__
+    report['accumulative_counts'] = int(getattr(ow, '_accumulative_counts', 1))
+    try:
+        run_steps(args, cfg, model, ow, meter, report)
+    except Exception as e:  # the step's failure is the report's status
+        report['status'], report['message'] = status_of(e)
+    report['optimizer_state_bytes'] = optimizer_state_bytes(ow)
+    finish(report)
+    return report
+
+
+def main(argv):
+    args = parse_args(argv)
+    # This file runs from a temporary directory: the user's working directory
+    # stands in for it on sys.path, so that modules beside the config (or the
+    # project's packages) import as `custom_imports` names them.
+    sys.path[0] = os.getcwd()
+    try:
+        check_packages()
+        import torch
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        device = pick_device(args.device)
+        alloc = counting_allocator(args.ext_dir) if device.type == 'cpu' else None
+        stub_mmcv_ext()
+        try:
+            import_mmseg()
+        except Exception as e:
+            raise StartError('missing_mmseg', f'{sys.executable} cannot import MMSegmentation: '
+                             f'{one_line(e)}; install it with `{sys.executable} -m {PIP_LINE}`',
+                             python=sys.executable, install=PIP_LINE)
+        report = run_trial(args, alloc, device)
+    except StartError as e:
+        emit({'python_worker_error': dict(kind=e.kind, message=str(e), **e.extra)}, 2)
+    emit(report, 0 if report['status'] == 'ok' else 1)
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])

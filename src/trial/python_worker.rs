@@ -1,0 +1,284 @@
+//! The Python worker: a [`TrialRequest`] answered by MMSeg itself, in the
+//! user's own Python, for models segtune does not rebuild (a backbone from
+//! `custom_imports`, a type from the user's package). `python_worker.py`
+//! (embedded here, written to a temporary file per trial) imports the
+//! user's MMSeg and modules, runs the real `model.train_step` on the CPU or
+//! CUDA and prints one [`TrialReport`] (`worker: python`), measured as the
+//! `segtune-torch` worker measures (the same counting-allocator semantics on
+//! the CPU, the caching allocator's statistics on CUDA). Its exit codes are
+//! the native worker's: 0 for `ok`, 1 for another status, 2 when the trial
+//! cannot start (then it prints a `python_worker_error` instead: MMSeg
+//! missing from that Python, a config that does not load, no such device).
+
+use super::report::TrialReport;
+use super::worker::{run_child, LiveTempDir, WorkerDeath, EXIT_INPUT_ERROR};
+use super::{OpTrace, RunMode, TorchVersion, TrialRequest, TrialStatus};
+use crate::error::{Error, Result};
+use crate::models::ModelError;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The worker script.
+pub const SCRIPT: &str = include_str!("python_worker.py");
+
+/// What the Python worker needs besides torch (as `pip install` takes it).
+pub const MMSEG_PIP: &str = "pip install mmengine==0.10.7 mmcv-lite==2.1.0 mmsegmentation==1.2.2";
+
+/// Time allowed beyond the trial's own: the interpreter's start, MMSeg's
+/// imports and, the first time, the counting allocator's C++ build.
+pub const START_ALLOWANCE: Duration = Duration::from_secs(300);
+
+/// A Python interpreter that runs `python_worker.py`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonWorker {
+    python: PathBuf,
+}
+
+/// Why the Python worker could not start a trial (its `python_worker_error`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+struct StartFailure {
+    kind: StartFailureKind,
+    message: String,
+    /// The packages this Python cannot import (`missing_mmseg`).
+    #[serde(default)]
+    missing: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StartFailureKind {
+    /// torch, mmengine, mmcv or mmseg cannot be imported.
+    MissingMmseg,
+    /// The config does not load, or its model or optim_wrapper does not build.
+    Config,
+    /// No such CUDA device.
+    Device,
+    /// The host: the counting allocator's C++ build failed.
+    Environment,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Refusal {
+    python_worker_error: StartFailure,
+}
+
+impl PythonWorker {
+    /// The worker on the interpreter at `python`.
+    pub fn at(python: impl Into<PathBuf>) -> PythonWorker {
+        PythonWorker {
+            python: python.into(),
+        }
+    }
+
+    /// `--python` if given; else the Python segtune asks for its torch
+    /// release (`$SEGTUNE_PYTHON`, else `python3` or `python` with torch);
+    /// else `$SEGTUNE_PYTHON`; else `python3`.
+    pub fn locate(explicit: Option<&Path>) -> PythonWorker {
+        if let Some(p) = explicit {
+            return PythonWorker::at(p);
+        }
+        if let Some((_, python)) = super::torch_version::detect_python_torch() {
+            return PythonWorker::at(python);
+        }
+        match std::env::var("SEGTUNE_PYTHON") {
+            Ok(p) if !p.is_empty() => PythonWorker::at(p),
+            _ => PythonWorker::at("python3"),
+        }
+    }
+
+    pub fn python(&self) -> &Path {
+        &self.python
+    }
+
+    /// Runs one trial. `Err` for a request the Python worker cannot run, a
+    /// Python without MMSeg (`Error::Environment`: which Python, what to
+    /// install), a config it cannot load and an interpreter that cannot
+    /// start; everything else is the report's status.
+    pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
+        let argv = request.to_python_argv()?;
+        let dir = LiveTempDir::new()
+            .map_err(|e| Error::io("cannot create a directory for the Python worker", e))?;
+        let script = dir.path().join("segtune_python_worker.py");
+        std::fs::write(&script, SCRIPT)
+            .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
+        let mut command = Command::new(&self.python);
+        command.arg(&script).args(&argv);
+        if let Some(n) = request.threads {
+            command.env("OMP_NUM_THREADS", n.to_string());
+        }
+        let run = run_child(command, &self.python, timeout)?;
+        if run.timed_out {
+            let secs = timeout.map_or(0, |t| t.as_secs());
+            return Ok(with_python_marks(TrialReport::unanswered(
+                request,
+                TrialStatus::Timeout,
+                format!("the Python worker gave no result within {secs} s; it was stopped"),
+            )));
+        }
+        let code = run.status.and_then(|s| s.code());
+        if code == Some(EXIT_INPUT_ERROR) {
+            if let Some(refusal) = last_json_line::<Refusal>(&run.stdout) {
+                return Err(self.start_error(refusal.python_worker_error));
+            }
+        }
+        match last_json_line::<TrialReport>(&run.stdout) {
+            Some(report) => Ok(report),
+            None => {
+                let death = WorkerDeath::of(run.status, &run.stderr);
+                Ok(with_python_marks(TrialReport::unanswered(
+                    request,
+                    death.cause.status(),
+                    format!("the Python worker ({}): {death}", self.python.display()),
+                )))
+            }
+        }
+    }
+
+    fn start_error(&self, failure: StartFailure) -> Error {
+        match failure.kind {
+            StartFailureKind::MissingMmseg => Error::environment(missing_mmseg_message(
+                &self.python,
+                &failure.missing,
+                &failure.message,
+            )),
+            StartFailureKind::Config | StartFailureKind::Device => Error::Input(failure.message),
+            StartFailureKind::Environment => Error::environment(failure.message),
+        }
+    }
+}
+
+/// What to tell a user whose Python lacks MMSeg: which Python, what it
+/// cannot import, the pip line.
+fn missing_mmseg_message(python: &Path, missing: &[String], detail: &str) -> String {
+    let what = if missing.is_empty() {
+        format!("cannot import MMSegmentation ({detail})")
+    } else {
+        format!("cannot import {}", missing.join(", "))
+    };
+    format!(
+        "the Python worker runs MMSeg (MMSegmentation) itself, but {} {what}; install it there \
+         with `{} -m {MMSEG_PIP}` (for MMSeg's CUDA ops, mmcv==2.1.0 instead of mmcv-lite), or \
+         name another interpreter with --python",
+        python.display(),
+        python.display()
+    )
+}
+
+/// The last line of `stdout` that parses as a `T` (MMSeg or a user's
+/// module may print lines of their own before the worker's answer).
+fn last_json_line<T: serde::de::DeserializeOwned>(stdout: &[u8]) -> Option<T> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .rev()
+        .find_map(|line| serde_json::from_str(line.trim()).ok())
+}
+
+/// A report the Python worker never wrote, marked as its.
+fn with_python_marks(mut report: TrialReport) -> TrialReport {
+    report.worker = super::WorkerKind::Python;
+    report
+}
+
+impl TrialRequest {
+    /// The Python worker's argv for this request (after the script), or the
+    /// settings it cannot honour, by name.
+    pub fn to_python_argv(&self) -> Result<Vec<OsString>> {
+        let refused = self.python_refusals();
+        if !refused.is_empty() {
+            return Err(Error::Input(format!(
+                "the Python worker runs MMSeg's own training step on one device with the torch \
+                 installed in that Python; it cannot take {}",
+                refused.join(", ")
+            )));
+        }
+        let mut argv: Vec<OsString> = vec![self.config.clone().into()];
+        let mut flag = |name: &str, value: String| {
+            argv.push(format!("--{name}").into());
+            argv.push(value.into());
+        };
+        flag("batch-size", self.batch_size.to_string());
+        flag("crop", format!("{}x{}", self.crop.0, self.crop.1));
+        flag("amp", self.amp.to_string());
+        if let Some(n) = self.accumulative_counts {
+            flag("accum", n.to_string());
+        }
+        flag("warmup", self.warmup_steps.to_string());
+        flag("steps", self.measured_steps.to_string());
+        flag("device", self.device.to_string());
+        flag("seed", self.seed.to_string());
+        flag("ignore-fraction", self.ignore_fraction.to_string());
+        flag(
+            "gt-segments",
+            self.gt_segments.map_or("all".into(), |n| n.to_string()),
+        );
+        if let Some(n) = self.threads {
+            flag("threads", n.to_string());
+        }
+        if !self.cfg_options.is_empty() {
+            argv.push("--cfg-options".into());
+            argv.extend(self.cfg_options.iter().map(OsString::from));
+        }
+        Ok(argv)
+    }
+
+    /// The request's settings that only the native worker implements.
+    fn python_refusals(&self) -> Vec<&'static str> {
+        let mut refused = Vec::new();
+        let mut refuse = |set: bool, what: &'static str| {
+            if set {
+                refused.push(what);
+            }
+        };
+        refuse(self.mode != RunMode::Train, "--mode infer");
+        refuse(self.setup.gpus != 1, "--gpus (DDP's buckets)");
+        refuse(self.setup.torch != TorchVersion::NEWEST, "--torch/--stack");
+        refuse(self.as_cuda, "--as-cuda");
+        refuse(self.op_trace != OpTrace::Off, "--op-trace");
+        refuse(self.trace_out.is_some(), "--trace-out");
+        refuse(self.cpu_cap_bytes.is_some(), "--cpu-cap");
+        refuse(self.vram_budget_bytes.is_some(), "--vram");
+        refuse(self.cudnn_benchmark.is_some(), "--cudnn-benchmark");
+        // mmengine's autocast asserts bf16 on the CPU (mmengine/runner/amp.py).
+        refuse(
+            self.amp == super::Amp::Fp16 && self.device == super::DeviceChoice::Cpu,
+            "--amp fp16 on the CPU (MMEngine's CPU autocast takes bf16 only)",
+        );
+        refused
+    }
+}
+
+/// The model check's answer when the config's model has component types
+/// segtune does not build (`UnknownType`/`UnknownTypes`): the case the
+/// Python worker is for. `None` when segtune builds it, or when the config
+/// fails otherwise (the native worker then says why).
+pub fn unknown_types(request: &TrialRequest) -> Option<ModelError> {
+    let cfg = crate::config::resolve(&request.config, &request.cfg_options).ok()?;
+    match crate::models::check_supported(&cfg) {
+        Err(e @ (ModelError::UnknownType { .. } | ModelError::UnknownTypes { .. })) => Some(e),
+        _ => None,
+    }
+}
+
+/// `backbone \`MyResNet\``, one per unknown component, for the notice that
+/// the Python worker takes over.
+pub fn unknown_type_names(error: &ModelError) -> Vec<String> {
+    match error {
+        ModelError::UnknownType { role, name, .. } => vec![format!("{role} `{name}`")],
+        ModelError::UnknownTypes { components } => {
+            let mut names: Vec<String> = Vec::new();
+            for name in components.iter().flat_map(unknown_type_names) {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            names
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+#[path = "python_worker_tests.rs"]
+mod tests;

@@ -1,0 +1,159 @@
+use super::*;
+use crate::trial::{Amp, DeviceChoice, WorkerKind};
+
+/// A stand-in interpreter: a shell script that ignores its arguments,
+/// prints `stdout` and exits with `code`.
+fn fake_python(dir: &tempfile::TempDir, stdout: &str, code: i32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.path().join("python");
+    let text = format!("#!/bin/sh\ncat <<'JSON'\n{stdout}\nJSON\nexit {code}\n");
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_request_becomes_the_scripts_flags() {
+    let request = TrialRequest {
+        cfg_options: vec!["model.decode_head.num_classes=5".into()],
+        batch_size: 3,
+        crop: (256, 128),
+        amp: Amp::Bf16,
+        accumulative_counts: Some(2),
+        device: DeviceChoice::Cuda(1),
+        threads: Some(1),
+        gt_segments: None,
+        ..TrialRequest::new("cfg.py")
+    };
+    let argv: Vec<String> = request
+        .to_python_argv()
+        .unwrap()
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    let text = argv.join(" ");
+    assert!(text.starts_with("cfg.py --batch-size 3 --crop 256x128 --amp bf16 --accum 2 "));
+    for part in [
+        "--warmup 1",
+        "--steps 2",
+        "--device cuda:1",
+        "--seed 0",
+        "--ignore-fraction 0.05",
+        "--gt-segments all",
+        "--threads 1",
+        "--cfg-options model.decode_head.num_classes=5",
+    ] {
+        assert!(text.contains(part), "{part} in {text}");
+    }
+}
+
+#[test]
+fn settings_only_the_native_worker_has_are_refused_by_name() {
+    let request = TrialRequest {
+        mode: RunMode::Infer,
+        as_cuda: true,
+        vram_budget_bytes: Some(1 << 30),
+        ..TrialRequest::new("cfg.py")
+    };
+    let err = request.to_python_argv().unwrap_err().to_string();
+    for name in ["--mode infer", "--as-cuda", "--vram"] {
+        assert!(err.contains(name), "{err}");
+    }
+    assert!(!err.contains("--gpus"), "{err}");
+    let fp16 = TrialRequest {
+        amp: Amp::Fp16,
+        ..TrialRequest::new("cfg.py")
+    };
+    let err = fp16.to_python_argv().unwrap_err().to_string();
+    assert!(err.contains("--amp fp16 on the CPU"), "{err}");
+    let on_cuda = TrialRequest {
+        device: DeviceChoice::Cuda(0),
+        ..fp16
+    };
+    assert!(on_cuda.to_python_argv().is_ok());
+}
+
+#[test]
+fn a_python_without_mmseg_is_an_environment_error_with_the_pip_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let refusal = r#"{"python_worker_error": {"kind": "missing_mmseg", "message": "no mmseg", "missing": ["mmengine", "mmseg"]}}"#;
+    let python = fake_python(&dir, refusal, 2);
+    let err = PythonWorker::at(&python)
+        .trial(&TrialRequest::new("cfg.py"), None)
+        .unwrap_err();
+    assert!(matches!(err, Error::Environment { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains(&python.display().to_string()), "{text}");
+    assert!(text.contains("cannot import mmengine, mmseg"), "{text}");
+    assert!(text.contains(MMSEG_PIP), "{text}");
+}
+
+#[test]
+fn the_report_is_read_after_lines_a_users_module_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut report = TrialReport::new(&TrialRequest::new("cfg.py"), "cpu".into());
+    report.worker = WorkerKind::Python;
+    report.peak_bytes = Some(123);
+    let stdout = format!(
+        "registering MyResNet\n{}",
+        serde_json::to_string(&report).unwrap()
+    );
+    let python = fake_python(&dir, &stdout, 0);
+    let got = PythonWorker::at(&python)
+        .trial(&TrialRequest::new("cfg.py"), None)
+        .unwrap();
+    assert_eq!(got.worker, WorkerKind::Python);
+    assert_eq!(got.peak_bytes, Some(123));
+}
+
+#[test]
+fn a_python_worker_that_dies_without_a_report_is_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = fake_python(&dir, "Segmentation fault", 3);
+    let report = PythonWorker::at(&python)
+        .trial(&TrialRequest::new("cfg.py"), None)
+        .unwrap();
+    assert_eq!(report.status, TrialStatus::Crash);
+    assert_eq!(report.worker, WorkerKind::Python);
+    let message = report.message.unwrap();
+    assert!(
+        message.contains("Python worker") && message.contains("code 3"),
+        "{message}"
+    );
+}
+
+#[test]
+fn unknown_components_are_named_once_each() {
+    let unknown = |role: &str, name: &str| ModelError::UnknownType {
+        role: role.into(),
+        name: name.into(),
+        supported: vec!["ResNet".into()],
+    };
+    let error = ModelError::UnknownTypes {
+        components: vec![
+            unknown("backbone", "MyResNet"),
+            unknown("auxiliary head", "MyHead"),
+            unknown("auxiliary head", "MyHead"),
+        ],
+    };
+    assert_eq!(
+        unknown_type_names(&error),
+        ["backbone `MyResNet`", "auxiliary head `MyHead`"]
+    );
+}
+
+#[test]
+fn the_script_speaks_the_reports_field_names() {
+    for field in [
+        "peak_bytes",
+        "bytes_before_step1",
+        "cuda_peak_allocated_bytes",
+        "optimizer_state_bytes",
+        "step_time_median_s",
+        "worker='python'",
+        "missing_mmseg",
+        MMSEG_PIP,
+    ] {
+        assert!(SCRIPT.contains(field), "{field}");
+    }
+}

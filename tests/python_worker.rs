@@ -1,0 +1,281 @@
+//! The Python worker: `segtune trial --python-worker`, and the fallback of
+//! `segtune trial` for a config with component types segtune does not build
+//! (a backbone of the user's own, registered through `custom_imports`). It
+//! runs MMSeg's own `train_step` in the user's Python and reports as the
+//! native worker does.
+//!
+//! The tests need two interpreters that `scripts/env.sh` names:
+//! `SEGTUNE_MMSEG_PYTHON` (MMSegmentation 1.2.2 over the torch venv,
+//! made by `scripts/setup`) and `SEGTUNE_TORCH_PYTHON` (the torch venv,
+//! without MMSeg). Without them a test fails under `CI=true` and says why
+//! otherwise.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+const PIP_LINE: &str = "pip install mmengine==0.10.7 mmcv-lite==2.1.0 mmsegmentation==1.2.2";
+const PSPNET_R18: &str = "pspnet/pspnet_r18-d8_4xb2-80k_cityscapes-512x1024.py";
+
+/// The interpreter named by `var`, or `None` after saying why the test is
+/// skipped (under `CI=true`, the test fails).
+fn require_python(test: &str, var: &str) -> Option<PathBuf> {
+    let found = std::env::var_os(var)
+        .map(PathBuf::from)
+        .filter(|p| p.is_file());
+    if found.is_none() {
+        let why = format!("{var} is not set or names no file; scripts/env.sh sets it");
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: {why}");
+        }
+        eprintln!("SKIPPED {test}: {why}");
+    }
+    found
+}
+
+fn run(command: &mut Command) -> (Output, f64) {
+    let started = Instant::now();
+    let out = command.output().expect("segtune runs");
+    (out, started.elapsed().as_secs_f64())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_python_without_mmseg_is_told_what_to_install() {
+    let test = "a_python_without_mmseg_is_told_what_to_install";
+    let Some(python) = require_python(test, "SEGTUNE_TORCH_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write(&dir, "cfg.py", "model = dict(type='EncoderDecoder')\n");
+    let (out, _) = run(Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .arg("trial")
+        .arg(&config)
+        .arg("--python-worker")
+        .arg("--python")
+        .arg(&python));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one message: {stderr}");
+    let line = lines[0];
+    assert!(line.starts_with("error: "), "{line}");
+    assert!(line.contains("MMSeg"), "{line}");
+    assert!(line.contains(PIP_LINE), "{line}");
+    assert!(line.contains(&python.display().to_string()), "{line}");
+}
+
+/// A ResNetV1c registered under a new name, and a PSPNet R-18 config using
+/// it through `custom_imports`; returns the config.
+fn custom_backbone_config(dir: &tempfile::TempDir, shared: &Path) -> PathBuf {
+    common::write(
+        dir,
+        "my_backbone.py",
+        "from mmseg.models.backbones import ResNetV1c\n\
+         from mmseg.registry import MODELS\n\n\n\
+         @MODELS.register_module()\n\
+         class MyResNet(ResNetV1c):\n    \
+             \"\"\"ResNetV1c under a name segtune does not build.\"\"\"\n",
+    );
+    let base = shared.join("mmseg-configs/configs").join(PSPNET_R18);
+    common::write(
+        dir,
+        "my_pspnet.py",
+        &format!(
+            "_base_ = '{}'\n\
+             custom_imports = dict(imports=['my_backbone'], allow_failed_imports=False)\n\
+             model = dict(backbone=dict(type='MyResNet'))\n",
+            base.display()
+        ),
+    )
+}
+
+#[test]
+fn a_custom_backbone_falls_back_to_the_python_worker() {
+    let test = "a_custom_backbone_falls_back_to_the_python_worker";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = custom_backbone_config(&dir, &shared);
+    // No --python: the fallback takes the Python segtune asks for torch.
+    let (out, seconds) = run(Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .args(["trial"])
+        .arg(&config)
+        .args(["--batch-size", "2", "--crop", "128x128", "--threads", "1"])
+        .env("SEGTUNE_PYTHON", &python)
+        .env("PYTHONPATH", dir.path()));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("backbone `MyResNet`") && stderr.contains("(the Python worker)"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.starts_with("status: ok (Python worker)\n"),
+        "{stdout}"
+    );
+    // MMSeg's PSPNet R-18 count (params_all.json): the backbone is ResNetV1c's.
+    assert!(stdout.contains("model: 12790086 params"), "{stdout}");
+    let peak: i64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("peak bytes (CPU tensors, measured steps): "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a peak in: {stdout}"));
+    assert!(peak > 100 << 20, "{peak}");
+    eprintln!("{test}: peak {peak} bytes, {seconds:.1} s");
+}
+
+/// The CPU's class for oneDNN, as `tests/oracle_cpu.rs` tells it.
+fn cpu_class() -> &'static str {
+    match std::env::var("ONEDNN_MAX_CPU_ISA").as_deref() {
+        Ok("AVX2") => return "avx2",
+        Ok("AVX512_CORE") => return "avx512_core",
+        Ok("AVX512_CORE_BF16") => return "avx512_core_bf16",
+        _ => {}
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has = |f: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .is_some_and(|l| l.split_whitespace().any(|w| w == f))
+    };
+    if has("amx_bf16") {
+        "amx"
+    } else if has("avx512_bf16") {
+        "avx512_core_bf16"
+    } else if has("avx512f") {
+        "avx512_core"
+    } else {
+        "avx2"
+    }
+}
+
+/// MMSeg's peak over steps 2-3 of PSPNet R-18 at 2x128 fp32: the shared
+/// oracle's record where it has one (measured with AMX), else this
+/// project's fixture when this CPU is of its class; `Err` says why none.
+fn oracle_peak(shared: &Path) -> Result<i64, String> {
+    let name = "pspnet_r18-d8_4xb2-80k_cityscapes-512x1024";
+    let find = |doc: &Value| {
+        doc["records"].as_array().and_then(|records| {
+            records
+                .iter()
+                .find(|r| {
+                    r["config"] == name
+                        && r["batch"] == 2
+                        && r["crop"] == serde_json::json!([128, 128])
+                        && r["precision"] == "fp32"
+                })
+                .and_then(|r| r["peak_steps2_3_bytes"].as_i64())
+        })
+    };
+    let read = |path: PathBuf| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    let results = read(shared.join("oracle/results.json"));
+    if let (Some(peak), "amx") = (find(&results), cpu_class()) {
+        return Ok(peak);
+    }
+    let fixture = read(PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_python_worker.json"
+    )));
+    match (find(&fixture), fixture["isa"].as_str()) {
+        (Some(peak), Some(isa)) if isa == cpu_class() => Ok(peak),
+        _ => Err(format!(
+            "no MMSeg oracle of {name} at 2x128 fp32 was measured on a CPU of class {}",
+            cpu_class()
+        )),
+    }
+}
+
+const SHAPE: &[&str] = &[
+    "--batch-size",
+    "2",
+    "--crop",
+    "128x128",
+    "--amp",
+    "off",
+    "--threads",
+    "1",
+    "--warmup",
+    "1",
+    "--steps",
+    "2",
+    "--ignore-fraction",
+    "0",
+    "--gt-segments",
+    "all",
+    "--json",
+];
+
+fn peak_of(out: &Output, who: &str) -> i64 {
+    assert!(
+        out.status.success(),
+        "{who}: {}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["status"], "ok", "{who}");
+    report["peak_bytes"].as_i64().expect("a CPU peak")
+}
+
+fn within(a: i64, b: i64, fraction: f64) -> bool {
+    (a - b).abs() as f64 <= fraction * b as f64
+}
+
+#[test]
+fn pspnet_r18_peaks_as_mmseg_and_as_the_native_worker() {
+    let test = "pspnet_r18_peaks_as_mmseg_and_as_the_native_worker";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let config = shared.join("mmseg-configs/configs").join(PSPNET_R18);
+    let (out, python_s) = run(Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .arg("trial")
+        .arg(&config)
+        .args(["--python-worker", "--python"])
+        .arg(&python)
+        .args(SHAPE));
+    let python_peak = peak_of(&out, "the Python worker");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["worker"], "python");
+    let (out, native_s) = run(Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
+        .arg("trial")
+        .arg(&config)
+        .args(SHAPE));
+    let native_peak = peak_of(&out, "the native worker");
+    eprintln!(
+        "{test}: Python worker {python_peak} bytes ({python_s:.1} s), native {native_peak} bytes ({native_s:.1} s)"
+    );
+    assert!(
+        within(native_peak, python_peak, 0.001),
+        "native {native_peak} vs Python worker {python_peak}"
+    );
+    match oracle_peak(&shared) {
+        Ok(oracle) => {
+            eprintln!("{test}: MMSeg oracle {oracle} bytes");
+            assert!(
+                within(python_peak, oracle, 0.001),
+                "Python worker {python_peak} vs oracle {oracle}"
+            );
+        }
+        Err(why) => eprintln!("{test}: oracle comparison skipped: {why}"),
+    }
+}
