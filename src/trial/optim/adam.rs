@@ -58,15 +58,22 @@ impl AdamStep {
     }
 
     /// `_single_tensor_adam` for one parameter.
-    pub(super) fn single(&self, p: &mut ParamState) {
+    ///
+    /// `previous_denom`: the group's last `denom`, which Python frees only
+    /// when the loop rebinds the name, after this parameter's is computed;
+    /// this one's is left there (the caller drops the last when the group's
+    /// `_single_tensor_adam` returns).
+    pub(super) fn single(&self, p: &mut ParamState, previous_denom: &mut Option<Tensor>) {
         let (step_size, bias_correction2_sqrt) = self.count_step(p);
         // Python's `grad` lives to the end of the iteration.
         let _grad = self.moments(p);
         let sqrt = Self::second_moment(p).sqrt();
         let mut denom = sqrt / bias_correction2_sqrt;
         let _ = denom.g_add_scalar_(self.eps);
+        *previous_denom = None;
         let exp_avg = p.exp_avg.as_ref().expect("state initialised");
         memory::addcdiv_(&mut p.param, exp_avg, &denom, -step_size);
+        *previous_denom = Some(denom);
     }
 
     /// `_multi_tensor_adam` for one group: every update of the group in

@@ -8,6 +8,9 @@
 //! `update_params`, `adam.rs` and `sgd.rs` hold the update arithmetic.
 
 mod adam;
+mod layer_decay;
+
+pub use layer_decay::LayerDecay;
 mod sgd;
 mod wrapper;
 
@@ -47,10 +50,22 @@ pub struct OptimCfg {
     norm_decay_mult: f64,
     pub clip_grad: Option<(f64, f64)>,
     pub accumulative_counts: i64,
-    /// mmengine makes one param group per parameter when `paramwise_cfg`
-    /// is set (and non-empty), else one group of all parameters; the
-    /// foreach optimizers work a group at a time.
-    pub per_param_groups: bool,
+    /// How parameters are grouped: the foreach optimizers, and the lazy
+    /// state of every optimizer, work a group at a time.
+    pub grouping: Grouping,
+}
+
+/// The optimizer's param groups, as the optim wrapper constructor makes them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grouping {
+    /// mmengine's `DefaultOptimWrapperConstructor` without `paramwise_cfg`:
+    /// one group of all parameters.
+    One,
+    /// `DefaultOptimWrapperConstructor` with a (non-empty) `paramwise_cfg`:
+    /// one group per parameter.
+    PerParameter,
+    /// MMSeg's layer-decay constructors: a group per layer and decay kind.
+    LayerDecay(LayerDecay),
 }
 
 /// An `optim_wrapper` segtune cannot reproduce, or one that is malformed.
@@ -75,6 +90,12 @@ pub enum OptimConfigError {
     ClipGradNotADict,
     #[error("optim_wrapper.accumulative_counts must be >= 1")]
     NoAccumulation,
+    /// A `constructor` segtune does not reproduce.
+    #[error("optim_wrapper.constructor `{0}` is not supported (DefaultOptimWrapperConstructor, LearningRateDecayOptimizerConstructor, LayerDecayOptimizerConstructor)")]
+    UnsupportedConstructor(String),
+    /// A layer-decay constructor with settings MMSeg cannot take.
+    #[error("optim_wrapper.constructor `{0}`: {1}")]
+    Constructor(String, String),
 }
 
 fn num(d: &Dict, k: &str, default: f64) -> Result<f64, OptimConfigError> {
@@ -142,6 +163,35 @@ fn custom_keys_of(pw: Option<&Dict>) -> Result<Vec<(String, f64, f64)>, OptimCon
     Ok(custom_keys)
 }
 
+/// The grouping `optim_wrapper.constructor` makes (mmengine's default when
+/// none is named).
+fn grouping_of(cfg: &Dict, ow: &Dict, pw: Option<&Dict>) -> Result<Grouping, OptimConfigError> {
+    let default = if pw.is_some_and(|p| !p.is_empty()) {
+        Grouping::PerParameter
+    } else {
+        Grouping::One
+    };
+    match ow.get("constructor").and_then(Value::as_str) {
+        None | Some("DefaultOptimWrapperConstructor") => Ok(default),
+        Some(
+            name @ ("LearningRateDecayOptimizerConstructor" | "LayerDecayOptimizerConstructor"),
+        ) => {
+            let backbone = cfg
+                .get("model")
+                .and_then(Value::as_dict)
+                .and_then(|m| m.get("backbone"))
+                .and_then(Value::as_dict)
+                .and_then(|b| b.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            Ok(Grouping::LayerDecay(LayerDecay::from_cfg(
+                name, pw, backbone,
+            )?))
+        }
+        Some(other) => Err(OptimConfigError::UnsupportedConstructor(other.to_string())),
+    }
+}
+
 impl OptimCfg {
     pub fn from_cfg(cfg: &Dict) -> Result<OptimCfg, OptimConfigError> {
         let ow = cfg
@@ -167,7 +217,12 @@ impl OptimCfg {
         let algorithm = algorithm_of(&type_name, opt)?;
         let default_wd = if type_name == "AdamW" { 0.01 } else { 0.0 };
         let pw = ow.get("paramwise_cfg").and_then(Value::as_dict);
-        let custom_keys = custom_keys_of(pw)?;
+        let grouping = grouping_of(cfg, ow, pw)?;
+        let custom_keys = match grouping {
+            // Its add_params replaces mmengine's: no custom keys, no multipliers.
+            Grouping::LayerDecay(_) => Vec::new(),
+            _ => custom_keys_of(pw)?,
+        };
         let pw_num =
             |k: &str| -> Result<f64, OptimConfigError> { pw.map_or(Ok(1.0), |p| num(p, k, 1.0)) };
         let clip_grad = match ow.get("clip_grad") {
@@ -193,13 +248,28 @@ impl OptimCfg {
             norm_decay_mult: pw_num("norm_decay_mult")?,
             clip_grad,
             accumulative_counts,
-            per_param_groups: pw.is_some_and(|p| !p.is_empty()),
+            grouping,
         })
+    }
+
+    /// The group key, learning rate and weight decay of a parameter with
+    /// `dims` dimensions (the key only matters for layer decay).
+    pub(super) fn group_of(&self, name: &str, dims: usize) -> (String, f64, f64) {
+        match &self.grouping {
+            Grouping::LayerDecay(ld) => {
+                let g = ld.group(name, dims, self.lr, self.weight_decay);
+                (g.key, g.lr, g.weight_decay)
+            }
+            _ => {
+                let (lr, wd) = self.default_group_of(name);
+                (name.to_string(), lr, wd)
+            }
+        }
     }
 
     /// `(lr, weight_decay)` of one parameter, as mmengine's
     /// `DefaultOptimWrapperConstructor` assigns them.
-    fn group_of(&self, name: &str) -> (f64, f64) {
+    fn default_group_of(&self, name: &str) -> (f64, f64) {
         for (key, lr_mult, decay_mult) in &self.custom_keys {
             if name.contains(key.as_str()) {
                 return (self.lr * lr_mult, self.weight_decay * decay_mult);
@@ -222,6 +292,8 @@ impl OptimCfg {
 }
 
 struct ParamState {
+    /// The key of its param group (its name unless layer decay groups it).
+    group: String,
     param: Tensor,
     lr: f64,
     weight_decay: f64,

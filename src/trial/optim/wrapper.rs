@@ -4,7 +4,7 @@
 
 use super::adam::AdamStep;
 use super::sgd::SgdStep;
-use super::{Algorithm, Amp, OptimCfg, ParamState};
+use super::{Algorithm, Amp, Grouping, OptimCfg, ParamState};
 use crate::ffi::ShimError;
 use crate::models::params::ParamStore;
 use crate::trial::memory;
@@ -34,8 +34,9 @@ impl OptimWrapper {
             .iter()
             .filter(|p| p.trainable())
             .map(|p| {
-                let (lr, weight_decay) = cfg.group_of(&p.name);
+                let (group, lr, weight_decay) = cfg.group_of(&p.name, p.tensor.dim());
                 ParamState {
+                    group,
                     param: p.tensor.shallow_clone(),
                     lr,
                     weight_decay,
@@ -179,17 +180,28 @@ impl OptimWrapper {
     /// One optimizer step over every parameter with a gradient, the
     /// single-tensor way (`foreach=False`, PyTorch's choice for CPU tensors).
     /// `optimizer.step()`: param group by param group (mmengine's groups,
-    /// see [`OptimCfg::per_param_groups`]), each as `torch.optim` steps it:
+    /// see [`OptimCfg::grouping`]), each as `torch.optim` steps it:
     /// lazy state for the whole group first, then the single-tensor or the
     /// foreach update.
     fn apply(&mut self) -> Result<(), ShimError> {
         let with_grad: Vec<usize> = (0..self.params.len())
             .filter(|&i| self.params[i].param.grad().defined())
             .collect();
-        let groups: Vec<Vec<usize>> = if self.cfg.per_param_groups {
-            with_grad.into_iter().map(|i| vec![i]).collect()
-        } else {
-            vec![with_grad]
+        let groups: Vec<Vec<usize>> = match self.cfg.grouping {
+            Grouping::PerParameter => with_grad.into_iter().map(|i| vec![i]).collect(),
+            Grouping::One => vec![with_grad],
+            // Groups in order of their first parameter, as MMSeg's dict of groups.
+            Grouping::LayerDecay(_) => {
+                let mut keyed: Vec<(&str, Vec<usize>)> = Vec::new();
+                for i in with_grad {
+                    let key = self.params[i].group.as_str();
+                    match keyed.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, members)) => members.push(i),
+                        None => keyed.push((key, vec![i])),
+                    }
+                }
+                keyed.into_iter().map(|(_, members)| members).collect()
+            }
         };
         let groups = groups.iter().filter(|g| !g.is_empty());
         match self.cfg.algorithm {
@@ -227,8 +239,9 @@ impl OptimWrapper {
                     } else if self.foreach {
                         adam.foreach(&mut self.params, group);
                     } else {
+                        let mut denom = None;
                         for &i in group {
-                            adam.single(&mut self.params[i]);
+                            adam.single(&mut self.params[i], &mut denom);
                         }
                     }
                 }
