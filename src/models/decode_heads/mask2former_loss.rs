@@ -51,31 +51,7 @@ impl Mask2FormerLossCfg {
     /// Reads the loss and `train_cfg` keys of the head's config.
     pub fn from_head(c: &mut ComponentConfig, num_classes: i64) -> Result<Self, ModelError> {
         let empty = Dict::new();
-        let cls = c.dict("loss_cls")?.unwrap_or(&empty);
-        let mut l = ComponentConfig::new(cls, "CrossEntropyLoss", MMDET_LOSSES);
-        check_type(cls, "CrossEntropyLoss", "loss_cls")?;
-        l.unimplemented("use_sigmoid", &Value::Bool(false))?;
-        l.unimplemented("use_mask", &Value::Bool(false))?;
-        l.unimplemented("reduction", &Value::Str("mean".into()))?;
-        l.unimplemented("avg_non_ignore", &Value::Bool(false))?;
-        l.unimplemented("ignore_index", &Value::None)?;
-        let cls_weight = l.float("loss_weight", 2.0)?;
-        let mut class_weight = l.floats("class_weight")?.unwrap_or_default();
-        l.finish()?;
-        if class_weight.is_empty() {
-            // mmdet's default [1.0] * 133 + [0.1] is for COCO panoptic.
-            return Err(ModelError::config(
-                "Mask2FormerHead",
-                "loss_cls.class_weight must be set (num_classes + 1 weights, no-object last)",
-            ));
-        }
-        if class_weight.len() as i64 != num_classes + 1 {
-            return Err(ModelError::config("Mask2FormerHead", format!(
-                "loss_cls.class_weight has {} weights for num_classes {num_classes} (needs num_classes + 1)",
-                class_weight.len()
-            )));
-        }
-        class_weight.shrink_to_fit();
+        let (cls_weight, class_weight) = class_loss_cfg(c, num_classes, 2.0, "Mask2FormerHead")?;
 
         let mask = c.dict("loss_mask")?.unwrap_or(&empty);
         check_type(mask, "CrossEntropyLoss", "loss_mask")?;
@@ -135,6 +111,43 @@ impl Mask2FormerLossCfg {
             cost_dice_naive,
         })
     }
+}
+
+/// The head's `loss_cls` (mmdet's `CrossEntropyLoss` over the classes and
+/// no-object): `(loss_weight, class_weight)`.
+pub(super) fn class_loss_cfg(
+    c: &mut ComponentConfig,
+    num_classes: i64,
+    default_weight: f64,
+    head: &str,
+) -> Result<(f64, Vec<f64>), ModelError> {
+    let empty = Dict::new();
+    let cls = c.dict("loss_cls")?.unwrap_or(&empty);
+    let mut l = ComponentConfig::new(cls, "CrossEntropyLoss", MMDET_LOSSES);
+    check_type(cls, "CrossEntropyLoss", "loss_cls")?;
+    l.unimplemented("use_sigmoid", &Value::Bool(false))?;
+    l.unimplemented("use_mask", &Value::Bool(false))?;
+    l.unimplemented("reduction", &Value::Str("mean".into()))?;
+    l.unimplemented("avg_non_ignore", &Value::Bool(false))?;
+    l.unimplemented("ignore_index", &Value::None)?;
+    let cls_weight = l.float("loss_weight", default_weight)?;
+    let mut class_weight = l.floats("class_weight")?.unwrap_or_default();
+    l.finish()?;
+    if class_weight.is_empty() {
+        // mmdet's default [1.0] * 133 + [0.1] is for COCO panoptic.
+        return Err(ModelError::config(
+            head,
+            "loss_cls.class_weight must be set (num_classes + 1 weights, no-object last)",
+        ));
+    }
+    if class_weight.len() as i64 != num_classes + 1 {
+        return Err(ModelError::config(head, format!(
+            "loss_cls.class_weight has {} weights for num_classes {num_classes} (needs num_classes + 1)",
+            class_weight.len()
+        )));
+    }
+    class_weight.shrink_to_fit();
+    Ok((cls_weight, class_weight))
 }
 
 /// `HungarianAssigner(match_costs=[ClassificationCost, CrossEntropyLossCost,
@@ -199,6 +212,40 @@ fn match_costs(assigner: Option<&Dict>) -> Result<(f64, f64, f64, f64, bool), Mo
     Ok(out)
 }
 
+/// `_seg_data_to_instance_data`: per image, the classes present (but
+/// `ignore_index`) and one mask per class.
+pub(super) fn instance_targets(labels: &[Tensor], ignore_index: i64) -> Vec<GtInstances> {
+    let mut out = Vec::with_capacity(labels.len());
+    for gt_sem_seg in labels {
+        // A shape-only trace has no label values: its synthetic maps
+        // hold classes 0..segments.
+        let shape_only: Option<Vec<i64>> = shape_only_segments().map(|g| (0..g).collect());
+        let classes = match &shape_only {
+            Some(ids) => from_host(ids),
+            None => gt_sem_seg.internal_unique2(false, false, false).0,
+        };
+        let gt_labels = classes.index(&[Some(classes.ne(ignore_index))]);
+        drop(classes);
+        let (h, w) = (gt_sem_seg.size()[1], gt_sem_seg.size()[2]);
+        let ids: Vec<i64> = match shape_only {
+            Some(ids) => ids,
+            None => Vec::<i64>::try_from(&gt_labels).unwrap_or_default(),
+        };
+        let masks: Vec<Tensor> = ids.iter().map(|id| gt_sem_seg.eq(*id)).collect();
+        let gt_masks = if masks.is_empty() {
+            Tensor::zeros([0, h, w], (Kind::Int64, gt_sem_seg.device()))
+        } else {
+            Tensor::stack(&masks, 0).squeeze_dim(1).to_kind(Kind::Int64)
+        };
+        drop(masks);
+        out.push(GtInstances {
+            labels: gt_labels,
+            masks: gt_masks,
+        });
+    }
+    out
+}
+
 /// One image's ground truth: `labels` int64 `[G]`, `masks` int64 `[G, H, W]`.
 pub struct GtInstances {
     pub labels: Tensor,
@@ -223,14 +270,14 @@ pub struct Mask2FormerLoss {
 }
 
 /// mmcv's `point_sample(input, points, align_corners=False)`.
-fn point_sample(input: &Tensor, points: &Tensor) -> Tensor {
+pub(super) fn point_sample(input: &Tensor, points: &Tensor) -> Tensor {
     crate::models::layers::ops::point_sample(input, points, false, false)
 }
 
 /// `t[idx]` of rows of a tensor without grad (`idx` has `n` entries). A
 /// shape-only trace copies the first `n` rows instead, the same output
 /// without the CPU stand-in of `t` (gigabytes of ground-truth masks).
-fn take_rows(t: &Tensor, idx: &Tensor, n: usize) -> Tensor {
+pub(super) fn take_rows(t: &Tensor, idx: &Tensor, n: usize) -> Tensor {
     if values_unavailable() && !t.requires_grad() {
         t.narrow(0, 0, n as i64).copy()
     } else {
@@ -239,8 +286,27 @@ fn take_rows(t: &Tensor, idx: &Tensor, n: usize) -> Tensor {
 }
 
 /// mmdet's `weight_reduce_loss(..., reduction='mean', avg_factor)`.
-fn mean_over(loss: Tensor, avg_factor: &Tensor) -> Tensor {
+pub(super) fn mean_over(loss: Tensor, avg_factor: &Tensor) -> Tensor {
     loss.sum(None::<Kind>) / (avg_factor + f64::from(f32::EPSILON))
+}
+
+/// mmdet's `CrossEntropyLoss(class_weight)` as `_loss_by_feat_single` calls
+/// it: `avg_factor=class_weight[labels].sum()`, the label weights applied
+/// by `weight_reduce_loss`. `class_weight`: the head's
+/// `cls_scores.new_tensor(self.class_weight)`; the loss makes its own.
+pub(super) fn class_loss(
+    cls_flat: &Tensor,
+    labels: &Tensor,
+    label_weights: &Tensor,
+    class_weight: &Tensor,
+    weights: &[f64],
+    loss_weight: f64,
+) -> Tensor {
+    let avg = class_weight.index(&[Some(labels)]).sum(None::<Kind>);
+    let weight = from_host(weights).to_kind(cls_flat.kind());
+    let per = cls_flat.cross_entropy_loss(labels, Some(&weight), tch::Reduction::None, -100, 0.0);
+    let lw = label_weights.to_kind(Kind::Float);
+    mean_over(per * lw, &avg) * loss_weight
 }
 
 impl Mask2FormerLoss {
@@ -252,38 +318,9 @@ impl Mask2FormerLoss {
         }
     }
 
-    /// `_seg_data_to_instance_data`: per image, the classes present (but
-    /// `ignore_index`) and one mask per class.
+    /// `_seg_data_to_instance_data` (see [`instance_targets`]).
     pub fn instance_targets(&self, labels: &[Tensor]) -> Vec<GtInstances> {
-        let mut out = Vec::with_capacity(labels.len());
-        for gt_sem_seg in labels {
-            // A shape-only trace has no label values: its synthetic maps
-            // hold classes 0..segments.
-            let shape_only: Option<Vec<i64>> = shape_only_segments().map(|g| (0..g).collect());
-            let classes = match &shape_only {
-                Some(ids) => from_host(ids),
-                None => gt_sem_seg.internal_unique2(false, false, false).0,
-            };
-            let gt_labels = classes.index(&[Some(classes.ne(self.ignore_index))]);
-            drop(classes);
-            let (h, w) = (gt_sem_seg.size()[1], gt_sem_seg.size()[2]);
-            let ids: Vec<i64> = match shape_only {
-                Some(ids) => ids,
-                None => Vec::<i64>::try_from(&gt_labels).unwrap_or_default(),
-            };
-            let masks: Vec<Tensor> = ids.iter().map(|id| gt_sem_seg.eq(*id)).collect();
-            let gt_masks = if masks.is_empty() {
-                Tensor::zeros([0, h, w], (Kind::Int64, gt_sem_seg.device()))
-            } else {
-                Tensor::stack(&masks, 0).squeeze_dim(1).to_kind(Kind::Int64)
-            };
-            drop(masks);
-            out.push(GtInstances {
-                labels: gt_labels,
-                masks: gt_masks,
-            });
-        }
-        out
+        instance_targets(labels, self.ignore_index)
     }
 
     /// `HungarianAssigner.assign` on the point-sampled predictions: the
@@ -491,19 +528,14 @@ impl Mask2FormerLoss {
         let labels = labels.flatten(0, 1);
         let label_weights = label_weights.flatten(0, 1);
         let class_weight = from_host(&c.class_weight).to_kind(cls_flat.kind());
-        let loss_cls = {
-            let avg = class_weight.index(&[Some(&labels)]).sum(None::<Kind>);
-            let weight = from_host(&c.class_weight).to_kind(cls_flat.kind());
-            let per = cls_flat.cross_entropy_loss(
-                &labels,
-                Some(&weight),
-                tch::Reduction::None,
-                -100,
-                0.0,
-            );
-            let lw = label_weights.to_kind(Kind::Float);
-            mean_over(per * lw, &avg) * c.cls_weight
-        };
+        let loss_cls = class_loss(
+            &cls_flat,
+            &labels,
+            &label_weights,
+            &class_weight,
+            &c.class_weight,
+            c.cls_weight,
+        );
         let num_total_masks = from_host(&[avg_factor as f32]).to_kind(cls_flat.kind());
         // `mask_preds[mask_weights > 0]`, indexed by the matched queries'
         // positions (known on the host, also where values are not).

@@ -29,6 +29,8 @@ pub mod knet_head;
 pub mod lraspp_head;
 pub mod mask2former_head;
 pub mod mask2former_loss;
+pub mod maskformer_head;
+pub mod maskformer_loss;
 pub mod nl_head;
 pub mod ocr_head;
 pub mod pid_head;
@@ -198,6 +200,7 @@ crate::models::registry::registry_table!(
         ("LightHamHead", HeadBuilders::head(ham_head::build)),
         ("LRASPPHead", HeadBuilders::head(lraspp_head::build)),
         ("Mask2FormerHead", HeadBuilders::head(mask2former_head::build), MASK_CLASSIFICATION),
+        ("MaskFormerHead", HeadBuilders::head(maskformer_head::build)),
         ("NLHead", HeadBuilders::head(nl_head::build)),
         ("OCRHead", HeadBuilders::head(ocr_head::build)),
         ("PIDHead", HeadBuilders::head(pid_head::build), TAKES_EDGE_MAPS),

@@ -76,7 +76,7 @@ impl MultiheadAttention {
         let (k, v) = (kv.select(0, 0), kv.select(0, 1));
         // the in-projections (the out-projection counts itself)
         count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
-        self.attend(q, k, v, None, tgt_len, bsz, src_len)
+        self.attend(q, k, v, None, 0.0, tgt_len, bsz, src_len)
     }
 
     /// Self-attention, `query`, `key` and `value` one tensor `x`: (L, B, E)
@@ -93,7 +93,7 @@ impl MultiheadAttention {
         count_flops(2.0 * ((len * bsz) * 3 * e * e) as f64);
         let (q, k, v) = (proj.select(0, 0), proj.select(0, 1), proj.select(0, 2));
         drop(proj);
-        self.attend(q, k, v, None, len, bsz, len)
+        self.attend(q, k, v, None, 0.0, len, bsz, len)
     }
 
     /// `query`: (L, B, E); `key`, `value`: (S, B, E), distinct tensors (the
@@ -122,11 +122,51 @@ impl MultiheadAttention {
         let k = key.linear(&w[1], bias(1));
         let v = value.linear(&w[2], bias(2));
         count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
-        self.attend(q, k, v, float_mask.as_ref(), tgt_len, bsz, src_len)
+        self.attend(q, k, v, float_mask.as_ref(), 0.0, tgt_len, bsz, src_len)
+    }
+
+    /// `query`: (L, B, E); `key`, `value`: (S, B, E), distinct tensors, as
+    /// mmdet's DETR layers call it: `key_padding_mask` bool `(B, S)` (made a
+    /// float mask of `-inf` by `_canonical_mask`, then viewed, expanded and
+    /// reshaped to a `(B*heads, 1, S)` copy added by `baddbmm`) and
+    /// `dropout` (`attn_drop`) on the attention weights while training.
+    pub fn forward_detr(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        key_padding_mask: Option<&Tensor>,
+        dropout: f64,
+        training: bool,
+    ) -> Tensor {
+        let e = self.embed_dims;
+        let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
+        let src_len = key.size()[0];
+        // nn.MultiheadAttention.forward's `_canonical_mask`.
+        let float_padding = key_padding_mask.map(|m| {
+            let mut f = Tensor::zeros(m.size(), (query.kind(), m.device()));
+            let _ = f.masked_fill_(m, f64::NEG_INFINITY);
+            f
+        });
+        let w = self.in_proj_weight.chunk(3, 0);
+        let b = self.in_proj_bias.as_ref().map(|b| b.chunk(3, 0));
+        let bias = |i: usize| b.as_ref().map(|b| &b[i]);
+        let q = query.linear(&w[0], bias(0));
+        let k = key.linear(&w[1], bias(1));
+        let v = value.linear(&w[2], bias(2));
+        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        let attn_mask = float_padding.map(|m| {
+            m.view([bsz, 1, 1, src_len])
+                .expand([-1, self.num_heads, -1, -1], false)
+                .reshape([bsz * self.num_heads, 1, src_len])
+        });
+        let drop = if training { dropout } else { 0.0 };
+        self.attend(q, k, v, attn_mask.as_ref(), drop, tgt_len, bsz, src_len)
     }
 
     /// From the in-projected q, k, v to the out-projection, as the
-    /// `need_weights=True` branch of `F.multi_head_attention_forward`.
+    /// `need_weights=True` branch of `F.multi_head_attention_forward`
+    /// (`dropout`: its `dropout_p`, zero unless training).
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -134,6 +174,7 @@ impl MultiheadAttention {
         k: Tensor,
         v: Tensor,
         float_mask: Option<&Tensor>,
+        dropout: f64,
         tgt_len: i64,
         bsz: i64,
         src_len: i64,
@@ -149,9 +190,12 @@ impl MultiheadAttention {
             Some(mask) => mask.baddbmm(&q_scaled, &k.transpose(-2, -1), 1, 1),
             None => q_scaled.bmm(&k.transpose(-2, -1)),
         };
-        let weights = logits.softmax(-1, None::<Kind>);
+        let mut weights = logits.softmax(-1, None::<Kind>);
         softmax_saved(&logits, &weights);
         drop(logits);
+        if dropout > 0.0 {
+            weights = weights.dropout(dropout, true);
+        }
         let out = weights.bmm(&v);
         let out = out.transpose(0, 1).contiguous().view([tgt_len * bsz, e]);
         let out = self.out_proj.forward(&out).view([tgt_len, bsz, e]);

@@ -1,0 +1,534 @@
+//! MaskFormer's training targets and losses, as mmdet 3.x computes them
+//! (`MaskFormerHead.loss_by_feat`/`get_targets`/`_get_targets_single`/
+//! `_loss_by_feat_single` in `mmdet/models/dense_heads/maskformer_head.py`)
+//! from MMSeg's label maps (`MaskFormerHead._seg_data_to_instance_data`):
+//! one ground-truth segment per class present; queries matched to segments
+//! by `HungarianAssigner` on the masks at the prediction's resolution
+//! (ClassificationCost, FocalLossCost with `binary_input=True`, DiceCost);
+//! then per decoder layer the class cross-entropy (no-object class
+//! down-weighted) and, on the matched masks upsampled to the label's
+//! resolution, mmdet's `DiceLoss` and `FocalLoss` (its CPU path:
+//! `py_sigmoid_focal_loss` on a one-hot target).
+//!
+//! Cheng et al., "Per-Pixel Classification is Not All You Need for Semantic
+//! Segmentation", NeurIPS 2021, arXiv:2107.06278; Lin et al., "Focal Loss
+//! for Dense Object Detection", ICCV 2017, arXiv:1708.02002.
+
+use super::mask2former_head::check_type;
+use super::mask2former_loss::{
+    class_loss, class_loss_cfg, instance_targets, mean_over, take_rows, GtInstances,
+};
+use crate::config::{Dict, Value};
+use crate::models::component_config::ComponentConfig;
+use crate::models::layers::host::{from_host, scalar_from_host, values_unavailable};
+use crate::models::ModelError;
+use tch::{Kind, Tensor};
+
+const MMDET_LOSSES: &str = "mmdet/models/losses/";
+const ASSIGNER_SOURCE: &str = "mmdet/models/task_modules/assigners/match_cost.py";
+
+/// The head's `loss_cls`, `loss_mask`, `loss_dice` and `train_cfg`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaskFormerLossCfg {
+    /// `loss_cls.class_weight`: `num_classes + 1` weights, no-object last.
+    pub class_weight: Vec<f64>,
+    pub cls_weight: f64,
+    pub focal_weight: f64,
+    pub focal_gamma: f64,
+    pub focal_alpha: f64,
+    pub dice_weight: f64,
+    pub dice_eps: f64,
+    pub dice_naive: bool,
+    pub costs: MatchCosts,
+}
+
+/// `HungarianAssigner(match_costs=[ClassificationCost, FocalLossCost,
+/// DiceCost])`: each cost's weight (zero when absent) and settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatchCosts {
+    pub cls: f64,
+    pub focal: f64,
+    pub focal_alpha: f64,
+    pub focal_gamma: f64,
+    pub focal_eps: f64,
+    pub dice: f64,
+    pub dice_pred_act: bool,
+    pub dice_eps: f64,
+    pub dice_naive: bool,
+}
+
+impl MaskFormerLossCfg {
+    /// Reads the loss and `train_cfg` keys of the head's config.
+    pub fn from_head(c: &mut ComponentConfig, num_classes: i64) -> Result<Self, ModelError> {
+        let empty = Dict::new();
+        let (cls_weight, class_weight) = class_loss_cfg(c, num_classes, 1.0, "MaskFormerHead")?;
+
+        let mask = c.dict("loss_mask")?.unwrap_or(&empty);
+        check_type(mask, "FocalLoss", "loss_mask")?;
+        let mut m = ComponentConfig::new(mask, "FocalLoss", MMDET_LOSSES);
+        m.unimplemented("use_sigmoid", &Value::Bool(true))?;
+        m.unimplemented("activated", &Value::Bool(false))?;
+        m.unimplemented("reduction", &Value::Str("mean".into()))?;
+        let focal_gamma = m.float("gamma", 2.0)?;
+        let focal_alpha = m.float("alpha", 0.25)?;
+        let focal_weight = m.float("loss_weight", 1.0)?;
+        m.finish()?;
+
+        let dice = c.dict("loss_dice")?.unwrap_or(&empty);
+        check_type(dice, "DiceLoss", "loss_dice")?;
+        let mut d = ComponentConfig::new(dice, "DiceLoss", MMDET_LOSSES);
+        d.unimplemented("use_sigmoid", &Value::Bool(true))?;
+        d.unimplemented("activate", &Value::Bool(true))?;
+        d.unimplemented("reduction", &Value::Str("mean".into()))?;
+        let dice_naive = d.flag("naive_dice", false);
+        let dice_eps = d.float("eps", 1e-3)?;
+        let dice_weight = d.float("loss_weight", 1.0)?;
+        d.finish()?;
+
+        let train = c.dict("train_cfg")?.unwrap_or(&empty);
+        let mut t = ComponentConfig::new(train, "MaskFormerHead train_cfg", MMDET_LOSSES);
+        let assigner = t.dict("assigner")?;
+        match t.dict("sampler")? {
+            Some(s) => check_type(s, "MaskPseudoSampler", "train_cfg.sampler")?,
+            None => return Err(t.config_error("train_cfg.sampler must be set")),
+        }
+        t.finish()?;
+        Ok(MaskFormerLossCfg {
+            class_weight,
+            cls_weight,
+            focal_weight,
+            focal_gamma,
+            focal_alpha,
+            dice_weight,
+            dice_eps,
+            dice_naive,
+            costs: match_costs(assigner)?,
+        })
+    }
+}
+
+/// The assigner's `match_costs`, each at most once and in the order
+/// ClassificationCost, FocalLossCost, DiceCost (as every MMSeg config has
+/// them).
+fn match_costs(assigner: Option<&Dict>) -> Result<MatchCosts, ModelError> {
+    let Some(a) = assigner else {
+        return Err(ModelError::config(
+            "MaskFormerHead",
+            "train_cfg.assigner must be set",
+        ));
+    };
+    check_type(a, "HungarianAssigner", "train_cfg.assigner")?;
+    let mut c = ComponentConfig::new(a, "HungarianAssigner", ASSIGNER_SOURCE);
+    let costs = c
+        .value("match_costs")
+        .and_then(|v| v.as_seq().map(<[Value]>::to_vec))
+        .unwrap_or_default();
+    c.finish()?;
+    let mut out = MatchCosts {
+        cls: 0.0,
+        focal: 0.0,
+        focal_alpha: 0.25,
+        focal_gamma: 2.0,
+        focal_eps: 1e-12,
+        dice: 0.0,
+        dice_pred_act: false,
+        dice_eps: 1e-3,
+        dice_naive: true,
+    };
+    let order = ["ClassificationCost", "FocalLossCost", "DiceCost"];
+    let mut next = 0;
+    for cost in &costs {
+        let d = cost.as_dict().ok_or_else(|| {
+            ModelError::config("HungarianAssigner", "each match cost must be a dict")
+        })?;
+        let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
+        let pos = order
+            .iter()
+            .position(|o| *o == ty.trim_start_matches("mmdet."))
+            .ok_or_else(|| {
+                ModelError::unsupported_in(
+                    "HungarianAssigner",
+                    ASSIGNER_SOURCE,
+                    "match_costs",
+                    format!("`{ty}` (implemented: {})", order.join(", ")),
+                )
+            })?;
+        if pos < next {
+            return Err(ModelError::unsupported(
+                "HungarianAssigner",
+                "match_costs",
+                format!("out of the order {} or repeated", order.join(", ")),
+            ));
+        }
+        next = pos + 1;
+        let mut m = ComponentConfig::new(d, order[pos], ASSIGNER_SOURCE);
+        let weight = m.float("weight", 1.0)?;
+        match pos {
+            0 => out.cls = weight,
+            1 => {
+                // The class-score focal cost (binary_input=False, mmdet's
+                // default) reads query scores, not masks.
+                if !m.flag("binary_input", false) {
+                    return Err(m.unsupported(
+                        "binary_input",
+                        "False (the class-score focal cost) is not implemented; set binary_input=True",
+                    ));
+                }
+                out.focal = weight;
+                out.focal_alpha = m.float("alpha", 0.25)?;
+                out.focal_gamma = m.float("gamma", 2.0)?;
+                out.focal_eps = m.float("eps", 1e-12)?;
+            }
+            _ => {
+                out.dice = weight;
+                out.dice_pred_act = m.flag("pred_act", false);
+                m.unimplemented("act_mode", &Value::Str("sigmoid".into()))?;
+                out.dice_eps = m.float("eps", 1e-3)?;
+                out.dice_naive = m.flag("naive_dice", true);
+            }
+        }
+        m.finish()?;
+    }
+    Ok(out)
+}
+
+/// What `_get_targets_single` returns and the loss keeps.
+struct Targets {
+    labels: Tensor,
+    label_weights: Tensor,
+    mask_targets: Tensor,
+    mask_weights: Tensor,
+    num_pos: i64,
+    /// The matched queries (`pos_inds`), ascending.
+    pos: Vec<i64>,
+    /// The `MaskSamplingResult`'s masks (pos, neg, pos ground truth), kept
+    /// by `multi_apply`'s results until `get_targets` returns.
+    sampling: (Tensor, Tensor, Tensor),
+}
+
+pub struct MaskFormerLoss {
+    cfg: MaskFormerLossCfg,
+    num_classes: i64,
+    ignore_index: i64,
+}
+
+impl MaskFormerLoss {
+    pub fn new(cfg: MaskFormerLossCfg, num_classes: i64, ignore_index: i64) -> MaskFormerLoss {
+        MaskFormerLoss {
+            cfg,
+            num_classes,
+            ignore_index,
+        }
+    }
+
+    /// `_seg_data_to_instance_data`: per image, the classes present (but
+    /// `ignore_index`) and one mask per class.
+    pub fn instance_targets(&self, labels: &[Tensor]) -> Vec<GtInstances> {
+        instance_targets(labels, self.ignore_index)
+    }
+
+    /// `FocalLossCost._mask_focal_loss_cost` (`binary_input=True`):
+    /// `[Q, G]`.
+    fn focal_cost(&self, mask_pred: &Tensor, gt_masks: &Tensor) -> Tensor {
+        let c = &self.cfg.costs;
+        let cls_pred = mask_pred.flatten(1, -1);
+        let gt_labels = gt_masks.flatten(1, -1).to_kind(Kind::Float);
+        let n = cls_pred.size()[1] as f64;
+        let cls_pred = cls_pred.sigmoid();
+        let neg_cost = {
+            let log = (cls_pred.rsub_scalar(1) + c.focal_eps).log();
+            -log * (1.0 - c.focal_alpha) * cls_pred.pow_tensor_scalar(c.focal_gamma)
+        };
+        let pos_cost = {
+            let log = (&cls_pred + c.focal_eps).log();
+            -log * c.focal_alpha * cls_pred.rsub_scalar(1).pow_tensor_scalar(c.focal_gamma)
+        };
+        let pos = Tensor::einsum("nc,mc->nm", &[&pos_cost, &gt_labels], None::<i64>);
+        let neg = Tensor::einsum(
+            "nc,mc->nm",
+            &[&neg_cost, &gt_labels.rsub_scalar(1)],
+            None::<i64>,
+        );
+        (pos + neg) / n * c.focal
+    }
+
+    /// `DiceCost.binary_mask_dice_loss` (after the sigmoid when
+    /// `pred_act`): `[Q, G]`.
+    fn dice_cost(&self, mask_pred: &Tensor, gt_masks: &Tensor) -> Tensor {
+        let c = &self.cfg.costs;
+        let act = c.dice_pred_act.then(|| mask_pred.sigmoid());
+        let pred = act.as_ref().unwrap_or(mask_pred).flatten(1, -1);
+        let target = gt_masks.flatten(1, -1).to_kind(Kind::Float);
+        let numerator = Tensor::einsum("nc,mc->nm", &[&pred, &target], None::<i64>) * 2;
+        let denominator = if c.dice_naive {
+            pred.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(1)
+                + target.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(0)
+        } else {
+            pred.pow_tensor_scalar(2)
+                .sum_dim_intlist(1, false, None::<Kind>)
+                .unsqueeze(1)
+                + target
+                    .pow_tensor_scalar(2)
+                    .sum_dim_intlist(1, false, None::<Kind>)
+                    .unsqueeze(0)
+        };
+        ((numerator + c.dice_eps) / (denominator + c.dice_eps)).rsub_scalar(1) * c.dice
+    }
+
+    /// `HungarianAssigner.assign` on the masks at the prediction's
+    /// resolution: the matched `(query, segment)` pairs, queries ascending.
+    fn assign(&self, cls_score: &Tensor, mask_pred: &Tensor, gt: &GtInstances) -> Vec<(i64, i64)> {
+        let c = &self.cfg.costs;
+        let cls_cost = {
+            let scores = cls_score.softmax(-1, None::<Kind>);
+            -scores.index(&[None, Some(&gt.labels)]) * c.cls
+        };
+        let focal_cost = self.focal_cost(mask_pred, &gt.masks);
+        let dice_cost = self.dice_cost(mask_pred, &gt.masks);
+        let cost = Tensor::stack(&[cls_cost, focal_cost, dice_cost], 0).sum_dim_intlist(
+            0,
+            false,
+            None::<Kind>,
+        );
+        let (nr, nc) = (cost.size()[0] as usize, cost.size()[1] as usize);
+        let host_cost = cost.detach().to_kind(Kind::Double).reshape([-1]);
+        if values_unavailable() {
+            // A shape-only trace has no values to match on: any complete
+            // matching has the same shapes.
+            return (0..nr.min(nc) as i64).map(|i| (i, i)).collect();
+        }
+        let values = Vec::<f64>::try_from(&host_cost).expect("a cost matrix");
+        let (rows, cols) = lsap::solve(nr, nc, &values, false).unwrap_or_default();
+        rows.into_iter()
+            .zip(cols)
+            .map(|(r, c)| (r as i64, c as i64))
+            .collect()
+    }
+
+    /// `_get_targets_single` for one image and one decoder layer: matched on
+    /// the ground truth downsampled (nearest) to the masks' resolution; the
+    /// mask targets at the label's resolution.
+    fn targets_single(&self, cls_score: &Tensor, mask_pred: &Tensor, gt: &GtInstances) -> Targets {
+        let device = cls_score.device();
+        let num_queries = cls_score.size()[0];
+        let num_gts = gt.labels.size()[0];
+        let matched = if num_gts == 0 {
+            Vec::new()
+        } else {
+            let size = mask_pred.size();
+            let down = gt
+                .masks
+                .unsqueeze(1)
+                .to_kind(Kind::Float)
+                .upsample_nearest2d([size[1], size[2]], None, None)
+                .squeeze_dim(1)
+                .to_kind(Kind::Int64);
+            let downsampled = GtInstances {
+                labels: gt.labels.shallow_clone(),
+                masks: down,
+            };
+            self.assign(cls_score, mask_pred, &downsampled)
+        };
+        // MaskPseudoSampler / MaskSamplingResult
+        let mut assigned = vec![None; num_queries as usize];
+        for (q, g) in &matched {
+            assigned[*q as usize] = Some(*g);
+        }
+        let pos: Vec<i64> = (0..num_queries)
+            .filter(|q| assigned[*q as usize].is_some())
+            .collect();
+        let neg: Vec<i64> = (0..num_queries)
+            .filter(|q| assigned[*q as usize].is_none())
+            .collect();
+        let pos_gt: Vec<i64> = pos.iter().filter_map(|q| assigned[*q as usize]).collect();
+        let pos_inds = from_host(&pos);
+        let pos_assigned_gt_inds = from_host(&pos_gt);
+        let sampling = (
+            mask_pred.index(&[Some(&pos_inds)]),
+            mask_pred.index(&[Some(from_host(&neg))]),
+            take_rows(&gt.masks, &pos_assigned_gt_inds, pos.len()),
+        );
+        let mut labels = Tensor::full([num_queries], self.num_classes, (Kind::Int64, device));
+        let _ = labels.index_put_(
+            &[Some(&pos_inds)],
+            &gt.labels.index(&[Some(&pos_assigned_gt_inds)]),
+            false,
+        );
+        let label_weights = Tensor::ones([num_queries], (Kind::Int64, device));
+        let mask_targets = take_rows(&gt.masks, &pos_assigned_gt_inds, pos.len());
+        let mut mask_weights = Tensor::zeros([num_queries], (mask_pred.kind(), device));
+        let one = scalar_from_host(1.0f32).to_kind(mask_pred.kind());
+        let _ = mask_weights.index_put_(&[Some(&pos_inds)], &one, false);
+        Targets {
+            labels,
+            label_weights,
+            mask_targets,
+            mask_weights,
+            num_pos: (pos.len() as i64).max(1),
+            pos,
+            sampling,
+        }
+    }
+
+    /// mmdet's `DiceLoss` (sigmoid activation) on `[N, H, W]` logits.
+    fn dice_loss(&self, mask_preds: &Tensor, mask_targets: &Tensor, avg: &Tensor) -> Tensor {
+        let c = &self.cfg;
+        let pred = mask_preds.sigmoid();
+        let input = pred.flatten(1, -1);
+        let target = mask_targets.flatten(1, -1).to_kind(Kind::Float);
+        let a = (&input * &target).sum_dim_intlist(1, false, None::<Kind>);
+        let d = if c.dice_naive {
+            let b = input.sum_dim_intlist(1, false, None::<Kind>);
+            let cc = target.sum_dim_intlist(1, false, None::<Kind>);
+            (a * 2 + c.dice_eps) / (b + cc + c.dice_eps)
+        } else {
+            let b = (&input * &input).sum_dim_intlist(1, false, None::<Kind>) + c.dice_eps;
+            let cc = (&target * &target).sum_dim_intlist(1, false, None::<Kind>) + c.dice_eps;
+            a * 2 / (b + cc)
+        };
+        mean_over(d.rsub_scalar(1), avg) * c.dice_weight
+    }
+
+    /// mmdet's `FocalLoss` on the CPU: `target` one-hot over two classes,
+    /// the first kept, then `py_sigmoid_focal_loss`. `pred` `[N, 1]`,
+    /// `target` int64 `[N]`.
+    fn focal_loss(&self, pred: &Tensor, target: &Tensor, avg: &Tensor) -> Tensor {
+        let c = &self.cfg;
+        let one_hot = target.one_hot(2);
+        let target = one_hot.slice(1, 0, 1, 1);
+        let pred_sigmoid = pred.sigmoid();
+        let target = target.type_as(pred);
+        // pt = (1 - pred_sigmoid) * target + pred_sigmoid * (1 - target)
+        let t = pred_sigmoid.rsub_scalar(1);
+        let first = &t * &target;
+        drop(t);
+        let t = target.rsub_scalar(1);
+        let second = &pred_sigmoid * &t;
+        drop(t);
+        let pt = &first + &second;
+        drop((first, second));
+        // (alpha * target + (1 - alpha) * (1 - target)) * pt.pow(gamma)
+        let a = &target * c.focal_alpha;
+        let t = target.rsub_scalar(1);
+        let b = t * (1.0 - c.focal_alpha);
+        let ab = &a + &b;
+        drop((a, b));
+        let p = pt.pow_tensor_scalar(c.focal_gamma);
+        let focal_weight = &ab * &p;
+        drop((ab, p, pt));
+        let bce = pred.binary_cross_entropy_with_logits(
+            &target,
+            None::<Tensor>,
+            None::<Tensor>,
+            tch::Reduction::None,
+        );
+        let loss = &bce * &focal_weight;
+        drop((bce, focal_weight, pred_sigmoid, target, one_hot));
+        mean_over(loss, avg) * c.focal_weight
+    }
+
+    /// `_loss_by_feat_single`: `(loss_cls, loss_mask, loss_dice)` of one
+    /// decoder layer.
+    fn loss_single(
+        &self,
+        cls_scores: &Tensor,
+        mask_preds: &Tensor,
+        gts: &[GtInstances],
+    ) -> [Tensor; 3] {
+        let c = &self.cfg;
+        let num_imgs = cls_scores.size()[0];
+        let mut targets: Vec<Targets> = (0..num_imgs)
+            .map(|i| {
+                self.targets_single(
+                    &cls_scores.select(0, i),
+                    &mask_preds.select(0, i),
+                    &gts[i as usize],
+                )
+            })
+            .collect();
+        for t in &mut targets {
+            t.sampling = (Tensor::new(), Tensor::new(), Tensor::new());
+        }
+        let avg_factor: i64 = targets.iter().map(|t| t.num_pos).sum();
+        let field = |f: fn(&Targets) -> &Tensor| -> Vec<Tensor> {
+            targets.iter().map(|t| f(t).shallow_clone()).collect()
+        };
+        let labels = Tensor::stack(&field(|t| &t.labels), 0);
+        let label_weights = Tensor::stack(&field(|t| &t.label_weights), 0);
+        let mask_targets = Tensor::cat(&field(|t| &t.mask_targets), 0);
+        let mask_weights = Tensor::stack(&field(|t| &t.mask_weights), 0);
+        let cls_flat = cls_scores.flatten(0, 1);
+        let labels = labels.flatten(0, 1);
+        let label_weights = label_weights.flatten(0, 1);
+        let class_weight = from_host(&c.class_weight).to_kind(cls_flat.kind());
+        let loss_cls = class_loss(
+            &cls_flat,
+            &labels,
+            &label_weights,
+            &class_weight,
+            &c.class_weight,
+            c.cls_weight,
+        );
+        let num_total_masks = from_host(&[avg_factor as f32]).to_kind(cls_flat.kind());
+        // `mask_preds[mask_weights > 0]`, indexed by the matched queries'
+        // positions (known on the host, also where values are not).
+        let queries = mask_preds.size()[1];
+        let positions: Vec<i64> = targets
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| t.pos.iter().map(move |q| i as i64 * queries + q))
+            .collect();
+        let mask_preds = mask_preds
+            .flatten(0, 1)
+            .index(&[Some(from_host(&positions))]);
+        if mask_targets.size()[0] == 0 {
+            let zero = mask_preds.sum(None::<Kind>);
+            return [loss_cls, zero.shallow_clone(), zero];
+        }
+        let (h, w) = (mask_targets.size()[1], mask_targets.size()[2]);
+        let mask_preds = mask_preds
+            .unsqueeze(1)
+            .upsample_bilinear2d([h, w], false, None, None)
+            .squeeze_dim(1);
+        let loss_dice = self.dice_loss(&mask_preds, &mask_targets, &num_total_masks);
+        let preds = mask_preds.reshape([-1, 1]);
+        let flipped = mask_targets.reshape([-1]).rsub_scalar(1);
+        let avg = &num_total_masks * (h * w) as f64;
+        let loss_mask = self.focal_loss(&preds, &flipped, &avg);
+        drop((targets, mask_targets, mask_weights, class_weight));
+        [loss_cls, loss_mask, loss_dice]
+    }
+
+    /// `loss_by_feat`: the last layer's losses unprefixed, then `d<i>.` for
+    /// the others, in mmdet's dict order. `all_cls` `[L, B, Q, C+1]`,
+    /// `all_masks` `[L, B, Q, h, w]`.
+    pub fn loss_by_feat(
+        &self,
+        all_cls: &Tensor,
+        all_masks: &Tensor,
+        gts: &[GtInstances],
+    ) -> Vec<(String, Tensor)> {
+        let _part = crate::models::scope::enter("loss");
+        let layers = all_cls.size()[0];
+        let per_layer: Vec<[Tensor; 3]> = (0..layers)
+            .map(|l| self.loss_single(&all_cls.select(0, l), &all_masks.select(0, l), gts))
+            .collect();
+        let names = ["loss_cls", "loss_mask", "loss_dice"];
+        let last = per_layer.len() - 1;
+        let mut items: Vec<(String, Tensor)> = names
+            .iter()
+            .zip(per_layer[last].iter())
+            .map(|(n, t)| (n.to_string(), t.shallow_clone()))
+            .collect();
+        for (i, losses) in per_layer[..last].iter().enumerate() {
+            for (n, t) in names.iter().zip(losses.iter()) {
+                items.push((format!("d{i}.{n}"), t.shallow_clone()));
+            }
+        }
+        items
+    }
+}
+
+#[cfg(test)]
+#[path = "maskformer_loss_tests.rs"]
+mod tests;
