@@ -279,3 +279,98 @@ fn pspnet_r18_peaks_as_mmseg_and_as_the_native_worker() {
         Err(why) => eprintln!("{test}: oracle comparison skipped: {why}"),
     }
 }
+
+/// `segtune estimate` of a config, `extra` its flags; the JSON estimate.
+fn estimate(config: &Path, extra: &[&str], envs: &[(&str, &Path)]) -> (Value, f64, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_segtune"));
+    command
+        .arg("estimate")
+        .arg(config)
+        .args(["--vram", "24G", "--batch-size", "2", "--crop", "128x128"])
+        .args(["--amp", "off", "--threads", "1", "--json"])
+        .args(extra);
+    for (k, v) in envs {
+        command.env(k, v);
+    }
+    let (out, seconds) = run(&mut command);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let value = serde_json::from_str(&stdout).expect("a JSON estimate");
+    (value, seconds, stderr)
+}
+
+fn predicted(e: &Value, key: &str) -> i64 {
+    e[key].as_i64().unwrap_or_else(|| panic!("{key} in {e}"))
+}
+
+/// For a stock PSPNet R-18, the Python worker's trace (every CPU
+/// allocation of MMSeg's own step) replays to within 0.5% of segtune's
+/// CPU-allocator trace of its rebuild.
+#[test]
+fn pspnet_r18_python_trace_replays_as_the_native_one() {
+    let test = "pspnet_r18_python_trace_replays_as_the_native_one";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let config = shared.join("mmseg-configs/configs").join(PSPNET_R18);
+    let (native, native_s, _) = estimate(&config, &["--trace", "cpu-allocator"], &[]);
+    let python_flag = python.display().to_string();
+    let (by_python, python_s, _) =
+        estimate(&config, &["--python-worker", "--python", &python_flag], &[]);
+    assert!(
+        by_python["notes"][0]
+            .as_str()
+            .is_some_and(|n| n.contains("Python worker")),
+        "{}",
+        by_python["notes"]
+    );
+    for key in [
+        "predicted_min_peak_allocated_bytes",
+        "predicted_peak_allocated_bytes",
+        "predicted_peak_reserved_bytes",
+    ] {
+        let (n, p) = (predicted(&native, key), predicted(&by_python, key));
+        eprintln!(
+            "{test}: {key}: native {n}, Python worker {p} ({:+.3}%)",
+            100.0 * (p - n) as f64 / n as f64
+        );
+        assert!(
+            within(p, n, 0.005),
+            "{key}: Python worker {p} vs native {n}"
+        );
+    }
+    eprintln!("{test}: native {native_s:.1} s, Python worker {python_s:.1} s");
+}
+
+/// `segtune estimate` of a config with the user's own backbone falls back
+/// to the Python worker, says so, and predicts.
+#[test]
+fn a_custom_backbone_is_estimated_through_the_python_worker() {
+    let test = "a_custom_backbone_is_estimated_through_the_python_worker";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = custom_backbone_config(&dir, &shared);
+    let (e, seconds, stderr) = estimate(
+        &config,
+        &[],
+        &[
+            ("SEGTUNE_PYTHON", python.as_path()),
+            ("PYTHONPATH", dir.path()),
+        ],
+    );
+    assert!(
+        stderr.contains("backbone `MyResNet`") && stderr.contains("tracing the step"),
+        "{stderr}"
+    );
+    let peak = predicted(&e, "predicted_peak_allocated_bytes");
+    assert!(peak > 100 << 20 && e["fits"] == true, "{e}");
+    eprintln!("{test}: predicted {peak} bytes in {seconds:.1} s");
+}

@@ -9,6 +9,7 @@ use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::spec::MAX_GPUS;
 use crate::search::{Objective, SearchRequest, SearchSpec};
+use crate::trial::python_worker::PythonWorker;
 use crate::trial::torch_version::{detect_python_torch, VersionSource};
 use crate::trial::{
     Amp, DeviceChoice, OpTrace, RunMode, Stack, TorchVersion, TrainingSetup, TrialRequest,
@@ -276,7 +277,14 @@ pub struct CommonArgs {
 pub struct TrialCommandArgs {
     #[command(flatten)]
     pub trial: TrialArgs,
-    /// Run the trial with MMSeg itself in Python (the Python worker: your
+    #[command(flatten)]
+    pub python: PythonWorkerArgs,
+}
+
+/// Which worker runs MMSeg's step: segtune's rebuild or MMSeg itself.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PythonWorkerArgs {
+    /// Run the step with MMSeg itself in Python (the Python worker: your
     /// MMSeg, your custom_imports modules, MMSeg's own train_step) instead
     /// of segtune's libtorch rebuild. Without it, segtune falls back to the
     /// Python worker when the config has component types it does not build.
@@ -477,6 +485,8 @@ pub struct EstimateArgs {
     #[command(flatten)]
     pub timeouts: TraceTimeoutArgs,
     #[command(flatten)]
+    pub python: PythonWorkerArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
 }
 
@@ -497,7 +507,9 @@ impl TraceTimeoutArgs {
 }
 
 impl EstimateArgs {
-    pub fn request(&self) -> Result<EstimateRequest> {
+    /// The request; `python`: the Python worker that traces the step, if
+    /// one does.
+    pub fn request(&self, python: Option<PythonWorker>) -> Result<EstimateRequest> {
         let (setup, torch_source) = self.setup.predicted_setup();
         Ok(EstimateRequest {
             config: self.config.clone(),
@@ -515,6 +527,7 @@ impl EstimateArgs {
             mode: self.step.mode,
             cudnn_benchmark: self.step.cudnn_benchmark,
             trace_timeout: self.timeouts.deadline(),
+            python,
         })
     }
 }

@@ -143,7 +143,7 @@ fn run(cli: Cli) -> Result<Output> {
             }))
         }
         Command::Estimate(args) => {
-            let estimate = estimate_config(&args.request()?, &Worker::locate()?)?;
+            let estimate = estimate_command(&args)?;
             Ok(Output::ok(if args.common.json {
                 json(&estimate)
             } else {
@@ -151,7 +151,7 @@ fn run(cli: Cli) -> Result<Output> {
             }))
         }
         Command::Explain(args) => {
-            let estimate = estimate_config(&args.request()?, &Worker::locate()?)?;
+            let estimate = estimate_command(&args)?;
             Ok(Output::ok(if args.common.json {
                 json(&estimate)
             } else {
@@ -209,27 +209,20 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
 /// worker when asked (`--python-worker`) or when the config has component
 /// types segtune does not build (said on stderr).
 fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
-    use trial::python_worker::{self, PythonWorker};
+    use trial::python_worker;
     let request = args.trial.request();
     let deadline = args
         .trial
         .timeout
         .map(std::time::Duration::from_secs)
         .unwrap_or_else(|| trial_deadline(&request));
-    let unknown = (!args.python_worker)
-        .then(|| python_worker::unknown_types(&request))
-        .flatten();
-    let report = if args.python_worker || unknown.is_some() {
-        let worker = PythonWorker::locate(args.python.as_deref());
-        if let Some(e) = &unknown {
-            eprintln!(
-                "segtune: {} has component types segtune does not build ({}); running the trial \
-                 with MMSeg itself in {} (the Python worker)",
-                request.config.display(),
-                python_worker::unknown_type_names(e).join(", "),
-                worker.python().display()
-            );
-        }
+    let python = python_worker_for(
+        &args.python,
+        &request.config,
+        &request.cfg_options,
+        "running the trial",
+    );
+    let report = if let Some(worker) = python {
         let deadline = args
             .trial
             .timeout
@@ -239,6 +232,43 @@ fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
         Worker::locate()?.trial(&request, Some(deadline))?
     };
     trial_output(&report, args.trial.common.json)
+}
+
+/// The Python worker, when asked for (`--python-worker`) or when the
+/// config has component types segtune does not build (said on stderr,
+/// with `doing` what it does then); `None`: segtune's own worker.
+fn python_worker_for(
+    args: &args::PythonWorkerArgs,
+    config: &std::path::Path,
+    cfg_options: &[String],
+    doing: &str,
+) -> Option<trial::python_worker::PythonWorker> {
+    use trial::python_worker::{self, PythonWorker};
+    if args.python_worker {
+        return Some(PythonWorker::locate(args.python.as_deref()));
+    }
+    let unknown = python_worker::unknown_types(config, cfg_options)?;
+    let worker = PythonWorker::locate(args.python.as_deref());
+    eprintln!(
+        "segtune: {} has component types segtune does not build ({}); {doing} with MMSeg \
+         itself in {} (the Python worker)",
+        config.display(),
+        python_worker::unknown_type_names(&unknown).join(", "),
+        worker.python().display()
+    );
+    Some(worker)
+}
+
+/// `segtune estimate` and `explain`: traced by segtune's worker, or by the
+/// Python worker (see [`python_worker_for`]).
+fn estimate_command(args: &args::EstimateArgs) -> Result<crate::predict::Estimate> {
+    let python = python_worker_for(
+        &args.python,
+        &args.config,
+        &args.common.cfg_options,
+        "tracing the step",
+    );
+    estimate_config(&args.request(python)?, &Worker::locate()?)
 }
 
 /// A trial's report as `segtune trial` prints it, with its exit code.

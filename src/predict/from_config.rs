@@ -14,6 +14,7 @@ use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
 use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::registry::facts_of;
+use crate::trial::python_worker::PythonWorker;
 use crate::trial::torch_version::SWITCHES;
 use crate::trial::worker::Worker;
 use crate::trial::{Amp, RunMode, Switch, TorchVersion, TrainingSetup};
@@ -49,6 +50,11 @@ pub struct EstimateRequest {
     /// `--trace-timeout`: each traced step's deadline (default: scaled from
     /// the step, see [`crate::predict::step_trace::trace_deadline`]).
     pub trace_timeout: Option<std::time::Duration>,
+    /// Trace MMSeg's own step in this Python (the Python worker) instead of
+    /// segtune's rebuild: for models segtune does not build. Its trace is
+    /// every CPU allocation ([`TraceKind::CpuAllocator`], whatever `trace`
+    /// says).
+    pub python: Option<PythonWorker>,
 }
 
 /// The recipe's mixed precision: `AmpOptimWrapper`'s dtype, if it has one.
@@ -99,11 +105,27 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
 /// recipe's, after refusing (before any worker runs, as the model's error)
 /// a model segtune cannot build, and an allocator setting the release lacks.
 fn step_setting(request: &EstimateRequest, cfg: &config::Dict) -> Result<(i64, (i64, i64), Amp)> {
+    let amp = request.amp.or(recipe_amp(cfg)).unwrap_or(Amp::Off);
     let model_error = |source| Error::Model {
         source,
         config: request.config.clone(),
     };
-    crate::models::check_supported(cfg).map_err(model_error)?;
+    // The Python worker builds the model with MMSeg itself.
+    if request.python.is_none() {
+        crate::models::check_supported(cfg).map_err(model_error)?;
+    }
+    if request.python.is_some() && request.mode == RunMode::Infer {
+        return Err(Error::Input(
+            "the Python worker traces training steps only (not --mode infer)".into(),
+        ));
+    }
+    if request.python.is_some() && amp != Amp::Off {
+        return Err(Error::Input(format!(
+            "the Python worker traces MMSeg's step on the CPU, whose autocast is not CUDA's: \
+             it predicts fp32 only (--amp off), not {amp}; `segtune trial --python-worker \
+             --device cuda --amp {amp}` measures it on a GPU"
+        )));
+    }
     if request.mode == RunMode::Infer {
         if let Some(model) = cfg.get("model").and_then(Value::as_dict) {
             crate::models::segmentors::inference::check_inference(model).map_err(model_error)?;
@@ -119,7 +141,6 @@ fn step_setting(request: &EstimateRequest, cfg: &config::Dict) -> Result<(i64, (
         .crop
         .or_else(|| recipe_crop(cfg))
         .ok_or_else(|| Error::Input("the config has no crop size; pass --crop HxW".into()))?;
-    let amp = request.amp.or(recipe_amp(cfg)).unwrap_or(Amp::Off);
     let torch = request.setup.torch;
     if request.alloc_conf.expandable_segments && !torch.has(Switch::ExpandableSegments) {
         return Err(Error::Input(format!(
@@ -141,6 +162,15 @@ struct EstimateTrace {
     scopes: Vec<String>,
 }
 
+/// The trace kind: the request's, or the Python worker's only one.
+fn trace_kind(request: &EstimateRequest) -> TraceKind {
+    if request.python.is_some() {
+        TraceKind::CpuAllocator
+    } else {
+        request.trace
+    }
+}
+
 /// Traces the step at `batch`; a CPU-allocator trace of a batch above 3 is
 /// extrapolated from two small ones (op-level traces cost little: any
 /// batch is traced as it is).
@@ -152,6 +182,7 @@ fn trace_for_estimate(
     amp: Amp,
 ) -> Result<EstimateTrace> {
     let threads = request.threads.unwrap_or_else(crate::trial::host_cores);
+    let kind = trace_kind(request);
     let trace = |batch_size| {
         trace_step(
             worker,
@@ -164,15 +195,16 @@ fn trace_for_estimate(
                 threads,
                 gt_segments: request.gt_segments,
                 setup: request.setup,
-                kind: request.trace,
+                kind,
                 mode: request.mode,
                 deadline: request
                     .trace_timeout
-                    .unwrap_or_else(|| trace_deadline(request.trace, batch_size, crop)),
+                    .unwrap_or_else(|| trace_deadline(kind, batch_size, crop)),
+                python: request.python.as_ref(),
             },
         )
     };
-    if batch <= 3 || request.trace != TraceKind::CpuAllocator {
+    if batch <= 3 || kind != TraceKind::CpuAllocator {
         let step = trace(batch)?;
         return Ok(EstimateTrace {
             events: step.events,
@@ -201,7 +233,11 @@ fn add_notes(
     batch: i64,
     extrapolated: bool,
 ) {
-    e.notes[0] = match request.trace {
+    e.notes[0] = match trace_kind(request) {
+        TraceKind::CpuAllocator if request.python.is_some() => format!(
+            "activations, gradients and optimizer state come from a trace of every CPU allocation of MMSeg's own training step, run by the Python worker ({}), CPU kernels' scratch included, replayed through a model of PyTorch's CUDA caching allocator; no op-level calls, so cuDNN's workspaces and CUDA kernels' scratch are not modelled",
+            request.python.as_ref().map_or(String::new(), |p| p.python().display().to_string())
+        ),
         TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),
         TraceKind::Cpu => "activations, gradients and optimizer state come from an op-level trace of the same step on CPU kernels (the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator".into(),
         TraceKind::CpuAllocator => "activations, gradients and optimizer state come from a trace of every CPU allocation of the same step (CPU kernels' scratch included), replayed through a model of PyTorch's CUDA caching allocator".into(),

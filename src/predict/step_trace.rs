@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::trial::kernel_calls::KernelCall;
+use crate::trial::python_worker::{self, PythonWorker};
 use crate::trial::trace::{self, TraceEvent};
 use crate::trial::worker::Worker;
 use crate::trial::{Amp, OpTrace, RunMode, TrainingSetup, TrialRequest, TrialStatus};
@@ -78,6 +79,9 @@ pub struct StepToTrace<'a> {
     /// How long the worker may take before it is stopped and the trace
     /// counts as timed out ([`trace_deadline`]).
     pub deadline: Duration,
+    /// Trace MMSeg's own step in this Python instead (`kind` must be
+    /// [`TraceKind::CpuAllocator`]: the Python worker's counting allocator).
+    pub python: Option<&'a PythonWorker>,
 }
 
 /// How long a traced step may take before its worker is stopped: a stopped
@@ -118,7 +122,20 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         mode: step.mode,
         ..TrialRequest::new(step.config)
     };
-    let report = worker.trial(&request, Some(step.deadline))?;
+    let report = match step.python {
+        Some(python) => {
+            if step.kind != TraceKind::CpuAllocator {
+                return Err(Error::Input(format!(
+                    "the Python worker traces every CPU allocation (--trace cpu-allocator), not \
+                     a `{}` trace",
+                    step.kind
+                )));
+            }
+            let deadline = step.deadline + python_worker::START_ALLOWANCE;
+            python.trial(&request, Some(deadline))?
+        }
+        None => worker.trial(&request, Some(step.deadline))?,
+    };
     if report.status != TrialStatus::Ok {
         let message = format!(
             "the traced {} step failed ({}): {}",

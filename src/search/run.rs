@@ -617,6 +617,7 @@ pub fn predictor(
                     mode,
                     deadline: trace_timeout
                         .unwrap_or_else(|| trace_deadline(trace_kind, batch_size, crop)),
+                    python: None,
                 },
             )
         },

@@ -161,6 +161,7 @@ pub fn breakdown_of(
         mode: r.run_mode,
         cudnn_benchmark: None,
         trace_timeout: None,
+        python: None,
     };
     Ok(estimate_config(&request, worker)?.breakdown)
 }

@@ -40,14 +40,26 @@ COUNTING_ALLOCATOR = r'''
 #include <torch/extension.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <array>
+#include <cstdio>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace segtune_py {
 std::mutex mu;
-std::unordered_map<void*, size_t> live;
+// pointer -> (requested bytes, allocation number)
+std::unordered_map<void*, std::pair<size_t, int64_t>> live;
 int64_t current_bytes = 0;
 int64_t peak_bytes = 0;
+int64_t next_id = 0;
+// The trace: (id, bytes, phase code) per allocation (bytes > 0) and per
+// free (bytes < 0) of an allocation made while tracing.
+bool tracing = false;
+int64_t first_traced_id = -1;
+int64_t phase_code = 0;
+std::vector<std::array<int64_t, 3>> events;
 
 void release(void* ptr) {
   if (ptr == nullptr) return;
@@ -55,7 +67,12 @@ void release(void* ptr) {
     std::lock_guard<std::mutex> guard(mu);
     auto found = live.find(ptr);
     if (found != live.end()) {
-      current_bytes -= static_cast<int64_t>(found->second);
+      int64_t bytes = static_cast<int64_t>(found->second.first);
+      int64_t id = found->second.second;
+      current_bytes -= bytes;
+      if (tracing && first_traced_id >= 0 && id >= first_traced_id) {
+        events.push_back({id, -bytes, phase_code});
+      }
       live.erase(found);
     }
   }
@@ -67,9 +84,13 @@ struct Counting final : c10::Allocator {
     void* ptr = bytes == 0 ? nullptr : c10::alloc_cpu(bytes);
     if (ptr != nullptr) {
       std::lock_guard<std::mutex> guard(mu);
-      live.emplace(ptr, bytes);
+      int64_t id = next_id++;
+      live.emplace(ptr, std::make_pair(bytes, id));
       current_bytes += static_cast<int64_t>(bytes);
       peak_bytes = std::max(peak_bytes, current_bytes);
+      if (tracing) {
+        events.push_back({id, static_cast<int64_t>(bytes), phase_code});
+      }
     }
     // libtorch requires a CPU storage's context to be its data pointer.
     return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
@@ -89,6 +110,36 @@ int64_t peak() { std::lock_guard<std::mutex> g(segtune_py::mu); return segtune_p
 void reset_peak() {
   std::lock_guard<std::mutex> g(segtune_py::mu);
   segtune_py::peak_bytes = segtune_py::current_bytes;
+}
+void start_trace() {
+  std::lock_guard<std::mutex> g(segtune_py::mu);
+  segtune_py::tracing = true;
+  segtune_py::first_traced_id = segtune_py::next_id;
+  segtune_py::events.clear();
+}
+void set_phase(int64_t code) {
+  std::lock_guard<std::mutex> g(segtune_py::mu);
+  segtune_py::phase_code = code;
+}
+// Stops tracing and writes segtune's trace text (v2: id bytes phase scope),
+// ids renumbered from 0 in the order of allocation.
+bool write_trace(std::string path) {
+  std::vector<std::array<int64_t, 3>> events;
+  int64_t first;
+  {
+    std::lock_guard<std::mutex> g(segtune_py::mu);
+    segtune_py::tracing = false;
+    events.swap(segtune_py::events);
+    first = segtune_py::first_traced_id;
+  }
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  std::fputs("# segtune trace v2: id bytes phase scope\n", f);
+  for (const auto& e : events) {
+    std::fprintf(f, "%lld %lld %lld 0\n", static_cast<long long>(e[0] - first),
+                 static_cast<long long>(e[1]), static_cast<long long>(e[2]));
+  }
+  return std::fclose(f) == 0;
 }
 '''
 
@@ -124,6 +175,8 @@ def parse_args(argv):
     ap.add_argument('--ignore-fraction', type=float, default=0.05)
     ap.add_argument('--gt-segments', default='20')
     ap.add_argument('--ext-dir', default=None)
+    ap.add_argument('--trace-out', default=None)
+    ap.add_argument('--foreach', action='store_true')
     args = ap.parse_args(argv)
     h, w = args.crop.lower().split('x')
     args.crop = (int(h), int(w))
@@ -153,8 +206,9 @@ def counting_allocator(ext_dir):
     if ext_dir:
         os.makedirs(ext_dir, exist_ok=True)
     try:
-        ext = load_inline(name='segtune_counting_cpu_allocator', cpp_sources=COUNTING_ALLOCATOR,
-                          functions=['install', 'current', 'peak', 'reset_peak'],
+        ext = load_inline(name='segtune_counting_cpu_allocator_v2', cpp_sources=COUNTING_ALLOCATOR,
+                          functions=['install', 'current', 'peak', 'reset_peak', 'start_trace',
+                                     'set_phase', 'write_trace'],
                           build_directory=ext_dir, verbose=False)
     except Exception as e:  # no compiler, no ninja, no headers
         raise StartError('environment', 'the counting CPU allocator (a C++ extension built '
@@ -266,6 +320,9 @@ def build_optim_wrapper(model, cfg, args, on_cpu):
         ow_cfg.pop(key, None)
     if args.accum is not None:
         ow_cfg['accumulative_counts'] = args.accum
+    if args.foreach and 'foreach' not in ow_cfg.get('optimizer', {}):
+        # What torch.optim does by default for CUDA parameters.
+        ow_cfg['optimizer']['foreach'] = True
     if args.amp == 'off':
         ow_cfg['type'] = 'OptimWrapper'
         return build(model, ow_cfg)
@@ -365,28 +422,57 @@ class Meter:
                     num_ooms=s.get('num_ooms', 0), free_bytes=free, total_bytes=total)
 
 
-def mark_phases(ow, meter, phase):
+# segtune's phase codes (src/trial/trace.rs): step * 8 + phase.
+SETUP, FORWARD, BACKWARD, OPTIMIZER, DATA, PREPROCESS = range(6)
+
+
+class Phases:
+    """The step and phase the allocations belong to, in the trace."""
+
+    def __init__(self, alloc):
+        self.alloc = alloc if alloc is not None and hasattr(alloc, 'set_phase') else None
+        self.step = 0
+
+    def enter(self, phase):
+        if self.alloc is not None:
+            self.alloc.set_phase(self.step * 8 + phase)
+
+
+def mark_phases(model, ow, meter, phase, phases):
     """The optimizer wrapper's backward, wrapped to read the peak of the
-    forward (preprocessing, forward, losses) and of the backward."""
+    forward (preprocessing, forward, losses) and of the backward, and with
+    the data preprocessor's forward to mark the trace's phases."""
     backward = ow.backward
 
     def backward_with_marks(loss, **kwargs):
         meter.sync()
         phase['forward'] = meter.peak()
         meter.reset_peak()
+        phases.enter(BACKWARD)
         backward(loss, **kwargs)
         meter.sync()
         phase['backward'] = meter.peak()
         meter.reset_peak()
+        phases.enter(OPTIMIZER)
 
     ow.backward = backward_with_marks
+    preprocess = model.data_preprocessor.forward
+
+    def preprocess_with_marks(*args, **kwargs):
+        phases.enter(PREPROCESS)
+        out = preprocess(*args, **kwargs)
+        phases.enter(FORWARD)
+        return out
+
+    model.data_preprocessor.forward = preprocess_with_marks
 
 
-def one_step(model, ow, meter, phase, data, index, measured):
+def one_step(model, ow, meter, phase, phases, data, index, measured):
     meter.sync()
     before = meter.current()
     phase.clear()
     meter.reset_peak()
+    phases.enter(FORWARD)
     started = time.perf_counter()
     log_vars = model.train_step(data, ow)
     meter.sync()
@@ -427,7 +513,7 @@ def new_report(args, device):
     return dict(
         status='ok', message=None, device=str(device), batch_size=args.batch_size,
         crop=list(args.crop), amp=args.amp, accumulative_counts=1, mode='train',
-        torch=torch_release(torch.__version__), gpus=1, as_cuda=False, optimizer='',
+        torch=torch_release(torch.__version__), gpus=1, as_cuda=bool(args.foreach), optimizer='',
         params_total=0, params_trainable=0, params_by_prefix={}, param_bytes=0,
         buffer_bytes=0, bytes_after_model_build=0, batch_bytes=0, bytes_before_step1=0,
         peak_bytes=None, cuda_peak_allocated_bytes=None, cuda_peak_reserved_bytes=None,
@@ -471,18 +557,21 @@ def finish(report):
     report['images_per_s'] = report['batch_size'] / median
 
 
-def run_steps(args, cfg, model, ow, meter, report):
+def run_steps(args, cfg, model, ow, meter, phases, report):
     import torch
     num_classes, ignore_index = num_classes_and_ignore_index(cfg)
     phase = {}
-    mark_phases(ow, meter, phase)
+    mark_phases(model, ow, meter, phase, phases)
     gen = torch.Generator().manual_seed(args.seed + 1)
     for index in range(args.warmup + args.steps):
+        phases.step = index + 1
+        phases.enter(DATA)
         data, nbytes = make_batch(args, num_classes, ignore_index, gen)
         if index == 0:
             report['batch_bytes'] = nbytes
             report['bytes_before_step1'] = meter.current()
-        record, log_vars = one_step(model, ow, meter, phase, data, index, index >= args.warmup)
+        record, log_vars = one_step(model, ow, meter, phase, phases, data, index,
+                                    index >= args.warmup)
         del data
         gc.collect()
         record['bytes_after'] = meter.current()
@@ -507,6 +596,12 @@ def run_trial(args, alloc, device):
     report = new_report(args, device)
     gc.collect()
     meter = Meter(alloc, device)
+    phases = Phases(alloc)
+    if args.trace_out:
+        if phases.alloc is None:
+            raise StartError('config', '--trace-out traces the CPU allocator: it needs --device cpu')
+        alloc.start_trace()
+        phases.enter(SETUP)
     torch.manual_seed(args.seed)
     try:
         model = MODELS.build(cfg.model)
@@ -524,9 +619,11 @@ def run_trial(args, alloc, device):
     report['optimizer'] = type(ow.optimizer).__name__
     report['accumulative_counts'] = int(getattr(ow, '_accumulative_counts', 1))
     try:
-        run_steps(args, cfg, model, ow, meter, report)
+        run_steps(args, cfg, model, ow, meter, phases, report)
     except Exception as e:  # the step's failure is the report's status
         report['status'], report['message'] = status_of(e)
+    if args.trace_out and not alloc.write_trace(args.trace_out):
+        raise StartError('environment', f'cannot write the trace to {args.trace_out}')
     report['optimizer_state_bytes'] = optimizer_state_bytes(ow)
     finish(report)
     return report

@@ -216,6 +216,15 @@ impl TrialRequest {
         if let Some(n) = self.threads {
             flag("threads", n.to_string());
         }
+        if let Some(path) = &self.trace_out {
+            argv.push("--trace-out".into());
+            argv.push(path.clone().into());
+        }
+        if self.as_cuda {
+            // In fp32 CUDA's only difference the CPU can show: torch.optim's
+            // foreach implementation (its default for CUDA parameters).
+            argv.push("--foreach".into());
+        }
         if !self.cfg_options.is_empty() {
             argv.push("--cfg-options".into());
             argv.extend(self.cfg_options.iter().map(OsString::from));
@@ -234,9 +243,22 @@ impl TrialRequest {
         refuse(self.mode != RunMode::Train, "--mode infer");
         refuse(self.setup.gpus != 1, "--gpus (DDP's buckets)");
         refuse(self.setup.torch != TorchVersion::NEWEST, "--torch/--stack");
-        refuse(self.as_cuda, "--as-cuda");
-        refuse(self.op_trace != OpTrace::Off, "--op-trace");
-        refuse(self.trace_out.is_some(), "--trace-out");
+        refuse(
+            self.as_cuda && self.amp != super::Amp::Off,
+            "--as-cuda with --amp (CUDA's autocast rules on the CPU)",
+        );
+        refuse(
+            self.as_cuda && self.device != super::DeviceChoice::Cpu,
+            "--as-cuda on a GPU",
+        );
+        refuse(
+            self.op_trace != OpTrace::Off,
+            "--op-trace (op-level traces)",
+        );
+        refuse(
+            self.trace_out.is_some() && self.device != super::DeviceChoice::Cpu,
+            "--trace-out on a GPU (the trace is the CPU allocator's)",
+        );
         refuse(self.cpu_cap_bytes.is_some(), "--cpu-cap");
         refuse(self.vram_budget_bytes.is_some(), "--vram");
         refuse(self.cudnn_benchmark.is_some(), "--cudnn-benchmark");
@@ -253,8 +275,8 @@ impl TrialRequest {
 /// segtune does not build (`UnknownType`/`UnknownTypes`): the case the
 /// Python worker is for. `None` when segtune builds it, or when the config
 /// fails otherwise (the native worker then says why).
-pub fn unknown_types(request: &TrialRequest) -> Option<ModelError> {
-    let cfg = crate::config::resolve(&request.config, &request.cfg_options).ok()?;
+pub fn unknown_types(config: &Path, cfg_options: &[String]) -> Option<ModelError> {
+    let cfg = crate::config::resolve(config, cfg_options).ok()?;
     match crate::models::check_supported(&cfg) {
         Err(e @ (ModelError::UnknownType { .. } | ModelError::UnknownTypes { .. })) => Some(e),
         _ => None,

@@ -47,16 +47,54 @@ fn a_request_becomes_the_scripts_flags() {
     }
 }
 
+/// A CPU-allocator trace for a prediction: the trace file, and torch.optim's
+/// foreach implementation as CUDA would run it.
+#[test]
+fn a_traced_step_for_a_prediction_passes_the_trace_file_and_foreach() {
+    let request = TrialRequest {
+        as_cuda: true,
+        trace_out: Some(PathBuf::from("/tmp/step.trace")),
+        ..TrialRequest::new("cfg.py")
+    };
+    let text = request
+        .to_python_argv()
+        .unwrap()
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("--trace-out /tmp/step.trace --foreach"),
+        "{text}"
+    );
+    let on_gpu = TrialRequest {
+        device: DeviceChoice::Cuda(0),
+        ..request
+    };
+    let err = on_gpu.to_python_argv().unwrap_err().to_string();
+    assert!(
+        err.contains("--as-cuda on a GPU") && err.contains("--trace-out on a GPU"),
+        "{err}"
+    );
+}
+
 #[test]
 fn settings_only_the_native_worker_has_are_refused_by_name() {
     let request = TrialRequest {
         mode: RunMode::Infer,
         as_cuda: true,
+        amp: Amp::Bf16,
         vram_budget_bytes: Some(1 << 30),
+        op_trace: OpTrace::Meta,
         ..TrialRequest::new("cfg.py")
     };
     let err = request.to_python_argv().unwrap_err().to_string();
-    for name in ["--mode infer", "--as-cuda", "--vram"] {
+    for name in [
+        "--mode infer",
+        "--as-cuda with --amp",
+        "--vram",
+        "--op-trace",
+    ] {
         assert!(err.contains(name), "{err}");
     }
     assert!(!err.contains("--gpus"), "{err}");
