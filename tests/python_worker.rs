@@ -303,12 +303,15 @@ fn predicted(e: &Value, key: &str) -> i64 {
     e[key].as_i64().unwrap_or_else(|| panic!("{key} in {e}"))
 }
 
-/// For a stock PSPNet R-18, the Python worker's trace (every CPU
-/// allocation of MMSeg's own step) replays to within 0.5% of segtune's
-/// CPU-allocator trace of its rebuild.
+/// For a stock PSPNet R-18, the Python worker's traces of MMSeg's own step
+/// replay as segtune's traces of its rebuild: on meta kernels (op outputs,
+/// with the kernel calls that take cuDNN workspaces and scratch) and as
+/// every CPU allocation. The allocated figures within 0.5%; the reserved
+/// one (the order of frees decides which cached blocks are reused) within
+/// 1% on meta kernels.
 #[test]
-fn pspnet_r18_python_trace_replays_as_the_native_one() {
-    let test = "pspnet_r18_python_trace_replays_as_the_native_one";
+fn pspnet_r18_python_traces_replay_as_the_native_ones() {
+    let test = "pspnet_r18_python_traces_replay_as_the_native_ones";
     let Some(shared) = common::require_shared(test) else {
         return;
     };
@@ -316,33 +319,44 @@ fn pspnet_r18_python_trace_replays_as_the_native_one() {
         return;
     };
     let config = shared.join("mmseg-configs/configs").join(PSPNET_R18);
-    let (native, native_s, _) = estimate(&config, &["--trace", "cpu-allocator"], &[]);
     let python_flag = python.display().to_string();
-    let (by_python, python_s, _) =
-        estimate(&config, &["--python-worker", "--python", &python_flag], &[]);
-    assert!(
-        by_python["notes"][0]
-            .as_str()
-            .is_some_and(|n| n.contains("Python worker")),
-        "{}",
-        by_python["notes"]
-    );
-    for key in [
-        "predicted_min_peak_allocated_bytes",
-        "predicted_peak_allocated_bytes",
-        "predicted_peak_reserved_bytes",
-    ] {
-        let (n, p) = (predicted(&native, key), predicted(&by_python, key));
-        eprintln!(
-            "{test}: {key}: native {n}, Python worker {p} ({:+.3}%)",
-            100.0 * (p - n) as f64 / n as f64
+    for (trace, reserved_tolerance) in [("meta", 0.01), ("cpu-allocator", 0.005)] {
+        let (native, native_s, _) = estimate(&config, &["--trace", trace], &[]);
+        let (by_python, python_s, _) = estimate(
+            &config,
+            &[
+                "--trace",
+                trace,
+                "--python-worker",
+                "--python",
+                &python_flag,
+            ],
+            &[],
         );
         assert!(
-            within(p, n, 0.005),
-            "{key}: Python worker {p} vs native {n}"
+            by_python["notes"][0]
+                .as_str()
+                .is_some_and(|n| n.contains("Python worker")),
+            "{}",
+            by_python["notes"]
         );
+        for (key, tolerance) in [
+            ("predicted_min_peak_allocated_bytes", 0.005),
+            ("predicted_peak_allocated_bytes", 0.005),
+            ("predicted_peak_reserved_bytes", reserved_tolerance),
+        ] {
+            let (n, p) = (predicted(&native, key), predicted(&by_python, key));
+            eprintln!(
+                "{test}: --trace {trace} {key}: native {n}, Python worker {p} ({:+.3}%)",
+                100.0 * (p - n) as f64 / n as f64
+            );
+            assert!(
+                within(p, n, tolerance),
+                "--trace {trace} {key}: Python worker {p} vs native {n}"
+            );
+        }
+        eprintln!("{test}: --trace {trace}: native {native_s:.1} s, Python worker {python_s:.1} s");
     }
-    eprintln!("{test}: native {native_s:.1} s, Python worker {python_s:.1} s");
 }
 
 /// `segtune estimate` of a config with the user's own backbone falls back

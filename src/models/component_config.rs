@@ -358,6 +358,9 @@ pub struct NormCfg {
     pub requires_grad: bool,
     /// `Some(num_groups)` for `dict(type='GN', num_groups=..)`.
     pub num_groups: Option<i64>,
+    /// `SyncBN`/`MMSyncBN`: batch statistics over every GPU's batch when
+    /// training data-parallel (see `layers::norm::set_sync_bn_world_size`).
+    pub synced: bool,
 }
 
 impl NormCfg {
@@ -367,6 +370,7 @@ impl NormCfg {
         momentum: 0.1,
         requires_grad: true,
         num_groups: None,
+        synced: false,
     };
 
     /// A BN `norm_cfg`; any other type is unsupported.
@@ -417,6 +421,7 @@ impl NormCfg {
             eps: number("eps", 1e-5)?,
             momentum: number("momentum", 0.1)?,
             requires_grad: d.get("requires_grad").map(Value::truthy).unwrap_or(true),
+            synced: matches!(ty, "SyncBN" | "MMSyncBN"),
             num_groups: match (group_norm, d.get("num_groups")) {
                 (false, _) => None,
                 (true, Some(Value::Int(g))) if *g > 0 => Some(*g),

@@ -162,15 +162,6 @@ struct EstimateTrace {
     scopes: Vec<String>,
 }
 
-/// The trace kind: the request's, or the Python worker's only one.
-fn trace_kind(request: &EstimateRequest) -> TraceKind {
-    if request.python.is_some() {
-        TraceKind::CpuAllocator
-    } else {
-        request.trace
-    }
-}
-
 /// Traces the step at `batch`; a CPU-allocator trace of a batch above 3 is
 /// extrapolated from two small ones (op-level traces cost little: any
 /// batch is traced as it is).
@@ -182,7 +173,7 @@ fn trace_for_estimate(
     amp: Amp,
 ) -> Result<EstimateTrace> {
     let threads = request.threads.unwrap_or_else(crate::trial::host_cores);
-    let kind = trace_kind(request);
+    let kind = request.trace;
     let trace = |batch_size| {
         trace_step(
             worker,
@@ -233,14 +224,20 @@ fn add_notes(
     batch: i64,
     extrapolated: bool,
 ) {
-    e.notes[0] = match trace_kind(request) {
-        TraceKind::CpuAllocator if request.python.is_some() => format!(
-            "activations, gradients and optimizer state come from a trace of every CPU allocation of MMSeg's own training step, run by the Python worker ({}), CPU kernels' scratch included, replayed through a model of PyTorch's CUDA caching allocator; no op-level calls, so cuDNN's workspaces and CUDA kernels' scratch are not modelled",
-            request.python.as_ref().map_or(String::new(), |p| p.python().display().to_string())
+    let python = request
+        .python
+        .as_ref()
+        .map(|p| p.python().display().to_string());
+    e.notes[0] = match (request.trace, python) {
+        (TraceKind::CpuAllocator, Some(python)) => format!(
+            "activations, gradients and optimizer state come from a trace of every CPU allocation of MMSeg's own training step, run by the Python worker ({python}), CPU kernels' scratch included, replayed through a model of PyTorch's CUDA caching allocator; no kernel calls are recorded, so cuDNN's workspaces and CUDA kernels' scratch are not modelled"
         ),
-        TraceKind::Meta => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),
-        TraceKind::Cpu => "activations, gradients and optimizer state come from an op-level trace of the same step on CPU kernels (the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator".into(),
-        TraceKind::CpuAllocator => "activations, gradients and optimizer state come from a trace of every CPU allocation of the same step (CPU kernels' scratch included), replayed through a model of PyTorch's CUDA caching allocator".into(),
+        (_, Some(python)) => format!(
+            "activations, gradients and optimizer state come from an op-level trace of MMSeg's own training step on meta kernels, run by the Python worker ({python}: a TorchDispatchMode records the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator"
+        ),
+        (TraceKind::Meta, None) => "activations, gradients and optimizer state come from an op-level trace of the same step on meta kernels (the storages every ATen op returns, no compute), replayed through a model of PyTorch's CUDA caching allocator".into(),
+        (TraceKind::Cpu, None) => "activations, gradients and optimizer state come from an op-level trace of the same step on CPU kernels (the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator".into(),
+        (TraceKind::CpuAllocator, None) => "activations, gradients and optimizer state come from a trace of every CPU allocation of the same step (CPU kernels' scratch included), replayed through a model of PyTorch's CUDA caching allocator".into(),
     };
     if request.setup.gpus > 1 {
         e.notes.push(format!(

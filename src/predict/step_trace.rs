@@ -79,8 +79,9 @@ pub struct StepToTrace<'a> {
     /// How long the worker may take before it is stopped and the trace
     /// counts as timed out ([`trace_deadline`]).
     pub deadline: Duration,
-    /// Trace MMSeg's own step in this Python instead (`kind` must be
-    /// [`TraceKind::CpuAllocator`]: the Python worker's counting allocator).
+    /// Trace MMSeg's own step in this Python instead (`kind` meta: its
+    /// `TorchDispatchMode` on meta kernels; or cpu-allocator: its counting
+    /// allocator).
     pub python: Option<&'a PythonWorker>,
 }
 
@@ -124,12 +125,13 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
     };
     let report = match step.python {
         Some(python) => {
-            if step.kind != TraceKind::CpuAllocator {
-                return Err(Error::Input(format!(
-                    "the Python worker traces every CPU allocation (--trace cpu-allocator), not \
-                     a `{}` trace",
-                    step.kind
-                )));
+            if step.kind == TraceKind::Cpu {
+                return Err(Error::Input(
+                    "the Python worker traces on meta kernels (--trace meta) or every CPU \
+                     allocation (--trace cpu-allocator), not op outputs on CPU kernels \
+                     (--trace cpu)"
+                        .into(),
+                ));
             }
             let deadline = step.deadline + python_worker::START_ALLOWANCE;
             python.trial(&request, Some(deadline))?

@@ -177,6 +177,8 @@ def parse_args(argv):
     ap.add_argument('--ext-dir', default=None)
     ap.add_argument('--trace-out', default=None)
     ap.add_argument('--foreach', action='store_true')
+    ap.add_argument('--op-trace', choices=['off', 'meta'], default='off')
+    ap.add_argument('--record-ops', default='')
     args = ap.parse_args(argv)
     h, w = args.crop.lower().split('x')
     args.crop = (int(h), int(w))
@@ -422,6 +424,255 @@ class Meter:
                     num_ooms=s.get('num_ooms', 0), free_bytes=free, total_bytes=total)
 
 
+def op_tracer_class():
+    """`OpTracer`, defined once torch is imported."""
+    import functools
+    import weakref
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves, tree_map
+    import torch.fx.experimental._config as fx_config
+    # nonzero's meta kernel: every element counted as non-zero (an upper
+    # bound; exact for segtune's synthetic labels, which ignore no pixel).
+    fx_config.meta_nonzero_assume_all_nonzero = True
+    dtype_names = {torch.float32: 'f32', torch.float16: 'f16', torch.bfloat16: 'bf16',
+                   torch.float64: 'f64', torch.int64: 'i64', torch.int32: 'i32',
+                   torch.bool: 'bool', torch.uint8: 'u8'}
+
+    def tensor_text(t):
+        dims = 'x'.join(str(d) for d in t.shape) or 's'
+        layout = ''
+        if t.dim() == 4 and not t.is_contiguous() and \
+                t.is_contiguous(memory_format=torch.channels_last):
+            layout = ':cl'
+        elif not t.is_contiguous():
+            layout = ':nc'
+        return f't:{dtype_names.get(t.dtype, "other")}:{dims}{layout}'
+
+    def value_text(v):
+        if v is None:
+            return '-'
+        if isinstance(v, torch.Tensor):
+            return tensor_text(v)
+        if isinstance(v, bool):
+            return f'b:{int(v)}'
+        if isinstance(v, int):
+            return f'i:{v}'
+        if isinstance(v, float):
+            return f'f:{v}'
+        if isinstance(v, (list, tuple)):
+            if all(isinstance(x, bool) for x in v) and v:
+                return 'm:' + ','.join(str(int(x)) for x in v)
+            if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                return 'l:' + (','.join(str(x) for x in v) or 'e')
+            if all(isinstance(x, torch.Tensor) or x is None for x in v):
+                return f'n:{len(v)}'
+        return '?'
+
+    class OpTracer(TorchDispatchMode):
+        """segtune's op-level meta trace, recorded in Python: every ATen op
+        runs on the meta device (no compute, no memory), each new output
+        storage is an allocation and its end (a weak reference's callback:
+        torch keeps a storage's Python object as long as the storage) a
+        free, as `segtune-torch`'s shim records them. Ops without a meta
+        kernel run on CPU zeros, their outputs made meta (as the shim's
+        stand-ins); a scalar read from a meta tensor (`.item()`) is zero.
+        Kernel calls of `recorded` ops are written with their arguments at
+        their place among the events (`src/trial/kernel_calls.rs`)."""
+
+        def __init__(self, recorded):
+            super().__init__()
+            self.recorded = set(recorded)
+            self.events = []
+            self.calls = []
+            self.live = {}
+            self.refs = {}
+            self.next_id = 0
+            self.code = 0
+            self.scope = 0
+            self.now = 0
+            self.high = 0
+            self.tracing = False
+            self.stand_ins = set()
+
+        # The counting allocator's interface (Meter, Phases, run_trial).
+        def current(self):
+            return self.now
+
+        def peak(self):
+            return self.high
+
+        def reset_peak(self):
+            self.high = self.now
+
+        def start_trace(self):
+            self.tracing = True
+
+        def set_phase(self, code):
+            self.code = code
+
+        def write_trace(self, path):
+            self.tracing = False
+            header = ('# segtune trace v3: id bytes phase scope; kernel calls: k at phase scope op args'
+                      if self.calls else '# segtune trace v2: id bytes phase scope')
+            try:
+                with open(path, 'w') as f:
+                    f.write(header + '\n')
+                    f.writelines(f'{i} {b} {p} {s}\n' for i, b, p, s in self.events)
+                    f.writelines(line + '\n' for line in self.calls)
+            except OSError:
+                return False
+            return True
+
+        def track(self, t):
+            if not isinstance(t, torch.Tensor) or t.device.type != 'meta':
+                return
+            storage = t.untyped_storage()
+            key = storage._cdata
+            nbytes = storage.nbytes()
+            if key in self.live or nbytes == 0:
+                return
+            ident = self.next_id
+            self.next_id += 1
+            self.live[key] = (ident, nbytes)
+            self.refs[key] = weakref.ref(storage, functools.partial(self.freed, key))
+            self.now += nbytes
+            self.high = max(self.high, self.now)
+            if self.tracing:
+                self.events.append((ident, nbytes, self.code, self.scope))
+
+        def freed(self, key, _ref):
+            found = self.live.pop(key, None)
+            self.refs.pop(key, None)
+            if found is None:
+                return
+            ident, nbytes = found
+            self.now -= nbytes
+            if self.tracing:
+                self.events.append((ident, -nbytes, self.code, self.scope))
+
+        def op_name(self, func):
+            schema = func._schema
+            return schema.name + (f'.{schema.overload_name}' if schema.overload_name else '')
+
+        def call_text(self, func, args, kwargs):
+            schema = func._schema
+            name = self.op_name(func)
+            if schema.name not in self.recorded and name not in self.recorded:
+                return None
+            values = []
+            for i, a in enumerate(schema.arguments):
+                if i < len(args):
+                    values.append(args[i])
+                elif a.name in kwargs:
+                    values.append(kwargs[a.name])
+                else:
+                    values.append(a.default_value if a.has_default_value() else None)
+            return name + ''.join(' ' + value_text(v) for v in values)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            metas = [t for t in tree_leaves((args, kwargs))
+                     if isinstance(t, torch.Tensor) and t.device.type == 'meta']
+            if func is torch.ops.aten._local_scalar_dense.default and metas:
+                t = metas[0]
+                return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+            call = self.call_text(func, args, kwargs) if metas else None
+            if func is torch.ops.aten.add.Tensor and self.code % 8 == BACKWARD:
+                inplace = self.accumulation_in_place(args, kwargs)
+                if inplace is not None:
+                    return inplace
+            try:
+                out = func(*args, **kwargs)
+            except (NotImplementedError, RuntimeError) as e:
+                if not metas or 'meta' not in str(e).lower():
+                    raise
+                out = self.on_cpu_zeros(func, args, kwargs)
+            for t in tree_leaves(out):
+                self.track(t)
+            if call is not None:
+                self.calls.append(f'k {len(self.events)} {self.code} {self.scope} {call}')
+            return out
+
+        def accumulation_in_place(self, args, kwargs):
+            """The autograd engine sums two gradients of one input in place
+            when it holds the last reference to one of them and its storage
+            (`InputBuffer::accumulate`). Under a Python dispatch mode every
+            tensor has a Python object, which makes the engine's check fail:
+            the check is made here instead (the counts seen from a mode: 4
+            tensor references and 2 storage ones, this probe's included)."""
+            if kwargs or len(args) != 2:
+                return None
+            old, new = args
+            if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)) or \
+                    old.device.type != 'meta' or old.shape != new.shape or old.dtype != new.dtype:
+                return None
+
+            def last_reference(t):
+                return t._use_count() <= 4 and t.is_contiguous() and \
+                    torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
+
+            if last_reference(old):
+                return old.add_(new)
+            if last_reference(new):
+                return new.add_(old)
+            return None
+
+        def on_cpu_zeros(self, func, args, kwargs):
+            """An op without a meta kernel: run on CPU zeros of the same
+            shapes, the outputs made meta; a mutated argument is returned."""
+            self.stand_ins.add(self.op_name(func))
+
+            def to_cpu(t):
+                if isinstance(t, torch.Tensor) and t.device.type == 'meta':
+                    return torch.zeros_strided(t.shape, t.stride(), dtype=t.dtype) \
+                        if hasattr(torch, 'zeros_strided') else \
+                        torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).zero_()
+                return t
+
+            def to_meta(t):
+                if isinstance(t, torch.Tensor) and t.device.type == 'cpu':
+                    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta')
+                return t
+
+            out = func(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
+            if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor) \
+                    and len(func._schema.returns) == 1:
+                return args[0]
+            return tree_map(to_meta, out)
+
+    return OpTracer
+
+
+def mark_scopes(model, tracer):
+    """The model's parts as the trace's scopes: each direct child of the
+    segmentor (backbone, neck, decode_head, auxiliary_head) while its
+    forward runs, and `<head>.loss` while a head computes its losses.
+    Returns the names by id (id 0: outside any part)."""
+    names = ['']
+
+    def scoped(name, fn):
+        names.append(name)
+        ident = len(names) - 1
+
+        def wrapper(*args, **kwargs):
+            previous = tracer.scope
+            tracer.scope = ident
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tracer.scope = previous
+        return wrapper
+
+    for name, child in model.named_children():
+        if name == 'data_preprocessor':
+            continue
+        child.forward = scoped(name, child.forward)
+        if hasattr(child, 'loss_by_feat'):
+            child.loss_by_feat = scoped(f'{name}.loss', child.loss_by_feat)
+    return names
+
+
 # segtune's phase codes (src/trial/trace.rs): step * 8 + phase.
 SETUP, FORWARD, BACKWARD, OPTIMIZER, DATA, PREPROCESS = range(6)
 
@@ -597,6 +848,7 @@ def run_trial(args, alloc, device):
     gc.collect()
     meter = Meter(alloc, device)
     phases = Phases(alloc)
+    tracer = alloc if args.op_trace == 'meta' else None
     if args.trace_out:
         if phases.alloc is None:
             raise StartError('config', '--trace-out traces the CPU allocator: it needs --device cpu')
@@ -607,6 +859,11 @@ def run_trial(args, alloc, device):
         model = MODELS.build(cfg.model)
         model.init_weights()
         model.train()
+        if tracer is not None:
+            # Built on the CPU (untraced: MMSeg's modules read values at
+            # build time), then every parameter and buffer made meta.
+            tracer.__enter__()
+            report['model_scopes'] = mark_scopes(model, tracer)
         model.to(device)
     except Exception as e:
         raise StartError('config', f'{args.config}: the model does not build: {one_line(e)}')
@@ -622,6 +879,10 @@ def run_trial(args, alloc, device):
         run_steps(args, cfg, model, ow, meter, phases, report)
     except Exception as e:  # the step's failure is the report's status
         report['status'], report['message'] = status_of(e)
+    if tracer is not None:
+        tracer.__exit__(None, None, None)
+        if tracer.stand_ins:
+            report['meta_stand_ins'] = sorted(tracer.stand_ins)
     if args.trace_out and not alloc.write_trace(args.trace_out):
         raise StartError('environment', f'cannot write the trace to {args.trace_out}')
     report['optimizer_state_bytes'] = optimizer_state_bytes(ow)
@@ -641,7 +902,13 @@ def main(argv):
         if args.threads:
             torch.set_num_threads(args.threads)
         device = pick_device(args.device)
-        alloc = counting_allocator(args.ext_dir) if device.type == 'cpu' else None
+        if args.op_trace == 'meta':
+            if device.type != 'cpu':
+                raise StartError('device', '--op-trace meta runs on the meta device, not on a GPU')
+            device = torch.device('meta')
+            alloc = op_tracer_class()(args.record_ops.split(',') if args.record_ops else [])
+        else:
+            alloc = counting_allocator(args.ext_dir) if device.type == 'cpu' else None
         stub_mmcv_ext()
         try:
             import_mmseg()

@@ -216,6 +216,10 @@ impl TrialRequest {
         if let Some(n) = self.threads {
             flag("threads", n.to_string());
         }
+        if self.op_trace == OpTrace::Meta {
+            flag("op-trace", "meta".into());
+            flag("record-ops", super::kernel_calls::RECORDED_OPS.join(","));
+        }
         if let Some(path) = &self.trace_out {
             argv.push("--trace-out".into());
             argv.push(path.clone().into());
@@ -252,8 +256,12 @@ impl TrialRequest {
             "--as-cuda on a GPU",
         );
         refuse(
-            self.op_trace != OpTrace::Off,
-            "--op-trace (op-level traces)",
+            self.op_trace == OpTrace::Cpu,
+            "--op-trace cpu (its op-level traces run on meta kernels)",
+        );
+        refuse(
+            self.op_trace == OpTrace::Meta && self.device != super::DeviceChoice::Cpu,
+            "--op-trace meta on a GPU",
         );
         refuse(
             self.trace_out.is_some() && self.device != super::DeviceChoice::Cpu,

@@ -54,6 +54,7 @@ fn a_traced_step_for_a_prediction_passes_the_trace_file_and_foreach() {
     let request = TrialRequest {
         as_cuda: true,
         trace_out: Some(PathBuf::from("/tmp/step.trace")),
+        op_trace: OpTrace::Meta,
         ..TrialRequest::new("cfg.py")
     };
     let text = request
@@ -65,6 +66,10 @@ fn a_traced_step_for_a_prediction_passes_the_trace_file_and_foreach() {
         .join(" ");
     assert!(
         text.contains("--trace-out /tmp/step.trace --foreach"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--op-trace meta --record-ops aten::convolution,aten::convolution_backward,"),
         "{text}"
     );
     let on_gpu = TrialRequest {
@@ -85,7 +90,7 @@ fn settings_only_the_native_worker_has_are_refused_by_name() {
         as_cuda: true,
         amp: Amp::Bf16,
         vram_budget_bytes: Some(1 << 30),
-        op_trace: OpTrace::Meta,
+        op_trace: OpTrace::Cpu,
         ..TrialRequest::new("cfg.py")
     };
     let err = request.to_python_argv().unwrap_err().to_string();
@@ -93,7 +98,7 @@ fn settings_only_the_native_worker_has_are_refused_by_name() {
         "--mode infer",
         "--as-cuda with --amp",
         "--vram",
-        "--op-trace",
+        "--op-trace cpu",
     ] {
         assert!(err.contains(name), "{err}");
     }

@@ -281,6 +281,7 @@ fn run_phases(
     report: &mut TrialReport,
 ) -> Result<(), Stop> {
     let mut bench = prepare(request, device, host_budget, counter, report)?;
+    crate::models::layers::norm::set_sync_bn_world_size(request.setup.gpus);
     let mut trainee = build(cfg, request, device, &bench, report)?;
     emulate_release(request, device, &mut trainee.optimizer)?;
     // DistributedDataParallel wraps the model before training starts.

@@ -269,7 +269,7 @@ impl Upsampler {
 /// One entry of ERFNet's `encoder` or `decoder` `nn.ModuleList`.
 enum Block {
     Down(Downsampler),
-    NonBottleneck(NonBottleneck),
+    NonBottleneck(Box<NonBottleneck>),
     Up(Upsampler),
 }
 
@@ -367,7 +367,7 @@ impl BlockSpec {
         match *self {
             BlockSpec::Down(from, to) => Block::Down(Downsampler::new(p, from, to)),
             BlockSpec::NonBottleneck(channels, drop, dilation) => {
-                Block::NonBottleneck(NonBottleneck::new(p, channels, drop, dilation))
+                Block::NonBottleneck(Box::new(NonBottleneck::new(p, channels, drop, dilation)))
             }
             BlockSpec::Up(from, to) => Block::Up(Upsampler::new(p, from, to)),
         }

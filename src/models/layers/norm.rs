@@ -35,7 +35,18 @@ impl LayerNorm {
     }
 }
 
-/// `nn.BatchNorm2d` in training mode (SyncBN on one device is plain BN).
+/// How many GPUs a SyncBN layer's batch statistics span (the trial's
+/// `--gpus`): each GPU's batch of one image is enough for MMSeg's SyncBN
+/// when it trains on several.
+static SYNC_BN_WORLD_SIZE: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+
+/// Sets the number of GPUs SyncBN layers gather their statistics over.
+pub fn set_sync_bn_world_size(gpus: i64) {
+    SYNC_BN_WORLD_SIZE.store(gpus.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `nn.BatchNorm2d` in training mode (SyncBN on one device is plain BN; on
+/// several its statistics span every GPU's batch).
 pub struct BatchNorm2d {
     weight: Tensor,
     bias: Tensor,
@@ -44,6 +55,7 @@ pub struct BatchNorm2d {
     num_batches_tracked: Tensor,
     eps: f64,
     momentum: f64,
+    synced: bool,
 }
 
 impl BatchNorm2d {
@@ -76,11 +88,15 @@ impl BatchNorm2d {
             ),
             eps,
             momentum,
+            synced: false,
         }
     }
     /// A BN layer from a config's `norm_cfg`.
     pub fn from_cfg(p: &mut ParamScope, channels: i64, norm: &NormCfg) -> BatchNorm2d {
-        BatchNorm2d::new(p, channels, norm.eps, norm.momentum, norm.requires_grad)
+        BatchNorm2d {
+            synced: norm.synced,
+            ..BatchNorm2d::new(p, channels, norm.eps, norm.momentum, norm.requires_grad)
+        }
     }
 
     /// `training`: batch statistics (and running-stat updates), as in
@@ -89,7 +105,12 @@ impl BatchNorm2d {
     pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
         if training {
             let size = x.size();
-            if size[0] * size[2..].iter().product::<i64>() == 1 {
+            let gpus = if self.synced {
+                SYNC_BN_WORLD_SIZE.load(std::sync::atomic::Ordering::Relaxed)
+            } else {
+                1
+            };
+            if gpus * size[0] * size[2..].iter().product::<i64>() == 1 {
                 // F.batch_norm's `_verify_batch_size` (Python-side, so libtorch
                 // does not check it): one value per channel has no variance.
                 panic!("{}", one_value_per_channel(&size));
