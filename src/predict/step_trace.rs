@@ -101,17 +101,48 @@ pub fn trace_deadline(kind: TraceKind, batch_size: i64, crop: (i64, i64)) -> Dur
     Duration::from_secs_f64((floor_s + per_megapixel_s * megapixels).min(7.0 * 86_400.0))
 }
 
-/// Traces a warm-up and a measured training step on the CPU in the worker.
+/// The warm-up steps before a traced training step: one; with gradient
+/// accumulation (`n` micro-steps per optimizer step), `2n - 1`, so that the
+/// traced step is the last micro-step of a cycle that follows a first
+/// optimizer step: the optimizer state exists, and the cycle's gradients
+/// are held through its forward (the cycle's largest micro-step). Tracing
+/// step 2 of a 2-step cycle instead leaves the state out (BEiT-large's
+/// recipe: 3.3 GiB of AdamW moments).
+pub fn warmup_steps_for(accumulation: i64) -> usize {
+    (2 * accumulation.max(1) - 1) as usize
+}
+
+/// The gradient accumulation of a config's optim wrapper
+/// (`accumulative_counts`, 1 when absent or when the config does not
+/// resolve: the worker then says why).
+pub fn config_accumulation(config: &Path, cfg_options: &[String]) -> i64 {
+    crate::config::resolve(config, cfg_options)
+        .ok()
+        .and_then(|cfg| {
+            cfg.get("optim_wrapper")
+                .and_then(|o| o.get_path("accumulative_counts"))
+                .and_then(crate::config::Value::as_i64)
+        })
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Traces the warm-up steps and a measured training step on the CPU in the
+/// worker.
 pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
     let dir = crate::trial::worker::LiveTempDir::new()
         .map_err(|e| Error::io("no temporary directory", e))?;
     let trace_path = dir.path().join("step.trace");
+    let warmup_steps = match step.mode {
+        RunMode::Train => warmup_steps_for(config_accumulation(step.config, step.cfg_options)),
+        RunMode::Infer => 1,
+    };
     let request = TrialRequest {
         cfg_options: step.cfg_options.to_vec(),
         batch_size: step.batch_size,
         crop: step.crop,
         amp: step.amp,
-        warmup_steps: 1,
+        warmup_steps,
         measured_steps: 1,
         ignore_fraction: 0.0,
         gt_segments: step.gt_segments,

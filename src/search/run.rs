@@ -600,8 +600,20 @@ pub fn predictor(
     let trace_timeout = request.trace_timeout;
     let gt_segments = request.gt_segments;
     let tracer = Box::new(
-        move |batch_size: i64, crop: (i64, i64), amp: Amp, knobs: space::ModelKnobs| {
-            let cfg_options = space::options_with_knobs(&options, knobs);
+        move |batch_size: i64,
+              crop: (i64, i64),
+              amp: Amp,
+              knobs: space::ModelKnobs,
+              accumulates: bool| {
+            let mut cfg_options = space::options_with_knobs(&options, knobs);
+            if mode == RunMode::Train {
+                // The candidate's accumulation, not the recipe's: 2 stands
+                // for any above 1 (see `Tracer`).
+                cfg_options.push(format!(
+                    "optim_wrapper.accumulative_counts={}",
+                    if accumulates { 2 } else { 1 }
+                ));
+            }
             trace_step(
                 &worker,
                 &StepToTrace {

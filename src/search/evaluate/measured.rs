@@ -54,8 +54,19 @@ impl Evaluator for MeasuredEvaluator {
             crop: c.crop,
             amp: c.amp,
             accumulative_counts: Some(c.accumulation),
-            warmup_steps: 1,
-            measured_steps: 2,
+            // A whole accumulation cycle after the first optimizer step
+            // (the optimizer state exists; the cycle's last micro-step
+            // holds its gradients through the forward): 1 + 2 without.
+            warmup_steps: if c.accumulation > 1 {
+                c.accumulation as usize
+            } else {
+                1
+            },
+            measured_steps: if c.accumulation > 1 {
+                c.accumulation as usize
+            } else {
+                2
+            },
             device: DeviceChoice::Cuda(self.device),
             setup: TrainingSetup {
                 gpus: self.gpus,

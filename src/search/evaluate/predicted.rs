@@ -22,9 +22,12 @@ use crate::trial::RunMode;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// Traces one step: (batch, crop, precision, model knobs) -> the traced
-/// step.
-pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs) -> Result<TracedStep>>;
+/// Traces one step: (batch, crop, precision, model knobs, whether the
+/// candidate accumulates gradients) -> the traced step. A candidate that
+/// accumulates is traced at the last micro-step of a cycle (its gradients
+/// held through the forward, the optimizer state there): any accumulation
+/// above 1 keeps the same tensors.
+pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs, bool) -> Result<TracedStep>>;
 
 /// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
 struct TracePair {
@@ -92,11 +95,11 @@ impl TraceFailure {
     }
 }
 
-/// A traced pair's crop, precision and model knobs.
-type PairKey = ((i64, i64), Amp, ModelKnobs);
+/// A traced pair's crop, precision, model knobs and accumulation (or not).
+type PairKey = ((i64, i64), Amp, ModelKnobs, bool);
 
-/// A traced step's batch, crop, precision and model knobs.
-type TraceKey = (i64, (i64, i64), Amp, ModelKnobs);
+/// A traced step's batch, crop, precision, model knobs and accumulation.
+type TraceKey = (i64, (i64, i64), Amp, ModelKnobs, bool);
 
 /// Predicts candidates from CPU traces (two per crop and precision).
 pub struct PredictedEvaluator {
@@ -190,14 +193,16 @@ impl PredictedEvaluator {
         crop: (i64, i64),
         amp: Amp,
         knobs: ModelKnobs,
+        accumulates: bool,
     ) -> std::result::Result<&TracePair, TraceFailure> {
         // fp16 and bf16 keep the same tensors in half precision (2 bytes):
         // one CPU trace (bf16 autocast) stands for both.
         let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
-        if !self.pairs.contains_key(&(crop, traced, knobs)) {
+        let key = (crop, traced, knobs, accumulates);
+        if !self.pairs.contains_key(&key) {
             let mut run = |b: i64| -> std::result::Result<TracedStep, TraceFailure> {
                 self.traces_run += 1;
-                (self.tracer)(b, crop, traced, knobs).map_err(TraceFailure::from)
+                (self.tracer)(b, crop, traced, knobs, accumulates).map_err(TraceFailure::from)
             };
             let (ba, bb) = TRACED_BATCHES;
             let pair = run(ba).and_then(|one| {
@@ -217,11 +222,9 @@ impl PredictedEvaluator {
                     return Err(e.clone());
                 }
             }
-            self.pairs.insert((crop, traced, knobs), pair);
+            self.pairs.insert(key, pair);
         }
-        self.pairs[&(crop, traced, knobs)]
-            .as_ref()
-            .map_err(Clone::clone)
+        self.pairs[&key].as_ref().map_err(Clone::clone)
     }
 
     /// The step at `batch` (below the traced pair) traced itself.
@@ -231,16 +234,17 @@ impl PredictedEvaluator {
         crop: (i64, i64),
         amp: Amp,
         knobs: ModelKnobs,
+        accumulates: bool,
     ) -> std::result::Result<&SmallTrace, TraceFailure> {
         let traced = if amp == Amp::Off || self.direct {
             amp
         } else {
             Amp::Bf16
         };
-        let key = (batch, crop, traced, knobs);
+        let key = (batch, crop, traced, knobs, accumulates);
         if !self.small.contains_key(&key) {
             self.traces_run += 1;
-            let step = (self.tracer)(batch, crop, traced, knobs)
+            let step = (self.tracer)(batch, crop, traced, knobs, accumulates)
                 .map(|s| SmallTrace {
                     step_bytes: step_bytes(&s.events),
                     flops: s.forward_flops,
@@ -301,9 +305,10 @@ impl Evaluator for PredictedEvaluator {
             expandable_segments: self.expandable_segments,
             kernels: self.kernels,
         };
+        let accumulates = self.mode == RunMode::Train && c.accumulation > 1;
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
             let (events, calls, flops, bytes) =
-                match self.small(c.batch_size, c.crop, c.amp, c.knobs()) {
+                match self.small(c.batch_size, c.crop, c.amp, c.knobs(), accumulates) {
                     Err(e) if e.reason.contains(ONE_VALUE_PER_CHANNEL) => {
                         return TrialRecord::failed(
                             CandidateStatus::Infeasible,
@@ -321,7 +326,7 @@ impl Evaluator for PredictedEvaluator {
                 };
             return replay_against_budget(&budget, c, (&events, &calls), flops, bytes, mode);
         }
-        let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs()) {
+        let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs(), accumulates) {
             Err(e) => return e.record(),
             Ok(p) => {
                 let (ba, bb) = TRACED_BATCHES;
