@@ -93,7 +93,7 @@ pub fn search_command_on(
 /// PoolFormer. `oracle_cpu_realtime.json` (BiSeNetV2, STDC, DDRNet, PIDNet,
 /// MobileNetV3 LR-ASPP, SegNeXt) was measured on an AVX-512-bf16 CPU
 /// without AMX: its peaks are compared on a CPU of that class only.
-pub const EXTRA_ORACLES: [&str; 14] = [
+pub const EXTRA_ORACLES: [&str; 15] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_cnn_extra.json"
@@ -149,6 +149,10 @@ pub const EXTRA_ORACLES: [&str; 14] = [
     concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/oracle_cpu_maskformer_beit_mae.json"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/oracle_cpu_cgnet_erfnet_fastscnn_dpt.json"
     ),
 ];
 

@@ -389,10 +389,16 @@ impl MaskFormerLoss {
         mean_over(d.rsub_scalar(1), avg) * c.dice_weight
     }
 
-    /// mmdet's `FocalLoss` on the CPU: `target` one-hot over two classes,
-    /// the first kept, then `py_sigmoid_focal_loss`. `pred` `[N, 1]`,
-    /// `target` int64 `[N]`.
+    /// mmdet's `FocalLoss` (`use_sigmoid=True`) of `pred` `[N, 1]` against
+    /// `target` int64 `[N]` (class 0 the positive one): on CUDA mmcv's
+    /// `sigmoid_focal_loss` kernel, on the CPU `py_sigmoid_focal_loss` on a
+    /// one-hot target.
     fn focal_loss(&self, pred: &Tensor, target: &Tensor, avg: &Tensor) -> Tensor {
+        if crate::models::layers::mmcv_cuda_ops() {
+            let c = &self.cfg;
+            let loss = sigmoid_focal_loss_cuda(pred, target, c.focal_gamma, c.focal_alpha);
+            return mean_over(loss, avg) * c.focal_weight;
+        }
         let c = &self.cfg;
         let one_hot = target.one_hot(2);
         let target = one_hot.slice(1, 0, 1, 1);
@@ -527,6 +533,77 @@ impl MaskFormerLoss {
         }
         items
     }
+}
+
+/// Rows of the elementwise focal loss computed at once: bounds the
+/// temporaries of [`sigmoid_focal_loss_cuda`]'s values (the CUDA kernel has
+/// none) to a few MiB.
+const FOCAL_CHUNK_ROWS: i64 = 1 << 18;
+
+/// mmcv's `SigmoidFocalLossFunction` (`reduction='none'`) as its CUDA
+/// kernels use memory: the forward allocates the `[N, 1]` loss and keeps
+/// the input and the target; the backward allocates the `[N, 1]` gradient.
+/// Built on the checkpoint function: its forward computes the loss in row
+/// chunks into one output; its backward recomputes `pred * dL/dpred` (the
+/// derivative computed in chunks, without a graph), whose backward is the
+/// gradient (two `[N, 1]` transients beyond the kernel's).
+fn sigmoid_focal_loss_cuda(pred: &Tensor, target: &Tensor, gamma: f64, alpha: f64) -> Tensor {
+    crate::models::layers::checkpoint_inputs(
+        &[pred.shallow_clone(), target.shallow_clone()],
+        move |t: &[Tensor]| {
+            let (pred, target) = (&t[0], &t[1]);
+            // In the checkpoint's backward the inputs require grad (and
+            // grad mode is on); in its forward nothing built here does.
+            let backward = pred.narrow(0, 0, pred.size()[0].min(1)).requires_grad();
+            let n = pred.size()[0];
+            let fill = |derivative: bool| -> Tensor {
+                let out = tch::no_grad(|| pred.zeros_like());
+                tch::no_grad(|| {
+                    let mut start = 0;
+                    while start < n {
+                        let rows = FOCAL_CHUNK_ROWS.min(n - start);
+                        let x = pred.narrow(0, start, rows);
+                        let positive = target.narrow(0, start, rows).eq(0).unsqueeze(1);
+                        let values = focal_terms(&x, &positive, gamma, alpha, derivative);
+                        out.narrow(0, start, rows).copy_(&values);
+                        start += rows;
+                    }
+                });
+                out
+            };
+            if backward {
+                let gradient = fill(true);
+                pred * gradient
+            } else {
+                fill(false)
+            }
+        },
+    )
+}
+
+/// The sigmoid focal loss of logits `x` (or its derivative), `positive`
+/// where the target is the class: `-a (1-p)^g log p` and
+/// `-(1-a) p^g log(1-p)`, logs clamped at `FLT_MIN` as mmcv's kernel does;
+/// derivatives `a (1-p)^g (g p log p - (1-p))` and
+/// `(1-a) p^g (p - g (1-p) log(1-p))`.
+fn focal_terms(x: &Tensor, positive: &Tensor, gamma: f64, alpha: f64, derivative: bool) -> Tensor {
+    let p = x.sigmoid();
+    let q = p.rsub_scalar(1.0);
+    let min = f64::from(f32::MIN_POSITIVE);
+    let log_p = p.clamp_min(min).log();
+    let log_q = q.clamp_min(min).log();
+    let (pos, neg) = if derivative {
+        (
+            q.pow_tensor_scalar(gamma) * alpha * (&p * &log_p * gamma - &q),
+            p.pow_tensor_scalar(gamma) * (1.0 - alpha) * (&p - &q * &log_q * gamma),
+        )
+    } else {
+        (
+            q.pow_tensor_scalar(gamma) * &log_p * (-alpha),
+            p.pow_tensor_scalar(gamma) * &log_q * (alpha - 1.0),
+        )
+    };
+    pos.where_self(positive, &neg)
 }
 
 #[cfg(test)]
