@@ -82,7 +82,7 @@ GPU_ROWS = [
 DRY_ROWS = [
     ("SegFormer", "README", 2, "128x128", "off", "on"),
     ("PSPNet", "pspnet/pspnet_r18-d8_4xb2-80k_cityscapes-512x1024", 2, "64x64", "off", "off"),
-    ("BiSeNetV2", "bisenetv2/bisenetv2_fcn_4xb4-160k_cityscapes-1024x1024", 2, "64x64", "off", "on"),
+    ("SAN", "san/san-vit-b16_voc12aug-640x640", 2, "64x64", "off", "on"),
 ]
 
 # Part 3's configs (their convolutions' shapes come from segtune's trace).

@@ -95,11 +95,14 @@ fn the_dry_run_writes_every_section_and_goes_on_past_a_failed_row() {
     }
     let refused = measured
         .iter()
-        .find(|r| r["family"] == "BiSeNetV2")
+        .find(|r| r["family"] == "SAN")
         .expect("the refused config has its row");
     assert_eq!(refused["status"], "estimate failed");
     assert!(
-        refused["note"].as_str().unwrap().contains("BiSeNetV2"),
+        refused["note"]
+            .as_str()
+            .unwrap()
+            .contains("MultimodalEncoderDecoder"),
         "{refused}"
     );
     // The parts after the failure ran.

@@ -97,7 +97,7 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         request.alloc_conf,
         &estimate::BatchLayout::of(&cfg).device_batch(batch, crop, request.mode),
     );
-    add_notes(&mut e, request, &cfg, batch, traced.cpu_peak.is_none());
+    add_notes(&mut e, request, &cfg, batch, &traced);
     Ok(e)
 }
 
@@ -160,6 +160,10 @@ struct EstimateTrace {
     calls: Vec<crate::trial::kernel_calls::KernelCall>,
     cpu_peak: Option<i64>,
     scopes: Vec<String>,
+    /// The kind traced (the request's, or the Python worker's fallback).
+    kind: TraceKind,
+    /// Why the Python worker's meta trace failed, when it fell back.
+    meta_failure: Option<String>,
 }
 
 /// Traces the step at `batch`; a CPU-allocator trace of a batch above 3 is
@@ -172,8 +176,29 @@ fn trace_for_estimate(
     crop: (i64, i64),
     amp: Amp,
 ) -> Result<EstimateTrace> {
+    match trace_as(request, worker, batch, crop, amp, request.trace) {
+        // Values that decide shapes (mask heads' matching, a custom op)
+        // are unknown on meta kernels: the Python worker then runs MMSeg's
+        // step on the CPU, and the estimate says so.
+        Err(Error::Trial(why)) if request.python.is_some() && request.trace == TraceKind::Meta => {
+            let mut traced = trace_as(request, worker, batch, crop, amp, TraceKind::CpuAllocator)?;
+            traced.meta_failure = Some(why);
+            Ok(traced)
+        }
+        traced => traced,
+    }
+}
+
+/// [`trace_for_estimate`] with one trace kind.
+fn trace_as(
+    request: &EstimateRequest,
+    worker: &Worker,
+    batch: i64,
+    crop: (i64, i64),
+    amp: Amp,
+    kind: TraceKind,
+) -> Result<EstimateTrace> {
     let threads = request.threads.unwrap_or_else(crate::trial::host_cores);
-    let kind = request.trace;
     let trace = |batch_size| {
         trace_step(
             worker,
@@ -202,6 +227,8 @@ fn trace_for_estimate(
             calls: step.kernel_calls,
             cpu_peak: Some(step.cpu_peak_bytes),
             scopes: step.model_scopes,
+            kind,
+            meta_failure: None,
         });
     }
     let (ba, bb) = TRACED_BATCHES;
@@ -212,6 +239,8 @@ fn trace_for_estimate(
         calls: Vec::new(),
         cpu_peak: None,
         scopes: Vec::new(),
+        kind,
+        meta_failure: None,
     })
 }
 
@@ -222,13 +251,14 @@ fn add_notes(
     request: &EstimateRequest,
     cfg: &config::Dict,
     batch: i64,
-    extrapolated: bool,
+    traced: &EstimateTrace,
 ) {
+    let extrapolated = traced.cpu_peak.is_none();
     let python = request
         .python
         .as_ref()
         .map(|p| p.python().display().to_string());
-    e.notes[0] = match (request.trace, python) {
+    e.notes[0] = match (traced.kind, python) {
         (TraceKind::CpuAllocator, Some(python)) => format!(
             "activations, gradients and optimizer state come from a trace of every CPU allocation of MMSeg's own training step, run by the Python worker ({python}), CPU kernels' scratch included, replayed through a model of PyTorch's CUDA caching allocator; no kernel calls are recorded, so cuDNN's workspaces and CUDA kernels' scratch are not modelled"
         ),
@@ -257,6 +287,11 @@ fn add_notes(
             request
                 .gt_segments
                 .map_or("every class".to_string(), |n| format!("{n} classes"))
+        ));
+    }
+    if let Some(why) = &traced.meta_failure {
+        e.notes.push(format!(
+            "the Python worker's meta trace could not run the step ({why}): values that decide shapes are unknown on meta kernels, so it traced every CPU allocation of the step instead"
         ));
     }
     if extrapolated {

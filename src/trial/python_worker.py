@@ -513,7 +513,8 @@ def op_tracer_class():
         torch keeps a storage's Python object as long as the storage) a
         free, as `segtune-torch`'s shim records them. Ops without a meta
         kernel run on CPU zeros, their outputs made meta (as the shim's
-        stand-ins); a scalar read from a meta tensor (`.item()`) is zero.
+        stand-ins); a number read from a meta tensor (`.item()`) is zero,
+        a truth true.
         Kernel calls of `recorded` ops are written with their arguments at
         their place among the events (`src/trial/kernel_calls.rs`)."""
 
@@ -613,7 +614,9 @@ def op_tracer_class():
                      if isinstance(t, torch.Tensor) and t.device.type == 'meta']
             if func is torch.ops.aten._local_scalar_dense.default and metas:
                 t = metas[0]
-                return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+                # A truth read from a meta tensor is an assertion or a
+                # finiteness check (`assert (a == b).all()`): true.
+                return True if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
             call = self.call_text(func, args, kwargs) if metas else None
             if func is torch.ops.aten.add.Tensor and self.code % 8 == BACKWARD:
                 inplace = self.accumulation_in_place(args, kwargs)
