@@ -100,8 +100,14 @@ fn foreach_adamw_holds_a_whole_group_of_roots_at_once() {
         wrapper.step_if_due().unwrap();
         step_peaks.push(counter.peak() - before);
     }
-    // Single-tensor: sqrt(v) and its quotient, for one parameter at a time.
-    assert!(step_peaks[0] <= 2 * largest + 4096, "{step_peaks:?}");
+    // Single-tensor: sqrt(v) and its quotient for one parameter at a time,
+    // beside the previous parameter's `denom`, which Python's loop frees
+    // only when it rebinds the name (here the 64x32 before the 256x64).
+    let previous = 64 * 32 * 4;
+    assert!(
+        step_peaks[0] >= 2 * largest + previous && step_peaks[0] <= 2 * largest + previous + 4096,
+        "{step_peaks:?}"
+    );
     // Foreach (one group without paramwise_cfg): every root of the group.
     assert!(step_peaks[1] >= param_bytes, "{step_peaks:?}");
 }

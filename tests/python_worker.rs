@@ -388,3 +388,42 @@ fn a_custom_backbone_is_estimated_through_the_python_worker() {
     assert!(peak > 100 << 20 && e["fits"] == true, "{e}");
     eprintln!("{test}: predicted {peak} bytes in {seconds:.1} s");
 }
+
+/// Where values decide shapes (Mask2Former's Hungarian matching on the
+/// classes present), the Python worker's meta trace cannot run the step:
+/// the estimate traces every CPU allocation of MMSeg's step instead, and
+/// says so.
+#[test]
+fn a_step_meta_kernels_cannot_run_falls_back_to_the_cpu_allocator_trace() {
+    let test = "a_step_meta_kernels_cannot_run_falls_back_to_the_cpu_allocator_trace";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let config = shared
+        .join("mmseg-configs/configs")
+        .join("mask2former/mask2former_r50_8xb2-160k_ade20k-512x512.py");
+    let python_flag = python.display().to_string();
+    let (e, seconds, _) = estimate(
+        &config,
+        &[
+            "--gt-segments",
+            "4",
+            "--python-worker",
+            "--python",
+            &python_flag,
+        ],
+        &[],
+    );
+    let notes = e["notes"].to_string();
+    assert!(
+        notes.contains("every CPU allocation of MMSeg's own training step")
+            && notes.contains("meta trace could not run the step"),
+        "{notes}"
+    );
+    let peak = predicted(&e, "predicted_peak_allocated_bytes");
+    assert!(peak > 100 << 20, "{e}");
+    eprintln!("{test}: predicted {peak} bytes in {seconds:.1} s");
+}

@@ -86,8 +86,18 @@ fn an_unknown_model_type_lists_what_is_supported() {
     else {
         return;
     };
-    let path = shared
-        .join("mmseg-configs/configs/maskformer/maskformer_r50-d32_8xb2-160k_ade20k-512x512.py");
+    // A head of the user's own (segtune builds every MMSeg head but SAN's).
+    let dir = tempfile::tempdir().unwrap();
+    let base =
+        shared.join("mmseg-configs/configs/pspnet/pspnet_r18-d8_4xb2-80k_cityscapes-512x1024.py");
+    let path = common::write(
+        &dir,
+        "my_head.py",
+        &format!(
+            "_base_ = '{}'\nmodel = dict(decode_head=dict(type='MyHead'))\n",
+            base.display()
+        ),
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_segtune-torch"))
         .args(["trial", path.to_str().unwrap()])
         .output()
@@ -95,7 +105,7 @@ fn an_unknown_model_type_lists_what_is_supported() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("unknown decode head type `MaskFormerHead`")
+        err.contains("unknown decode head type `MyHead`")
             && err.contains("SegformerHead")
             && err.contains("UPerHead"),
         "{err}"

@@ -532,6 +532,7 @@ def op_tracer_class():
             self.high = 0
             self.tracing = False
             self.stand_ins = set()
+            self.scalar_stand_ins = 0
 
         # The counting allocator's interface (Meter, Phases, run_trial).
         def current(self):
@@ -613,6 +614,7 @@ def op_tracer_class():
             metas = [t for t in tree_leaves((args, kwargs))
                      if isinstance(t, torch.Tensor) and t.device.type == 'meta']
             if func is torch.ops.aten._local_scalar_dense.default and metas:
+                self.scalar_stand_ins += 1
                 t = metas[0]
                 # A truth read from a meta tensor is an assertion or a
                 # finiteness check (`assert (a == b).all()`): true.
@@ -921,8 +923,12 @@ def run_trial(args, alloc, device):
         report['status'], report['message'] = status_of(e)
     if tracer is not None:
         tracer.__exit__(None, None, None)
+        report['op_trace'] = 'meta'
         if tracer.stand_ins:
-            report['meta_stand_ins'] = sorted(tracer.stand_ins)
+            # TrialReport's fields: the ops that ran on CPU stand-ins, and
+            # how many values read from meta tensors were stood in for.
+            report['meta_ops_on_cpu'] = sorted(tracer.stand_ins)
+        report['meta_stand_ins'] = tracer.scalar_stand_ins
     if args.trace_out and not alloc.write_trace(args.trace_out):
         raise StartError('environment', f'cannot write the trace to {args.trace_out}')
     report['optimizer_state_bytes'] = optimizer_state_bytes(ow)

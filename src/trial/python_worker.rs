@@ -125,6 +125,24 @@ impl PythonWorker {
         }
         match last_json_line::<TrialReport>(&run.stdout) {
             Some(report) => Ok(report),
+            None if last_json_line::<serde_json::Value>(&run.stdout).is_some() => {
+                let why = String::from_utf8_lossy(&run.stdout)
+                    .lines()
+                    .rev()
+                    .find_map(|l| {
+                        serde_json::from_str::<serde_json::Value>(l.trim()).ok()?;
+                        serde_json::from_str::<TrialReport>(l.trim()).err()
+                    })
+                    .map_or_else(String::new, |e| e.to_string());
+                Ok(with_python_marks(TrialReport::unanswered(
+                    request,
+                    TrialStatus::Error,
+                    format!(
+                        "the Python worker ({}) answered with a report segtune cannot read: {why}",
+                        self.python.display()
+                    ),
+                )))
+            }
             None => {
                 let death = WorkerDeath::of(run.status, &run.stderr);
                 Ok(with_python_marks(TrialReport::unanswered(

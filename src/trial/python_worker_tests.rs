@@ -165,6 +165,24 @@ fn a_python_worker_that_dies_without_a_report_is_a_crash() {
     );
 }
 
+/// A report whose fields do not read (a script of another version) is an
+/// error that says why, not a crash "without a report".
+#[test]
+fn a_report_segtune_cannot_read_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = fake_python(
+        &dir,
+        r#"{"status": "ok", "meta_stand_ins": ["aten::x"]}"#,
+        0,
+    );
+    let report = PythonWorker::at(&python)
+        .trial(&TrialRequest::new("cfg.py"), None)
+        .unwrap();
+    assert_eq!(report.status, TrialStatus::Error);
+    let message = report.message.unwrap();
+    assert!(message.contains("cannot read"), "{message}");
+}
+
 #[test]
 fn unknown_components_are_named_once_each() {
     let unknown = |role: &str, name: &str| ModelError::UnknownType {
