@@ -442,3 +442,38 @@ fn a_config_argument_that_is_not_a_regular_file_says_what_it_is() {
         assert!(first.contains(name) && first.contains(what), "{err}");
     }
 }
+
+#[test]
+fn slurm_options_without_the_slurm_launcher_and_odd_devices_are_named() {
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args([
+            "search",
+            "x.py",
+            "--vram",
+            "4G",
+            "--partition",
+            "gpu",
+            "--time",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--partition, --time apply to Slurm jobs: add --launcher slurm"),
+        "{err}"
+    );
+    let out = Command::cargo_bin("segtune")
+        .unwrap()
+        .args(["search", "x.py", "--vram", "4G", "--devices", "cpu,cuda:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`--devices cpu,cuda:0`") && err.contains("mixed"),
+        "{err}"
+    );
+}

@@ -21,6 +21,7 @@ struct FakeGpu {
     request: SearchRequest,
     memory: f64,
     speed: f64,
+    devices: usize,
 }
 
 struct FakeTrials {
@@ -56,7 +57,7 @@ impl Evaluator for FakeTrials {
 
 impl RealTrials for FakeGpu {
     fn devices(&self) -> usize {
-        1
+        self.devices
     }
 
     fn evaluator(&self, _device: usize, budget: &Budget, gpus: i64) -> Box<dyn Evaluator> {
@@ -97,6 +98,7 @@ fn request(out: &Path) -> SearchRequest {
         ask_python_torch: false,
         cudnn_benchmark: None,
         trace_timeout: None,
+        placement: Default::default(),
     }
 }
 
@@ -128,6 +130,7 @@ fn the_readme_example_on_a_gpu_confirms_predictions_within_5_percent_in_at_most_
             request: request.clone(),
             memory,
             speed: 0.55,
+            devices: 1,
         };
         let result = search_with(&request, &worker(), &|_| {}, &gpu).unwrap();
         assert_eq!(result.mode, Mode::Measured);
@@ -169,4 +172,47 @@ fn the_readme_example_on_a_gpu_confirms_predictions_within_5_percent_in_at_most_
         ));
     }
     println!("{}", counts.join("\n"));
+}
+
+#[test]
+fn two_gpus_confirm_side_by_side_and_find_the_one_gpu_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, devices: usize, memory: f64| {
+        let out = dir.path().join(name);
+        if name != "one" {
+            copy_predictions(&dir.path().join("one"), &out);
+        }
+        let mut request = request(&out);
+        if devices > 1 {
+            request.placement.devices = Some("all".parse().unwrap());
+        }
+        let gpu = FakeGpu {
+            request: request.clone(),
+            memory,
+            speed: 0.55,
+            devices,
+        };
+        search_with(&request, &worker(), &|_| {}, &gpu).unwrap()
+    };
+    let one = run("one", 1, 1.3);
+    let two = run("two", 2, 1.3);
+    assert_eq!(two.mode, Mode::Measured);
+    let key = |r: &segtune::search::SearchResult| r.winner.as_ref().map(|w| w.candidate.key());
+    assert_eq!(key(&two), key(&one));
+    let journal = std::fs::read_to_string(&two.journal).unwrap();
+    let slots: std::collections::BTreeSet<String> = journal
+        .lines()
+        .filter(|l| l.contains("\"device\":\"cuda:0"))
+        .filter_map(|l| {
+            let row: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some(row["run"]["slot"].to_string())
+        })
+        .collect();
+    assert_eq!(slots.len(), 2, "both GPUs measured: {journal}");
+    println!(
+        "one GPU: {} real trials; two: {} (winner {:?})",
+        one.trials_run,
+        two.trials_run,
+        key(&two)
+    );
 }

@@ -600,7 +600,94 @@ pub struct SearchArgs {
     #[arg(long, value_name = "X.Y")]
     pub torch: Option<TorchVersion>,
     #[command(flatten)]
+    pub scale: ScaleArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Where the trials of a search run, and how many at once (`docs/scale.md`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ScaleArgs {
+    /// Run trials on these devices at once, one worker each: cuda:0,cuda:1
+    /// (or all, every visible GPU) measure; cpu,cpu (CPU stand-ins) run
+    /// the predictions' traces side by side.
+    #[arg(long, value_name = "LIST", value_parser = parse_devices)]
+    pub devices: Option<crate::search::Devices>,
+    /// local (default) or slurm: every trial an `srun` job step of the
+    /// segtune-torch worker (the binaries and --out on paths the nodes
+    /// share).
+    #[arg(long, value_parser = ["local", "slurm"], default_value = "local")]
+    pub launcher: String,
+    /// Slurm partition of the trials (default: the cluster's).
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// GPUs of each trial's job (`--gres gpu:N`; none for predictions).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus_per_trial: Option<u32>,
+    /// CPUs of each trial's job (`--cpus-per-task`; default 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub cpus_per_trial: Option<u32>,
+    /// Time limit of each trial's job, in Slurm's syntax (e.g. 00:20:00).
+    #[arg(long, value_name = "TIME")]
+    pub time: Option<String>,
+    /// Slurm jobs at once (default 4).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_parallel: Option<u32>,
+    /// More `srun` arguments, as one string split at spaces (e.g.
+    /// "--qos=short --account=lab").
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    pub srun_args: Option<String>,
+}
+
+fn parse_devices(s: &str) -> std::result::Result<crate::search::Devices, String> {
+    s.parse()
+        .map_err(|e: crate::search::placement::DevicesError| e.to_string())
+}
+
+/// Slurm jobs at once when `--max-parallel` is not given.
+pub const DEFAULT_MAX_PARALLEL: u32 = 4;
+
+impl ScaleArgs {
+    /// Slurm's options without `--launcher slurm`: the user's mistake, named.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let given: Vec<&str> = [
+            ("--partition", self.partition.is_some()),
+            ("--gpus-per-trial", self.gpus_per_trial.is_some()),
+            ("--cpus-per-trial", self.cpus_per_trial.is_some()),
+            ("--time", self.time.is_some()),
+            ("--max-parallel", self.max_parallel.is_some()),
+            ("--srun-args", self.srun_args.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        if self.launcher != "slurm" && !given.is_empty() {
+            return Err(format!(
+                "{} apply to Slurm jobs: add --launcher slurm",
+                given.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn placement(&self) -> crate::search::Placement {
+        let slurm = (self.launcher == "slurm").then(|| crate::search::SlurmOptions {
+            partition: self.partition.clone(),
+            gpus_per_trial: self.gpus_per_trial,
+            cpus_per_trial: self.cpus_per_trial,
+            time: self.time.clone(),
+            max_parallel: self.max_parallel.unwrap_or(DEFAULT_MAX_PARALLEL) as usize,
+            srun_args: self
+                .srun_args
+                .as_deref()
+                .map(|a| a.split_whitespace().map(String::from).collect())
+                .unwrap_or_default(),
+        });
+        crate::search::Placement {
+            devices: self.devices.clone(),
+            slurm,
+        }
+    }
 }
 
 impl SearchArgs {
@@ -630,6 +717,7 @@ impl SearchArgs {
             // environment's, which is asked only without them.
             ask_python_torch: self.torch.is_none(),
             cudnn_benchmark: self.step.cudnn_benchmark,
+            placement: self.scale.placement(),
         }
     }
 }

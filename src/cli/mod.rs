@@ -187,6 +187,7 @@ fn run(cli: Cli) -> Result<Output> {
 /// `--quiet`, or when stdout or stderr is not a terminal.
 fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
     use std::io::IsTerminal;
+    args.scale.check().map_err(crate::error::Error::Input)?;
     let worker = Worker::locate()?;
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_style(

@@ -12,6 +12,7 @@ use super::journal::Journal;
 use super::record::{CandidateStatus, Outcome, Prediction, TrialRecord};
 use super::space::Candidate;
 use super::spec::Objective;
+use super::strategy::{evaluate_all, Slot};
 use super::strategy::{order, rank, Progress, SearchSpace, Step};
 use crate::error::Result;
 
@@ -81,7 +82,9 @@ pub struct Confirmation<'a> {
     /// Predicts a batch the predicted search skipped (below a measured
     /// out-of-memory).
     pub predictor: &'a mut dyn Evaluator,
-    pub measurer: &'a mut dyn Evaluator,
+    /// One per device: the best open predictions are measured this many
+    /// at once.
+    pub measurers: Vec<Slot<'a>>,
     /// Its current device is the measuring one.
     pub journal: &'a mut Journal,
     /// The journal's device of the predictions.
@@ -90,34 +93,51 @@ pub struct Confirmation<'a> {
 }
 
 impl Confirmation<'_> {
-    /// The record of `c` from the journal, else evaluated (with
-    /// `prediction` attached) and appended; with whether it was evaluated
-    /// now. `predict`: a prediction, else a real trial.
-    fn record(
-        &mut self,
-        c: &Candidate,
-        predict: bool,
-        prediction: Option<Prediction>,
-    ) -> Result<(TrialRecord, bool)> {
+    /// The prediction of `c` from the journal, else predicted and
+    /// appended; with whether it was predicted now.
+    fn predict(&mut self, c: &Candidate) -> Result<(TrialRecord, bool)> {
         let measured_device = self.journal.device().to_string();
-        if predict {
-            self.journal.set_device(self.predicted_device);
-        }
+        self.journal.set_device(self.predicted_device);
         let result = match self.journal.get(c) {
             Some(r) => Ok((r.clone(), false)),
             None => {
-                let evaluator: &mut dyn Evaluator = if predict {
-                    &mut *self.predictor
-                } else {
-                    &mut *self.measurer
-                };
-                let mut r = evaluate_retrying(evaluator, c);
-                r.predicted = prediction;
+                let r = evaluate_retrying(&mut *self.predictor, c);
                 self.journal.append(c, &r).map(|()| (r, true))
             }
         };
         self.journal.set_device(&measured_device);
         result
+    }
+
+    /// The measured records of `batch` (each with its prediction
+    /// attached): from the journal, else measured, as many at once as there
+    /// are measurers, and appended in order; with whether each was measured
+    /// now.
+    fn measure(&mut self, batch: &[(Candidate, Prediction)]) -> Result<Vec<(TrialRecord, bool)>> {
+        let known: Vec<Option<TrialRecord>> = batch
+            .iter()
+            .map(|(c, _)| self.journal.get(c).cloned())
+            .collect();
+        let to_run: Vec<Candidate> = batch
+            .iter()
+            .zip(&known)
+            .filter(|(_, k)| k.is_none())
+            .map(|((c, _), _)| *c)
+            .collect();
+        let mut ran = evaluate_all(&mut self.measurers, &to_run).into_iter();
+        let mut out = Vec::with_capacity(batch.len());
+        for ((c, prediction), known) in batch.iter().zip(known) {
+            match known {
+                Some(r) => out.push((r, false)),
+                None => {
+                    let (mut r, run) = ran.next().expect("one record per candidate run");
+                    r.predicted = Some(*prediction);
+                    self.journal.append_run(c, &r, Some(&run))?;
+                    out.push((r, true));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The next smaller batch of `oom`'s group, predicted, when the
@@ -140,7 +160,7 @@ impl Confirmation<'_> {
         if known.iter().any(|k| k.key() == c.key()) {
             return Ok(None);
         }
-        let (record, now) = self.record(&c, true, None)?;
+        let (record, now) = self.predict(&c)?;
         Ok(record.fits().then_some(Outcome {
             candidate: c,
             record,
@@ -162,66 +182,89 @@ pub fn confirm(predicted: Vec<Outcome>, cx: &mut Confirmation) -> Result<Confirm
         resumed: 0,
     };
     let mut ooms: Vec<Candidate> = Vec::new();
+    let width = cx.measurers.len().max(1);
     while !queue.is_empty() {
-        let next = queue.remove(0);
-        let c = next.candidate;
-        if ooms.iter().any(|oom| above(oom, &c)) {
-            done.unconfirmed.push(ruled_out(next, &ooms));
-            continue;
-        }
-        let prediction = Prediction {
-            device_bytes: next.record.device_bytes,
-            images_per_s: next.record.images_per_s,
-        };
-        let (mut record, now) = cx.record(&c, false, Some(prediction))?;
-        if now {
-            done.ran += 1;
-        } else {
-            done.resumed += 1;
-        }
-        record.predicted.get_or_insert(prediction);
-        if record.status == CandidateStatus::Oom {
-            ooms.push(c);
-            if let Some(below) = cx.predict_below(&c, &known)? {
-                known.push(below.candidate);
-                queue.push(below);
-                queue = rank(queue, objective);
+        // The best open predictions, one per measurer, measured at once; then
+        // taken in the ranking's order, as one at a time would.
+        let mut batch: Vec<Outcome> = Vec::new();
+        while batch.len() < width && !queue.is_empty() {
+            let next = queue.remove(0);
+            if ooms.iter().any(|oom| above(oom, &next.candidate)) {
+                done.unconfirmed.push(ruled_out(next, &ooms));
+            } else {
+                batch.push(next);
             }
         }
-        let open = |o: &&Outcome| !ooms.iter().any(|oom| above(oom, &o.candidate));
-        (cx.progress)(&Step {
-            candidate: &c,
-            record: &record,
-            resumed: !now,
-            done: done.measured.len() + 1,
-            left_at_most: queue.iter().filter(open).count(),
-        });
-        done.measured.push(Outcome {
-            candidate: c,
-            record,
-            ran_now: now,
-        });
-        let ratio = speed_ratio(&done.measured);
-        let rescaled = |o: &Outcome| {
-            let mut o = o.clone();
-            o.record.images_per_s = o.record.images_per_s.map(|v| v * ratio);
-            o
-        };
-        let fitting = done.measured.iter().filter(|o| o.record.fits()).cloned();
-        let best = rank(fitting.collect(), objective);
-        let Some(best) = best.first() else {
-            continue;
-        };
-        let beats_the_rest = queue
+        let predictions: Vec<(Candidate, Prediction)> = batch
             .iter()
-            .filter(open)
-            .all(|o| order(best, &rescaled(o), objective) != std::cmp::Ordering::Greater);
-        if beats_the_rest {
-            let rest: Vec<Outcome> = queue
-                .drain(..)
-                .map(|o| ruled_out(rescaled(&o), &ooms))
-                .collect();
-            done.unconfirmed.extend(rest);
+            .map(|o| {
+                let prediction = Prediction {
+                    device_bytes: o.record.device_bytes,
+                    images_per_s: o.record.images_per_s,
+                };
+                (o.candidate, prediction)
+            })
+            .collect();
+        let records = cx.measure(&predictions)?;
+        // Set once the best measured beats every open prediction: the rest
+        // of this batch was measured already and is kept as measured.
+        let mut settled = false;
+        for ((c, prediction), (mut record, now)) in predictions.into_iter().zip(records) {
+            if now {
+                done.ran += 1;
+            } else {
+                done.resumed += 1;
+            }
+            record.predicted.get_or_insert(prediction);
+            if record.status == CandidateStatus::Oom {
+                ooms.push(c);
+                if !settled {
+                    if let Some(below) = cx.predict_below(&c, &known)? {
+                        known.push(below.candidate);
+                        queue.push(below);
+                        queue = rank(queue, objective);
+                    }
+                }
+            }
+            let open = |o: &&Outcome| !ooms.iter().any(|oom| above(oom, &o.candidate));
+            (cx.progress)(&Step {
+                candidate: &c,
+                record: &record,
+                resumed: !now,
+                done: done.measured.len() + 1,
+                left_at_most: queue.iter().filter(open).count(),
+            });
+            done.measured.push(Outcome {
+                candidate: c,
+                record,
+                ran_now: now,
+            });
+            if settled {
+                continue;
+            }
+            let ratio = speed_ratio(&done.measured);
+            let rescaled = |o: &Outcome| {
+                let mut o = o.clone();
+                o.record.images_per_s = o.record.images_per_s.map(|v| v * ratio);
+                o
+            };
+            let fitting = done.measured.iter().filter(|o| o.record.fits()).cloned();
+            let best = rank(fitting.collect(), objective);
+            let Some(best) = best.first() else {
+                continue;
+            };
+            let beats_the_rest = queue
+                .iter()
+                .filter(open)
+                .all(|o| order(best, &rescaled(o), objective) != std::cmp::Ordering::Greater);
+            if beats_the_rest {
+                let rest: Vec<Outcome> = queue
+                    .drain(..)
+                    .map(|o| ruled_out(rescaled(&o), &ooms))
+                    .collect();
+                done.unconfirmed.extend(rest);
+                settled = true;
+            }
         }
     }
     Ok(done)
@@ -273,6 +316,11 @@ mod tests {
 
     /// Predicts the space with `predicted`, then confirms with `measured`.
     fn predict_then_confirm(predicted: &mut Fake, measured: &mut Fake) -> Confirmed {
+        predict_then_confirm_on(predicted, vec![measured])
+    }
+
+    /// [`predict_then_confirm`] with several measurers at once.
+    fn predict_then_confirm_on(predicted: &mut Fake, measured: Vec<&mut Fake>) -> Confirmed {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = Journal::open(dir.path(), "hash", "predicted").unwrap();
         let space = SearchSpace {
@@ -294,11 +342,12 @@ mod tests {
         .unwrap();
         journal.set_device("cuda:0");
         let fits = explored.outcomes.into_iter().filter(|o| o.record.fits());
+        let measurers: Vec<Slot> = measured.into_iter().map(|m| m as Slot).collect();
         let mut cx = Confirmation {
             objective: Objective::KeepCrop,
             space: &space,
             predictor: predicted,
-            measurer: measured,
+            measurers,
             journal: &mut journal,
             predicted_device: "predicted",
             progress: &|_| {},
@@ -370,5 +419,33 @@ mod tests {
         let confirmed = predict_then_confirm(&mut predicted, &mut measured);
         assert!(!confirmed.found());
         assert_eq!(measured.evaluated, 0);
+    }
+
+    #[test]
+    fn two_devices_confirm_the_best_predictions_two_at_a_time() {
+        for memory in [0.95, 1.05, 1.3] {
+            let mut predicted = fake(4.2, 1.0, [1.0; 3], Mode::Predicted);
+            let mut one = fake(4.2, memory, [0.6; 3], Mode::Measured);
+            let serial = predict_then_confirm(&mut predicted, &mut one);
+            let mut predicted = fake(4.2, 1.0, [1.0; 3], Mode::Predicted);
+            let (mut a, mut b) = (
+                fake(4.2, memory, [0.6; 3], Mode::Measured),
+                fake(4.2, memory, [0.6; 3], Mode::Measured),
+            );
+            let parallel = predict_then_confirm_on(&mut predicted, vec![&mut a, &mut b]);
+            assert_eq!(
+                winner(&parallel).candidate,
+                winner(&serial).candidate,
+                "memory x{memory}"
+            );
+            // Both devices measured; at most one batch of two beyond the serial count.
+            assert!(a.evaluated > 0 && b.evaluated > 0, "memory x{memory}");
+            let total = a.evaluated + b.evaluated;
+            assert!(
+                total >= one.evaluated && total <= one.evaluated + 1,
+                "{total} trials on two devices, {} on one (memory x{memory})",
+                one.evaluated
+            );
+        }
     }
 }

@@ -24,6 +24,28 @@ pub struct JournalRow {
     pub device: String,
     pub candidate: Candidate,
     pub record: TrialRecord,
+    /// Where and when it ran (absent for records of older segtunes and of
+    /// the confirmation's single device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunInfo>,
+}
+
+/// Where and when a candidate was evaluated: the evaluator's slot (a
+/// device of `--devices`, a Slurm slot of `--max-parallel`), its start
+/// and end, and the Slurm job steps its workers ran as.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunInfo {
+    pub slot: usize,
+    /// Milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// `<job>.<step>` of each `srun` (a retried trial has two).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slurm_jobs: Vec<String>,
+    /// A first try that gave no verdict (then tried again): its status and
+    /// reason, e.g. a Slurm job cancelled with `scancel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<String>,
 }
 
 type Line = JournalRow;
@@ -224,11 +246,22 @@ impl Journal {
     /// Appends a finished trial: one write of a whole line (after a newline
     /// if the file ended in a torn one), then synced to the disk.
     pub fn append(&mut self, c: &Candidate, record: &TrialRecord) -> Result<()> {
+        self.append_run(c, record, None)
+    }
+
+    /// [`Journal::append`], with where and when it ran.
+    pub fn append_run(
+        &mut self,
+        c: &Candidate,
+        record: &TrialRecord,
+        run: Option<&RunInfo>,
+    ) -> Result<()> {
         let line = Line {
             config_hash: self.config_hash.clone(),
             device: self.device.clone(),
             candidate: *c,
             record: record.clone(),
+            run: run.cloned(),
         };
         let mut text = String::new();
         if self.needs_newline {

@@ -12,7 +12,9 @@
 //! - `space.rs`: the recipe and the candidates' axes; `knobs.rs`: every
 //!   knob as data (where it applies, its config keys, cost, stage, column).
 //! - `evaluate/`: measured and predicted evaluators behind one trait.
-//! - `strategy.rs`: the binary search and the ranking.
+//! - `strategy.rs`: the binary search and the ranking, on one evaluator or
+//!   several at once; `placement.rs`: where trials run (`--devices`,
+//!   `--launcher slurm`).
 //! - `confirm.rs`: on a GPU, real trials confirming the predicted ranking.
 //! - `infer.rs`: `--mode infer`, the inference settings (test batch, whole
 //!   or slide, fp16) for the test images.
@@ -30,6 +32,7 @@ pub mod evaluate;
 pub mod infer;
 pub mod journal;
 pub mod knobs;
+pub mod placement;
 pub mod record;
 pub mod run;
 pub mod saved;
@@ -37,6 +40,7 @@ pub mod space;
 pub mod spec;
 pub mod strategy;
 
+pub use placement::{Devices, Placement, SlurmOptions};
 pub use record::{CandidateStatus, Mode, Outcome, SearchResult, TrialRecord};
 pub use run::{search, search_with, RealTrials, SearchRequest};
 pub use spec::{DeviceSetting, Objective, SearchSpec};

@@ -11,7 +11,7 @@ use super::record::{Mode, Outcome, SearchResult};
 use super::saved;
 use super::space::{self, Amp, Recipe};
 use super::spec::{DeviceSetting, SearchSpec};
-use super::strategy::{rank, run_search, Explored, Progress, SearchSpace};
+use super::strategy::{rank, run_search_on, slots, Explored, Progress, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::{BatchLayout, KernelSetup};
@@ -54,6 +54,9 @@ pub struct SearchRequest {
     /// `--trace-timeout`: each traced step's deadline (default: scaled from
     /// the step, see [`crate::predict::step_trace::trace_deadline`]).
     pub trace_timeout: Option<std::time::Duration>,
+    /// Where the trials run and how many at once (`--devices`,
+    /// `--launcher slurm`).
+    pub placement: super::Placement,
 }
 
 impl SearchRequest {
@@ -81,11 +84,17 @@ pub fn search(
     worker: &Worker,
     progress: Progress,
 ) -> Result<SearchResult> {
+    let worker = &request.placement.place(worker, &request.out)?;
     if request.mode == RunMode::Infer {
         return super::infer::search_inference(request, worker, progress);
     }
     let gpus = CudaTrials { request, worker };
-    search_with(request, worker, progress, &gpus)
+    let result = search_with(request, worker, progress, &gpus);
+    if request.placement.slurm.is_some() {
+        // Only when empty: the traces' directory the nodes shared.
+        let _ = std::fs::remove_dir(request.out.join(".segtune-tmp"));
+    }
+    result
 }
 
 /// Where real trials run: the CUDA devices there are, and an evaluator of
@@ -133,7 +142,10 @@ pub fn search_with(
 ) -> Result<SearchResult> {
     let prepared = prepare(request, worker, None, emit::TRAIN_SUFFIX)?;
     let plan = TrainingPlan::of(&prepared, request, real)?;
-    let mut predictor = predictor(request, worker, &plan.budget, plan.setup, prepared.layout);
+    // One predictor per slot: traces run side by side as trials do.
+    let mut predictors: Vec<Box<dyn Evaluator>> = (0..plan.slots)
+        .map(|_| predictor(request, worker, &plan.budget, plan.setup, prepared.layout))
+        .collect();
     let mut journal = Journal::open(&request.out, &prepared.config_hash, &plan.predicted_device)?;
     let space = plan.space();
     let explored = explore(
@@ -141,7 +153,7 @@ pub fn search_with(
         &space,
         request,
         real,
-        predictor.as_mut(),
+        &mut predictors,
         &mut journal,
         progress,
     )?;
@@ -152,7 +164,7 @@ pub fn search_with(
         } else {
             Mode::Predicted
         },
-        traces_run: predictor.traces_run(),
+        traces_run: predictors.iter().map(|p| p.traces_run()).sum(),
     };
     let head = ResultHead {
         run_mode: RunMode::Train,
@@ -221,6 +233,11 @@ struct TrainingPlan {
     /// The model knobs tried after the grid, in turn (`knobs::fallback_passes`).
     fallbacks: Vec<space::ModelKnobs>,
     cuda: Option<usize>,
+    /// The CUDA devices real trials run on at once (`cuda` first; on
+    /// Slurm, device 0 of each job's node, `--max-parallel` times).
+    measure_on: Vec<usize>,
+    /// Evaluators at once (`--devices`, `--max-parallel`; else 1).
+    slots: usize,
     /// The journal's device key of predictions, and the suffix of real
     /// trials' (`cuda:N<suffix>`): trials for another number of GPUs,
     /// segments or PyTorch are not reusable.
@@ -247,7 +264,35 @@ impl TrainingPlan {
             precisions.push(Amp::Bf16);
         }
         let (torch, torch_source) = request.torch(spec);
-        let cuda = cuda_device(spec, real.devices(), torch)?;
+        let placement = &request.placement;
+        // Asked only when a CUDA device may be used: on Slurm the count is
+        // a job of its own.
+        let cpu_only = spec.device_setting()? == DeviceSetting::Cpu
+            || placement.devices.as_ref().is_some_and(|d| d.cpu_only());
+        let visible = if cpu_only { 0 } else { real.devices() };
+        placement.check(visible)?;
+        let slots = placement.slots(visible);
+        let (cuda, measure_on) = match &placement.devices {
+            Some(d) if d.cpu_only() => (None, Vec::new()),
+            Some(d) => {
+                let listed = d.cuda(visible);
+                let Some(first) = listed.first().copied() else {
+                    return Err(Error::Input(
+                        "--devices all, but no CUDA device is visible".into(),
+                    ));
+                };
+                let spec = SearchSpec {
+                    device: Some(format!("cuda:{first}")),
+                    ..spec.clone()
+                };
+                (cuda_device(&spec, visible, torch)?, listed)
+            }
+            None => {
+                let cuda = cuda_device(spec, visible, torch)?;
+                let times = if placement.slurm.is_some() { slots } else { 1 };
+                (cuda, cuda.map_or(Vec::new(), |i| vec![i; times]))
+            }
+        };
         let mut trial_suffix = if gpus > 1 {
             format!(":x{gpus}")
         } else {
@@ -285,6 +330,8 @@ impl TrainingPlan {
             torch_source: torch_source.to_string(),
             precisions,
             cuda,
+            measure_on,
+            slots,
             predicted_device,
             trial_suffix,
         })
@@ -304,44 +351,55 @@ impl TrainingPlan {
 
 /// Runs the strategy: predictions first, then on a CUDA device real trials
 /// confirming them from the top down (or, for benchmarks, every candidate
-/// measured).
+/// measured). Each list of evaluators runs its candidates at once.
 fn explore(
     plan: &TrainingPlan,
     space: &SearchSpace,
     request: &SearchRequest,
     real: &dyn RealTrials,
-    predictor: &mut dyn Evaluator,
+    predictors: &mut [Box<dyn Evaluator>],
     journal: &mut Journal,
     progress: Progress,
 ) -> Result<Explored> {
     let gpus = plan.setup.gpus;
-    let mut measurer = plan.cuda.map(|i| real.evaluator(i, &plan.budget, gpus));
+    let mut measurers: Vec<Box<dyn Evaluator>> = plan
+        .measure_on
+        .iter()
+        .map(|i| real.evaluator(*i, &plan.budget, gpus))
+        .collect();
     let cuda_device = |i: usize| format!("cuda:{i}{}", plan.trial_suffix);
-    match (plan.cuda, measurer.as_mut()) {
+    match plan.cuda {
         // Benchmarks measure every candidate of the grid.
-        (Some(i), Some(m)) if request.exhaustive => {
+        Some(i) if request.exhaustive => {
             journal.set_device(&cuda_device(i));
-            run_search(space, plan.objective, true, m.as_mut(), journal, progress)
+            let mut on = slots(&mut measurers);
+            run_search_on(space, plan.objective, true, &mut on, journal, progress)
         }
-        (cuda, measurer) => {
+        cuda => {
             journal.set_device(&plan.predicted_device);
-            let explored = run_search(
-                space,
-                plan.objective,
-                request.exhaustive,
-                predictor,
-                journal,
-                progress,
-            )?;
-            let (Some(i), Some(m)) = (cuda, measurer) else {
+            let explored = {
+                let mut on = slots(predictors);
+                run_search_on(
+                    space,
+                    plan.objective,
+                    request.exhaustive,
+                    &mut on,
+                    journal,
+                    progress,
+                )?
+            };
+            let (Some(i), Some(predictor)) = (cuda, predictors.first_mut()) else {
                 return Ok(explored);
             };
+            if measurers.is_empty() {
+                return Ok(explored);
+            }
             journal.set_device(&cuda_device(i));
             let mut cx = Confirmation {
                 objective: plan.objective,
                 space,
-                predictor,
-                measurer: m.as_mut(),
+                predictor: predictor.as_mut(),
+                measurers: slots(&mut measurers),
                 journal,
                 predicted_device: &plan.predicted_device,
                 progress,
@@ -594,7 +652,7 @@ pub fn predictor(
     let options = request.cfg_options.clone();
     let threads = request
         .threads
-        .unwrap_or_else(|| (crate::trial::host_cores() / 2).max(1));
+        .unwrap_or_else(|| default_trace_threads(&request.placement));
     let worker = worker.clone();
     let trace_kind = request.trace;
     let trace_timeout = request.trace_timeout;
@@ -663,6 +721,17 @@ pub fn predictor(
     })
 }
 
+/// CPU threads of one traced step: on Slurm the job's CPUs
+/// (`--cpus-per-trial`, else 1); here half the cores, shared by the traces
+/// that run side by side (one per `--devices` entry).
+fn default_trace_threads(placement: &super::Placement) -> i32 {
+    if let Some(slurm) = &placement.slurm {
+        return slurm.cpus_per_trial.map_or(1, |c| c.min(4096) as i32);
+    }
+    let side_by_side = placement.devices.as_ref().map_or(1, |d| d.count(1).max(1)) as i32;
+    (crate::trial::host_cores() / 2 / side_by_side).max(1)
+}
+
 /// Confirms the predicted search's feasible candidates with real trials
 /// (best first); when none measures feasible, the real trials search the
 /// space themselves (binary search, as without predictions).
@@ -676,11 +745,11 @@ fn confirm_predictions(predicted: Explored, cx: &mut Confirmation) -> Result<Exp
     let (mut ran, mut resumed) = (confirmed.ran, confirmed.resumed);
     let mut outcomes = confirmed.measured;
     if !outcomes.iter().any(|o| o.record.fits()) {
-        let searched = run_search(
+        let searched = run_search_on(
             cx.space,
             cx.objective,
             false,
-            cx.measurer,
+            &mut cx.measurers,
             cx.journal,
             cx.progress,
         )?;

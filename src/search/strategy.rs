@@ -5,8 +5,8 @@
 //! recipe's. Every evaluated candidate goes to the journal at once; one
 //! found there is not evaluated again.
 
-use super::evaluate::{evaluate_retrying, Evaluator};
-use super::journal::Journal;
+use super::evaluate::{evaluate_retrying_noted, Evaluator};
+use super::journal::{Journal, RunInfo};
 use super::knobs::recipe_fidelity;
 use super::record::{Outcome, TrialRecord};
 use super::space::{Amp, Candidate, ModelKnobs};
@@ -91,7 +91,8 @@ fn binary_search_bound(n: usize) -> usize {
 }
 
 /// The search loop: binary search of the batch per (crop, precision);
-/// `exhaustive` evaluates every candidate instead (for benchmarks).
+/// `exhaustive` evaluates every candidate instead (for benchmarks). One
+/// evaluator: candidates one at a time ([`run_search_on`] for several).
 pub fn run_search(
     space: &SearchSpace,
     objective: Objective,
@@ -100,45 +101,85 @@ pub fn run_search(
     journal: &mut Journal,
     progress: Progress,
 ) -> Result<Explored> {
+    run_search_on(
+        space,
+        objective,
+        exhaustive,
+        &mut [evaluator],
+        journal,
+        progress,
+    )
+}
+
+/// [`run_search`] with several evaluators (one per device or Slurm slot),
+/// each evaluating one candidate at a time on a thread of its own. The
+/// strategy keeps its order: the groups (crop, precision, knobs) a stage
+/// searches are independent binary searches, and an idle evaluator takes
+/// the next candidate of the first group with none pending; what a
+/// candidate decides still gates what its group tries next, and a stage
+/// (keep-crop's next crop, a fallback pass) starts only once the one
+/// before it is decided. With one evaluator the order is the serial one.
+/// The journal has one writer, this thread, appending each candidate as it
+/// finishes.
+pub fn run_search_on(
+    space: &SearchSpace,
+    objective: Objective,
+    exhaustive: bool,
+    evaluators: &mut [Slot<'_>],
+    journal: &mut Journal,
+    progress: Progress,
+) -> Result<Explored> {
     let per_group = if exhaustive {
         space.batches.len()
     } else {
         binary_search_bound(space.batches.len())
     };
-    let passes_after = space.fallbacks.len();
+    let precisions = space.precisions.len();
+    let fallback_bound = per_group * precisions * space.fallbacks.len();
     let mut explored = Explored {
         outcomes: Vec::new(),
         ran: 0,
         resumed: 0,
         predictions: 0,
-        left_at_most: per_group * space.precisions.len() * (space.crops.len() + passes_after),
+        left_at_most: per_group * precisions * space.crops.len() + fallback_bound,
     };
-    let mut batches_of =
-        |crop: (i64, i64), amp: Amp, knobs: ModelKnobs, explored: &mut Explored| {
-            search_batches(
-                space,
-                (crop, amp, knobs),
-                exhaustive,
-                evaluator,
-                journal,
-                progress,
-                explored,
-            )
-        };
-    for crop in space.crops.iter() {
-        for amp in space.precisions.iter() {
-            batches_of(*crop, *amp, space.knobs, &mut explored)?;
-        }
-        // keep-crop: the largest crop where anything fits wins; smaller crops need no trial.
+    let mut stages = Stages {
+        space,
+        exhaustive,
+        per_group,
+        evaluators,
+        journal,
+        progress,
+    };
+    // keep-crop: the largest crop where anything fits wins, and smaller
+    // crops need no trial, so each crop waits for the one before; for
+    // throughput every crop is searched, all at once.
+    let crop_stages: Vec<&[(i64, i64)]> = if objective == Objective::KeepCrop && !exhaustive {
+        space.crops.chunks(1).collect()
+    } else {
+        vec![space.crops]
+    };
+    for (i, crops) in crop_stages.iter().enumerate() {
+        let groups = crops
+            .iter()
+            .flat_map(|crop| space.precisions.iter().map(move |amp| (*crop, *amp)))
+            .map(|(crop, amp)| GroupSearch::new(crop, amp, space.knobs, space.batches.len()))
+            .collect();
+        let later: usize = crop_stages[i + 1..].iter().map(|c| c.len()).sum();
+        stages.run(
+            groups,
+            per_group * precisions * later + fallback_bound,
+            &mut explored,
+        )?;
         let any_fit_here = explored
             .outcomes
             .iter()
-            .any(|o| o.candidate.crop == *crop && o.record.fits());
+            .any(|o| crops.contains(&o.candidate.crop) && o.record.fits());
         if objective == Objective::KeepCrop && any_fit_here && !exhaustive {
             break;
         }
     }
-    explored.left_at_most = per_group * space.precisions.len() * passes_after;
+    explored.left_at_most = fallback_bound;
     let Some(recipe_crop) = space.crops.first() else {
         return Ok(explored);
     };
@@ -153,100 +194,357 @@ pub fn run_search(
                 .any(|b| *b <= o.candidate.batch_size && (space.accumulation)(*b).1)
     };
     let kept = |explored: &Explored| !exhaustive && explored.outcomes.iter().any(keeps_recipe);
-    for knobs in space.fallbacks.iter().copied() {
+    for (i, knobs) in space.fallbacks.iter().copied().enumerate() {
         if kept(&explored) {
             explored.left_at_most = 0;
             break;
         }
-        for amp in space.precisions.iter() {
-            batches_of(*recipe_crop, *amp, knobs, &mut explored)?;
-        }
+        let groups = space
+            .precisions
+            .iter()
+            .map(|amp| GroupSearch::new(*recipe_crop, *amp, knobs, space.batches.len()))
+            .collect();
+        let later = space.fallbacks.len() - i - 1;
+        stages.run(groups, per_group * precisions * later, &mut explored)?;
     }
     Ok(explored)
 }
 
-/// Binary search (or, `exhaustive`, every batch) of one crop, precision
-/// and model knobs: batches below a fit fit, above an OOM do not.
-fn search_batches(
-    space: &SearchSpace,
-    (crop, amp, knobs): ((i64, i64), Amp, ModelKnobs),
-    exhaustive: bool,
-    evaluator: &mut dyn Evaluator,
-    journal: &mut Journal,
-    progress: Progress,
-    explored: &mut Explored,
-) -> Result<()> {
-    let batches = space.batches;
-    let bound_at_start = explored.left_at_most;
-    let group_bound = if exhaustive {
-        batches.len()
-    } else {
-        binary_search_bound(batches.len())
-    };
-    let mut evaluated_here = 0usize;
-    // Invariant: batches[..lo] fit (or are unknown below a fit), batches[hi..] do not.
-    let (mut lo, mut hi) = (0usize, batches.len());
-    let mut next_exhaustive = 0usize;
-    while lo < hi {
-        if explored.host_fails_everything() {
-            break;
-        }
-        let mid = if exhaustive {
-            next_exhaustive
-        } else {
-            (lo + hi) / 2
-        };
-        let (acc, _) = (space.accumulation)(batches[mid]);
-        let c = Candidate {
-            batch_size: batches[mid],
+/// An evaluator of a search's slot (a device, a Slurm slot).
+pub type Slot<'e> = &'e mut (dyn Evaluator + 'e);
+
+/// The evaluators in `boxes`, as slots of [`run_search_on`].
+pub fn slots(boxes: &mut [Box<dyn Evaluator>]) -> Vec<Slot<'_>> {
+    boxes.iter_mut().map(reborrow_box).collect()
+}
+
+fn reborrow_box<'x>(b: &'x mut Box<dyn Evaluator>) -> Slot<'x> {
+    &mut **b
+}
+
+fn reborrow<'x>(e: &'x mut Slot<'_>) -> Slot<'x> {
+    &mut **e
+}
+
+/// One binary search (or, exhaustive, sweep) of the batch of one crop,
+/// precision and model knobs: batches below a fit fit, above an OOM do not.
+struct GroupSearch {
+    crop: (i64, i64),
+    amp: Amp,
+    knobs: ModelKnobs,
+    /// Invariant: batches[..lo] fit (or are unknown below a fit),
+    /// batches[hi..] do not.
+    lo: usize,
+    hi: usize,
+    next_exhaustive: usize,
+    pending: bool,
+    evaluated: usize,
+}
+
+impl GroupSearch {
+    fn new(crop: (i64, i64), amp: Amp, knobs: ModelKnobs, batches: usize) -> GroupSearch {
+        GroupSearch {
             crop,
             amp,
-            accumulation: acc,
-            checkpoint: knobs.checkpoint,
-            num_points: knobs.num_points,
-            test_mode: knobs.test_mode,
-        };
-        let (record, now) = match journal.get(&c) {
-            Some(r) => {
-                explored.resumed += 1;
-                (r.clone(), false)
-            }
-            None => {
-                let r = evaluate_retrying(evaluator, &c);
-                explored.ran += 1;
-                journal.append(&c, &r)?;
-                (r, true)
-            }
-        };
-        evaluated_here += 1;
-        explored.left_at_most = bound_at_start.saturating_sub(evaluated_here);
-        progress(&Step {
-            candidate: &c,
-            record: &record,
-            resumed: !now,
-            done: explored.outcomes.len() + 1,
-            left_at_most: explored.left_at_most,
-        });
-        let fits = record.fits();
-        explored.outcomes.push(Outcome {
-            candidate: c,
-            record,
-            ran_now: now,
-        });
-        if exhaustive {
-            next_exhaustive += 1;
-            if next_exhaustive == batches.len() {
-                break;
-            }
-        } else if fits {
-            lo = mid + 1;
-        } else {
-            hi = mid;
+            knobs,
+            lo: 0,
+            hi: batches,
+            next_exhaustive: 0,
+            pending: false,
+            evaluated: 0,
         }
     }
-    // The group's unused evaluations leave the bound.
-    explored.left_at_most = bound_at_start.saturating_sub(group_bound);
-    Ok(())
+
+    fn searching(&self, exhaustive: bool) -> bool {
+        if exhaustive {
+            self.next_exhaustive < self.hi
+        } else {
+            self.lo < self.hi
+        }
+    }
+
+    /// The index of the batch to evaluate next, when none is pending.
+    fn next(&self, exhaustive: bool) -> Option<usize> {
+        (!self.pending && self.searching(exhaustive)).then(|| {
+            if exhaustive {
+                self.next_exhaustive
+            } else {
+                (self.lo + self.hi) / 2
+            }
+        })
+    }
+
+    fn decide(&mut self, mid: usize, fits: bool, exhaustive: bool) {
+        self.pending = false;
+        self.evaluated += 1;
+        if exhaustive {
+            self.next_exhaustive += 1;
+        } else if fits {
+            self.lo = mid + 1;
+        } else {
+            self.hi = mid;
+        }
+    }
+}
+
+/// What the stages of one search share: the evaluators, the journal, the
+/// progress display.
+struct Stages<'s, 'e> {
+    space: &'s SearchSpace<'s>,
+    exhaustive: bool,
+    per_group: usize,
+    evaluators: &'s mut [Slot<'e>],
+    journal: &'s mut Journal,
+    progress: Progress<'s>,
+}
+
+/// A candidate evaluated on an evaluator's thread, coming back.
+struct Evaluated<'e> {
+    group: usize,
+    mid: usize,
+    candidate: Candidate,
+    record: TrialRecord,
+    run: RunInfo,
+    evaluator: (usize, Slot<'e>),
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Evaluates `c` (retrying a failure that is no verdict) on this thread,
+/// with when it ran and the Slurm jobs it ran as. A panic in an evaluator
+/// is the candidate's crash, not the search's end.
+fn evaluate_here(
+    evaluator: &mut dyn Evaluator,
+    c: &Candidate,
+    slot: usize,
+) -> (TrialRecord, RunInfo) {
+    let started = unix_ms();
+    let _ = crate::trial::launcher::take_launched_jobs();
+    let (record, first_failure) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        evaluate_retrying_noted(evaluator, c)
+    }))
+    .unwrap_or_else(|_| {
+        let panicked = TrialRecord::failed(
+            super::record::CandidateStatus::Crash,
+            "the evaluation panicked (a bug in segtune; please report it)".into(),
+            evaluator.mode(),
+        );
+        (panicked, None)
+    });
+    let run = RunInfo {
+        slot,
+        started_ms: started,
+        ended_ms: unix_ms(),
+        slurm_jobs: crate::trial::launcher::take_launched_jobs(),
+        first_failure,
+    };
+    (record, run)
+}
+
+impl Stages<'_, '_> {
+    /// Searches `groups` to their end, `later` evaluations at most after
+    /// them.
+    fn run(
+        &mut self,
+        mut groups: Vec<GroupSearch>,
+        later: usize,
+        explored: &mut Explored,
+    ) -> Result<()> {
+        let exhaustive = self.exhaustive;
+        let bound = |groups: &[GroupSearch]| {
+            later
+                + groups
+                    .iter()
+                    .filter(|g| g.searching(exhaustive) || g.pending)
+                    .map(|g| self.per_group.saturating_sub(g.evaluated))
+                    .sum::<usize>()
+        };
+        let space = self.space;
+        let journal = &mut *self.journal;
+        let progress = self.progress;
+        let mut idle: Vec<(usize, Slot<'_>)> = self
+            .evaluators
+            .iter_mut()
+            .enumerate()
+            .map(|(i, e)| (i, reborrow(e)))
+            .rev()
+            .collect();
+        let evaluators = idle.len();
+        let first_outcome = explored.outcomes.len();
+        // The group of each outcome of this stage, in the order decided.
+        let mut decided_groups: Vec<usize> = Vec::new();
+        std::thread::scope(|scope| -> Result<()> {
+            let (tx, rx) = std::sync::mpsc::channel::<Evaluated>();
+            let mut pending = 0usize;
+            let mut failure: Option<crate::error::Error> = None;
+            loop {
+                while failure.is_none() && !explored.host_fails_everything() {
+                    // One evaluator: group by group, the serial order. More:
+                    // the group least far along first, so that the groups'
+                    // chains of evaluations interleave and no evaluator
+                    // waits at the end for one long group.
+                    let ready = groups
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, g)| g.next(exhaustive).map(|m| (i, m, g.evaluated)));
+                    let next = if evaluators > 1 {
+                        ready.min_by_key(|(i, _, evaluated)| (*evaluated, *i))
+                    } else {
+                        ready.min_by_key(|(i, _, _)| *i)
+                    };
+                    let Some((g, mid, _)) = next else {
+                        break;
+                    };
+                    let group = &groups[g];
+                    let batch = space.batches[mid];
+                    let c = Candidate {
+                        batch_size: batch,
+                        crop: group.crop,
+                        amp: group.amp,
+                        accumulation: (space.accumulation)(batch).0,
+                        checkpoint: group.knobs.checkpoint,
+                        num_points: group.knobs.num_points,
+                        test_mode: group.knobs.test_mode,
+                    };
+                    if let Some(r) = journal.get(&c) {
+                        let record = r.clone();
+                        explored.resumed += 1;
+                        groups[g].decide(mid, record.fits(), exhaustive);
+                        explored.left_at_most = bound(&groups);
+                        decided_groups.push(g);
+                        decided(explored, c, record, false, progress);
+                        continue;
+                    }
+                    let Some((slot, evaluator)) = idle.pop() else {
+                        break;
+                    };
+                    groups[g].pending = true;
+                    let tx = tx.clone();
+                    scope.spawn(move || {
+                        let (record, run) = evaluate_here(&mut *evaluator, &c, slot);
+                        let _ = tx.send(Evaluated {
+                            group: g,
+                            mid,
+                            candidate: c,
+                            record,
+                            run,
+                            evaluator: (slot, evaluator),
+                        });
+                    });
+                    pending += 1;
+                }
+                if pending == 0 {
+                    break;
+                }
+                let Ok(done) = rx.recv() else {
+                    break;
+                };
+                pending -= 1;
+                idle.push(done.evaluator);
+                explored.ran += 1;
+                if failure.is_none() {
+                    if let Err(e) =
+                        journal.append_run(&done.candidate, &done.record, Some(&done.run))
+                    {
+                        // Nothing more starts; what runs is stopped, not awaited.
+                        crate::trial::worker::stop_running_workers();
+                        failure = Some(e);
+                    }
+                }
+                groups[done.group].decide(done.mid, done.record.fits(), exhaustive);
+                explored.left_at_most = bound(&groups);
+                decided_groups.push(done.group);
+                decided(explored, done.candidate, done.record, true, progress);
+            }
+            failure.map_or(Ok(()), Err)
+        })?;
+        // The serial order (group by group; within a group, as decided):
+        // the ranking breaks ties by it, so the winner does not depend on
+        // which evaluator finished first.
+        let mut stage: Vec<(usize, Outcome)> = decided_groups
+            .into_iter()
+            .zip(explored.outcomes.drain(first_outcome..))
+            .collect();
+        stage.sort_by_key(|(g, _)| *g);
+        explored.outcomes.extend(stage.into_iter().map(|(_, o)| o));
+        explored.left_at_most = later;
+        Ok(())
+    }
+}
+
+/// Evaluates `candidates` on `evaluators`, as many at once as there are
+/// evaluators (each on a thread of its own, retrying a failure that is no
+/// verdict); the records and where they ran, in the candidates' order.
+pub fn evaluate_all(
+    evaluators: &mut [Slot<'_>],
+    candidates: &[Candidate],
+) -> Vec<(TrialRecord, RunInfo)> {
+    let mut results: Vec<Option<(TrialRecord, RunInfo)>> = vec![None; candidates.len()];
+    let mut idle: Vec<(usize, Slot<'_>)> = evaluators
+        .iter_mut()
+        .enumerate()
+        .map(|(i, e)| (i, reborrow(e)))
+        .rev()
+        .collect();
+    std::thread::scope(|scope| {
+        type Done<'x> = (usize, TrialRecord, RunInfo, (usize, Slot<'x>));
+        let (tx, rx) = std::sync::mpsc::channel::<Done>();
+        let (mut next, mut pending) = (0usize, 0usize);
+        loop {
+            while next < candidates.len() {
+                let Some((slot, evaluator)) = idle.pop() else {
+                    break;
+                };
+                let (i, c, tx) = (next, candidates[next], tx.clone());
+                scope.spawn(move || {
+                    let (record, run) = evaluate_here(&mut *evaluator, &c, slot);
+                    let _ = tx.send((i, record, run, (slot, evaluator)));
+                });
+                next += 1;
+                pending += 1;
+            }
+            if pending == 0 {
+                break;
+            }
+            let Ok((i, record, run, evaluator)) = rx.recv() else {
+                break;
+            };
+            pending -= 1;
+            idle.push(evaluator);
+            results[i] = Some((record, run));
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.expect("every candidate is evaluated"))
+        .collect()
+}
+
+/// Records a decided candidate and tells the progress display.
+fn decided(
+    explored: &mut Explored,
+    c: Candidate,
+    record: TrialRecord,
+    now: bool,
+    progress: Progress,
+) {
+    progress(&Step {
+        candidate: &c,
+        record: &record,
+        resumed: !now,
+        done: explored.outcomes.len() + 1,
+        left_at_most: explored.left_at_most,
+    });
+    explored.outcomes.push(Outcome {
+        candidate: c,
+        record,
+        ran_now: now,
+    });
 }
 
 /// Ranks feasible outcomes: keep-crop puts the largest crop first, then the
@@ -616,5 +914,132 @@ mod tests {
         }
         // The bound only falls.
         assert!(steps.windows(2).all(|w| w[0].0 + w[0].1 >= w[1].0 + w[1].1));
+    }
+
+    /// [`FakeEvaluator`] that takes `millis` per candidate and counts how
+    /// many evaluations of the shared `running` overlap.
+    struct SlowEvaluator {
+        inner: FakeEvaluator,
+        millis: u64,
+        running: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        most_at_once: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Evaluator for SlowEvaluator {
+        fn mode(&self) -> Mode {
+            Mode::Predicted
+        }
+        fn evaluate(&mut self, c: &Candidate) -> TrialRecord {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.running.fetch_add(1, SeqCst) + 1;
+            self.most_at_once.fetch_max(now, SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(self.millis));
+            self.running.fetch_sub(1, SeqCst);
+            self.inner.evaluate(c)
+        }
+    }
+
+    /// Searches with `n` slow evaluators; the outcomes, the journal's rows
+    /// and the most evaluations that ran at once.
+    fn explore_parallel(
+        n: usize,
+        capacity: i64,
+        objective: Objective,
+        dir: &std::path::Path,
+    ) -> (Explored, Vec<crate::search::journal::JournalRow>, usize) {
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut evaluators: Vec<Box<dyn Evaluator>> = (0..n)
+            .map(|_| {
+                Box::new(SlowEvaluator {
+                    inner: FakeEvaluator {
+                        capacity,
+                        fail_every: 0,
+                        crash_batches: Vec::new(),
+                        evaluated: Vec::new(),
+                    },
+                    millis: 30,
+                    running: running.clone(),
+                    most_at_once: most.clone(),
+                }) as Box<dyn Evaluator>
+            })
+            .collect();
+        let fallbacks = fallback_passes(
+            ModelKnobs::default(),
+            FallbackOptions {
+                checkpoint: true,
+                num_points: &[],
+            },
+        );
+        let space = SearchSpace {
+            crops: &[(512, 512), (384, 384)],
+            precisions: &[Amp::Off, Amp::Fp16, Amp::Bf16],
+            batches: &[1, 2, 3, 4, 5, 6, 7, 8],
+            accumulation: &|b| (16 / b, 16 % b == 0),
+            fallbacks: &fallbacks,
+            knobs: ModelKnobs::default(),
+        };
+        let mut journal = Journal::open(dir, "hash", "fake").unwrap();
+        let explored = run_search_on(
+            &space,
+            objective,
+            false,
+            &mut slots(&mut evaluators),
+            &mut journal,
+            &|_| {},
+        )
+        .unwrap();
+        let rows = crate::search::journal::rows(dir).unwrap();
+        (
+            explored,
+            rows,
+            most.load(std::sync::atomic::Ordering::SeqCst),
+        )
+    }
+
+    #[test]
+    fn several_evaluators_find_the_serial_winner_side_by_side() {
+        for (capacity, objective) in [
+            (3 * 512 * 512, Objective::KeepCrop),
+            (100_000, Objective::KeepCrop),
+            (20_000, Objective::KeepCrop),
+            (3 * 512 * 512, Objective::Throughput),
+        ] {
+            let serial_dir = tempfile::tempdir().unwrap();
+            let (serial, serial_rows, one_at_once) =
+                explore_parallel(1, capacity, objective, serial_dir.path());
+            assert_eq!(one_at_once, 1);
+            let dir = tempfile::tempdir().unwrap();
+            let (parallel, rows, at_once) = explore_parallel(3, capacity, objective, dir.path());
+            let winner = |e: Explored| ranked_fits(e, objective).first().map(|o| o.candidate);
+            let keys = |e: &Explored| {
+                let mut k: Vec<String> = e.outcomes.iter().map(|o| o.candidate.key()).collect();
+                k.sort();
+                k
+            };
+            // The same candidates: what a trial decides still gates its group.
+            assert_eq!(keys(&parallel), keys(&serial), "{capacity} {objective:?}");
+            assert_eq!(winner(parallel), winner(serial));
+            // Three precisions searched at once, never more than 3 evaluators.
+            assert_eq!(at_once, 3, "{capacity} {objective:?}");
+            assert_eq!(rows.len(), serial_rows.len());
+            let slots: std::collections::BTreeSet<usize> =
+                rows.iter().map(|r| r.run.as_ref().unwrap().slot).collect();
+            assert_eq!(slots.len(), 3);
+            for r in &rows {
+                let run = r.run.as_ref().unwrap();
+                assert!(run.ended_ms >= run.started_ms + 30, "{run:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_resumed_parallel_search_runs_nothing_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _, _) = explore_parallel(2, 3 * 512 * 512, Objective::KeepCrop, dir.path());
+        let (again, rows, _) = explore_parallel(2, 3 * 512 * 512, Objective::KeepCrop, dir.path());
+        assert_eq!(again.ran, 0);
+        assert_eq!(again.resumed, first.ran);
+        assert_eq!(rows.len(), first.ran);
     }
 }

@@ -14,7 +14,8 @@
 //! worker side).
 //!
 //! - `request.rs`, `report.rs`: the protocol's two types.
-//! - `worker.rs`: the parent side (spawn, timeout, crash, reply).
+//! - `worker.rs`: the parent side (spawn, timeout, crash, reply);
+//!   `launcher.rs`: the worker run as a Slurm job step (`srun`, `scancel`).
 //! - `execute.rs`: the worker side (resolve, check, run, inspect).
 //! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process
 //!   (`error.rs`: why it could not run);
@@ -39,6 +40,7 @@ pub mod error;
 pub mod execute;
 pub mod infer;
 pub mod kernel_calls;
+pub mod launcher;
 pub mod memory;
 pub mod optim;
 pub mod python_worker;

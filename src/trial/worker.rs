@@ -5,12 +5,14 @@
 //! answers nothing readable becomes a report with status `crash` or
 //! `timeout` that says how.
 
+use super::launcher::{self, LiveJob, SlurmLauncher, SrunOutcome};
 use super::{ModelSummary, TrialReport, TrialRequest, TrialStatus};
 use crate::error::{Error, Result};
 use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The worker's exit code for input errors (as `segtune`'s).
@@ -22,10 +24,12 @@ const INSPECT_DEADLINE: Duration = Duration::from_secs(600);
 /// How long the worker may take to count the CUDA devices.
 const DEVICES_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The `segtune-torch` worker binary.
+/// The `segtune-torch` worker binary, run here or, with a launcher, as a
+/// Slurm job step (`--launcher slurm`).
 #[derive(Debug, Clone)]
 pub struct Worker {
     path: PathBuf,
+    launcher: Option<Arc<SlurmLauncher>>,
 }
 
 /// What a finished worker process left.
@@ -34,12 +38,31 @@ pub(super) struct Finished {
     pub(super) stdout: Vec<u8>,
     pub(super) stderr: Vec<u8>,
     pub(super) timed_out: bool,
+    /// Run through `srun`: what its stderr said of the job.
+    pub(super) srun: Option<SrunOutcome>,
 }
 
 impl Finished {
     fn input_error(&self) -> Option<Error> {
         (self.status.and_then(|s| s.code()) == Some(EXIT_INPUT_ERROR))
-            .then(|| Error::Rendered(String::from_utf8_lossy(&self.stderr).into_owned()))
+            .then(|| Error::Rendered(self.worker_stderr()))
+    }
+
+    /// The worker's own stderr (without `srun`'s lines).
+    fn worker_stderr(&self) -> String {
+        let text = String::from_utf8_lossy(&self.stderr);
+        if self.srun.is_none() {
+            return text.into_owned();
+        }
+        text.lines()
+            .filter(|l| !launcher::is_srun_line(l))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// How the worker ended when it left no report.
+    fn death(&self) -> WorkerDeath {
+        WorkerDeath::of(self.status, self.worker_stderr().as_bytes())
     }
 }
 
@@ -58,12 +81,29 @@ impl Worker {
                     "segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`",
                 )
             })?;
-        Ok(Worker { path })
+        Ok(Worker {
+            path,
+            launcher: None,
+        })
     }
 
     /// A worker binary at `path`.
     pub fn at(path: impl Into<PathBuf>) -> Worker {
-        Worker { path: path.into() }
+        Worker {
+            path: path.into(),
+            launcher: None,
+        }
+    }
+
+    /// This worker, its trials run as Slurm job steps by `launcher` (the
+    /// binary on a path the nodes share).
+    pub fn launched_by(mut self, launcher: Arc<SlurmLauncher>) -> Worker {
+        self.launcher = Some(launcher);
+        self
+    }
+
+    pub fn launcher(&self) -> Option<&SlurmLauncher> {
+        self.launcher.as_deref()
     }
 
     pub fn path(&self) -> &Path {
@@ -74,7 +114,12 @@ impl Worker {
     /// the worker found before any step (its message is already rendered)
     /// and for a worker that cannot start.
     pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
-        let run = self.run(&request.to_argv(), timeout)?;
+        let run = self.run_launched(&request.to_argv(), timeout)?;
+        if let Some(srun) = &run.srun {
+            if let Some(report) = slurm_report(request, srun, &run)? {
+                return Ok(report);
+            }
+        }
         if run.timed_out {
             let secs = timeout.map_or(0, |t| t.as_secs());
             return Ok(TrialReport::unanswered(
@@ -89,7 +134,7 @@ impl Worker {
         match serde_json::from_slice::<TrialReport>(&run.stdout) {
             Ok(report) => Ok(report),
             Err(_) => {
-                let death = WorkerDeath::of(run.status, &run.stderr);
+                let death = run.death();
                 Ok(TrialReport::unanswered(
                     request,
                     death.cause.status(),
@@ -126,7 +171,7 @@ impl Worker {
 
     /// The number of CUDA devices libtorch sees (0 when the worker cannot tell).
     pub fn cuda_devices(&self) -> usize {
-        self.run(&["devices".into()], Some(DEVICES_DEADLINE))
+        self.run_launched(&["devices".into()], Some(DEVICES_DEADLINE))
             .ok()
             .filter(|r| !r.timed_out)
             .and_then(|r| String::from_utf8(r.stdout).ok())
@@ -134,11 +179,71 @@ impl Worker {
             .unwrap_or(0)
     }
 
+    /// Runs the worker here.
     fn run(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
         let mut command = Command::new(&self.path);
         command.args(argv);
         run_child(command, &self.path, timeout)
     }
+
+    /// Runs the worker where its launcher says: here, or as a Slurm job
+    /// step (cancelled with `scancel` when it misses its deadline, as
+    /// killing `srun` alone may leave the step running).
+    fn run_launched(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
+        let Some(slurm) = &self.launcher else {
+            return self.run(argv, timeout);
+        };
+        let name = slurm.next_job_name();
+        let _live = LiveJob::register(slurm, &name);
+        let command = slurm.command(&name, &self.path, argv);
+        let mut run = run_child(command, Path::new(&slurm.srun), timeout)?;
+        if run.timed_out {
+            slurm.cancel(&name);
+        }
+        let srun = SrunOutcome::parse(&String::from_utf8_lossy(&run.stderr));
+        if let Some(step) = &srun.step_id {
+            launcher::note_launched_job(step);
+        }
+        run.srun = Some(srun);
+        Ok(run)
+    }
+}
+
+/// The report of a Slurm job that Slurm ended (cancelled, out of time,
+/// preempted, its node failed): a typed failure, never a verdict on the
+/// candidate. A job Slurm refused is the environment's error. `None` when
+/// Slurm let the worker end on its own.
+fn slurm_report(
+    request: &TrialRequest,
+    srun: &SrunOutcome,
+    run: &Finished,
+) -> Result<Option<TrialReport>> {
+    use launcher::SlurmEnd;
+    let Some(end) = srun.end else {
+        return Ok(None);
+    };
+    let said = srun.line.as_deref().unwrap_or("");
+    let job = srun
+        .step_id
+        .as_deref()
+        .map_or(String::new(), |s| format!(" (job step {s})"));
+    if end == SlurmEnd::Refused {
+        return Err(Error::environment(format!("{}: {said}", end.describe())));
+    }
+    // A report printed before the end still stands (the step was cancelled
+    // after its worker answered).
+    if let Ok(report) = serde_json::from_slice::<TrialReport>(&run.stdout) {
+        return Ok(Some(report));
+    }
+    let status = match end {
+        SlurmEnd::TimeLimit => TrialStatus::Timeout,
+        _ => TrialStatus::Crash,
+    };
+    Ok(Some(TrialReport::unanswered(
+        request,
+        status,
+        format!("{}{job}: {said}", end.describe()),
+    )))
 }
 
 /// Runs `command` (the program at `program`) to its end or its `timeout`,
@@ -197,6 +302,7 @@ pub(super) fn run_child(
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
         timed_out,
+        srun: None,
     })
 }
 
@@ -229,11 +335,28 @@ impl Drop for LiveWorker {
 /// Temporary directories are `segtune-<pid>-<random>`: the pid says whose.
 const TEMP_PREFIX: &str = "segtune-";
 
+/// Where temporary directories go when not the system's: a directory the
+/// Slurm nodes share (`--launcher slurm`), as a traced step's file is
+/// written on the node and read here.
+static TEMP_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Puts this process's temporary directories under `dir` (created), from
+/// now on; the first call wins.
+pub fn set_temp_root(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let _ = TEMP_ROOT.set(dir.to_path_buf());
+    Ok(())
+}
+
+fn temp_root() -> PathBuf {
+    TEMP_ROOT.get().cloned().unwrap_or_else(std::env::temp_dir)
+}
+
 /// Removes the temporary directories of segtune processes that no longer
 /// exist: a segtune killed with SIGKILL cannot clean up after itself, so
 /// the next one does.
 fn remove_stale_temp_dirs() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+    let Ok(entries) = std::fs::read_dir(temp_root()) else {
         return;
     };
     for entry in entries.flatten() {
@@ -269,7 +392,9 @@ impl LiveTempDir {
         static SWEPT: std::sync::Once = std::sync::Once::new();
         SWEPT.call_once(remove_stale_temp_dirs);
         let prefix = format!("{TEMP_PREFIX}{}-", std::process::id());
-        let dir = tempfile::Builder::new().prefix(&prefix).tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix(&prefix)
+            .tempdir_in(temp_root())?;
         live.1.push(dir.path().to_path_buf());
         Ok(LiveTempDir(dir))
     }
@@ -290,6 +415,7 @@ impl Drop for LiveTempDir {
 /// Kills every running worker and removes every temporary directory in
 /// use: what a signal handler calls before segtune exits.
 pub fn stop_all_workers() {
+    launcher::cancel_live_jobs();
     let Ok(live) = LIVE.lock() else {
         return;
     };
@@ -304,6 +430,22 @@ pub fn stop_all_workers() {
     }
     // Held until the process exits: no new directory after this.
     std::mem::forget(live);
+}
+
+/// Stops every worker running now (killed here, `scancel`led on Slurm),
+/// leaving temporary directories to their owners: what a search that fails
+/// calls so that none of its trials runs on.
+pub fn stop_running_workers() {
+    launcher::cancel_live_jobs();
+    let Ok(live) = LIVE.lock() else {
+        return;
+    };
+    for pid in &live.0 {
+        // SAFETY: kill(2) on a pid this process spawned and still waits for.
+        unsafe {
+            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
 }
 
 /// How a worker that left no report ended: its exit code or signal, the
@@ -458,5 +600,76 @@ mod tests {
         let worker = Worker::at("/nonexistent/segtune-torch");
         let err = worker.trial(&TrialRequest::new("x.py"), None).unwrap_err();
         assert!(matches!(err, Error::Environment { .. }), "{err}");
+    }
+
+    /// A stand-in for `srun` that writes `stderr` and exits with `code`.
+    fn fake_srun(dir: &Path, stderr: &str, code: i32) -> Arc<SlurmLauncher> {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("srun");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\ncat >&2 <<'EOF'\n{stderr}\nEOF\nexit {code}\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut launcher = SlurmLauncher::new("test");
+        launcher.srun = script.into_os_string();
+        launcher.scancel = "true".into();
+        Arc::new(launcher)
+    }
+
+    #[test]
+    fn a_job_slurm_ended_is_a_typed_failure_that_names_its_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let request = TrialRequest::new("x.py");
+        let run = |stderr: &str, code: i32| {
+            let _ = launcher::take_launched_jobs();
+            let worker = Worker::at("/nonexistent/segtune-torch").launched_by(fake_srun(
+                dir.path(),
+                stderr,
+                code,
+            ));
+            let report = worker.trial(&request, None);
+            (report, launcher::take_launched_jobs())
+        };
+        let (report, jobs) = run(
+            "srun: launching StepId=9.0 on host n1, 1 tasks: 0\n\
+             slurmstepd-n1: error: *** STEP 9.0 ON n1 CANCELLED AT 2026-12-05T00:15:59 DUE TO TIME LIMIT ***",
+            143,
+        );
+        let report = report.unwrap();
+        assert_eq!(report.status, TrialStatus::Timeout);
+        let message = report.message.unwrap();
+        assert!(
+            message.contains("time limit") && message.contains("9.0"),
+            "{message}"
+        );
+        assert_eq!(jobs, vec!["9.0".to_string()]);
+        let (report, _) = run(
+            "srun: launching StepId=4.0 on host n1, 1 tasks: 0\n\
+             slurmstepd-n1: error: *** STEP 4.0 ON n1 CANCELLED AT 2026-12-05T00:14:41 ***",
+            143,
+        );
+        let report = report.unwrap();
+        assert_eq!(report.status, TrialStatus::Crash);
+        assert!(report.message.unwrap().contains("Slurm cancelled"));
+        let (refused, jobs) = run(
+            "srun: error: Unable to allocate resources: Invalid partition name specified",
+            1,
+        );
+        let err = refused.unwrap_err();
+        assert!(matches!(err, Error::Environment { .. }), "{err}");
+        assert!(err.to_string().contains("Invalid partition"), "{err}");
+        assert!(jobs.is_empty());
+        // A worker that exits on its own through srun: its own last line,
+        // not srun's.
+        let (report, _) = run(
+            "srun: launching StepId=5.0 on host n1, 1 tasks: 0\n\
+             thread 'main' panicked at x.rs\n\
+             srun: error: n1: task 0: Exited with exit code 101",
+            101,
+        );
+        let message = report.unwrap().message.unwrap();
+        assert!(message.ends_with("panicked at x.rs"), "{message}");
     }
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod scale;
+
 use std::path::PathBuf;
 
 /// `../shared` relative to the crate, or `SEGTUNE_SHARED` if set.

@@ -16,10 +16,25 @@ use super::space::Candidate;
 /// such a failure is no verdict on the candidate. A second failure is
 /// returned, saying that it was tried twice.
 pub fn evaluate_retrying(evaluator: &mut dyn Evaluator, c: &Candidate) -> TrialRecord {
+    evaluate_retrying_noted(evaluator, c).0
+}
+
+/// [`evaluate_retrying`], with the first try's failure when it was tried
+/// again (the journal keeps it: a trial Slurm cancelled is said so even
+/// when its retry fits).
+pub fn evaluate_retrying_noted(
+    evaluator: &mut dyn Evaluator,
+    c: &Candidate,
+) -> (TrialRecord, Option<String>) {
     let first = evaluator.evaluate(c);
     if first.status.is_verdict() {
-        return first;
+        return (first, None);
     }
+    let first_failure = format!(
+        "{}: {}",
+        first.status.name(),
+        first.reason.as_deref().unwrap_or("")
+    );
     let mut second = evaluator.evaluate(c);
     if !second.status.is_verdict() {
         second.reason = Some(format!(
@@ -27,11 +42,12 @@ pub fn evaluate_retrying(evaluator: &mut dyn Evaluator, c: &Candidate) -> TrialR
             second.reason.as_deref().unwrap_or(second.status.name())
         ));
     }
-    second
+    (second, Some(first_failure))
 }
 
-/// Evaluates candidates, one at a time.
-pub trait Evaluator {
+/// Evaluates candidates, one at a time (several evaluators, each on a
+/// thread of its own, run a search's candidates at once).
+pub trait Evaluator: Send {
     fn evaluate(&mut self, c: &Candidate) -> TrialRecord;
     fn mode(&self) -> Mode;
     /// CPU traces run so far (predicted mode).

@@ -27,7 +27,8 @@ use std::collections::HashMap;
 /// accumulates is traced at the last micro-step of a cycle (its gradients
 /// held through the forward, the optimizer state there): any accumulation
 /// above 1 keeps the same tensors.
-pub type Tracer = Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs, bool) -> Result<TracedStep>>;
+pub type Tracer =
+    Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs, bool) -> Result<TracedStep> + Send>;
 
 /// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
 struct TracePair {

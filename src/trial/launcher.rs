@@ -1,0 +1,375 @@
+//! Where a worker process runs: here (the default), or as a Slurm job step
+//! through `srun` (`--launcher slurm`), the way MMSeg's
+//! `tools/slurm_train.sh` launches training. The worker binary and its
+//! arguments are the same either way; `srun` forwards its stdout (the
+//! trial's JSON) and stderr back. This module owns the `srun` command line,
+//! the job names (`segtune-<search id>-<n>`), what `srun`'s stderr says of
+//! how a job ended (cancelled, time limit, preemption, node failure), the
+//! jobs live now (cancelled with `scancel` when segtune stops), and the job
+//! ids each thread launched (read by the search for its journal).
+//!
+//! Facts of Slurm 22.05 this follows (`srun(1)`, `scancel(1)`): `srun -v`
+//! prints `launching StepId=<job>.<step>` once the step starts, in an
+//! allocation and from a login node alike; slurmstepd writes
+//! `*** STEP <id> ON <node> CANCELLED AT <time> [DUE TO TIME LIMIT|
+//! PREEMPTION|NODE FAILURE] ***` on the step's stderr; `scancel --name`
+//! cancels a user's jobs of that name; inside an allocation
+//! (`SLURM_JOB_ID` set) a trial is a job step given `--exact` so that
+//! steps share the allocation's CPUs and GPUs instead of each taking all.
+
+use std::cell::RefCell;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// How segtune runs its Slurm jobs (the `--launcher slurm` options).
+#[derive(Debug)]
+pub struct SlurmLauncher {
+    /// `srun`: the program (tests point it elsewhere; default `srun` on PATH).
+    pub srun: OsString,
+    /// `scancel` (default on PATH).
+    pub scancel: OsString,
+    /// `--partition`.
+    pub partition: Option<String>,
+    /// `--gres gpu:N` (none: no GPU asked for, as a CPU trial needs).
+    pub gpus_per_trial: Option<u32>,
+    /// `--cpus-per-task`.
+    pub cpus_per_trial: Option<u32>,
+    /// `--time`, Slurm's own syntax (`MM`, `HH:MM:SS`, `D-HH`...).
+    pub time: Option<String>,
+    /// Passed to every `srun` as they are (`--srun-args`), before the program.
+    pub extra_args: Vec<String>,
+    /// `segtune-<search id>`: every job's name starts with it.
+    pub job_prefix: String,
+    /// Inside an allocation (`SLURM_JOB_ID` set): job steps with `--exact`.
+    pub in_allocation: bool,
+    next: AtomicUsize,
+}
+
+impl SlurmLauncher {
+    /// A launcher whose jobs are named `segtune-<search_id>-<n>`.
+    pub fn new(search_id: &str) -> SlurmLauncher {
+        SlurmLauncher {
+            srun: "srun".into(),
+            scancel: "scancel".into(),
+            partition: None,
+            gpus_per_trial: None,
+            cpus_per_trial: None,
+            time: None,
+            extra_args: Vec::new(),
+            job_prefix: format!("segtune-{search_id}"),
+            in_allocation: std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty()),
+            next: AtomicUsize::new(1),
+        }
+    }
+
+    /// The next job's name.
+    pub fn next_job_name(&self) -> String {
+        format!(
+            "{}-{}",
+            self.job_prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The `srun` command that runs `program argv` as job `name`: one task,
+    /// verbose (for the step id), killed whole when a task fails, with a
+    /// `MASTER_PORT` of its own (a multi-GPU trial's rendezvous; two
+    /// trials on one node must not share one).
+    pub fn command(&self, name: &str, program: &Path, argv: &[OsString]) -> Command {
+        let mut command = Command::new(&self.srun);
+        command.args(self.srun_args(name));
+        command.arg(program).args(argv);
+        command.env("MASTER_PORT", master_port(name).to_string());
+        command
+    }
+
+    /// `srun`'s own arguments for job `name` (before the program).
+    pub fn srun_args(&self, name: &str) -> Vec<String> {
+        let mut args = vec![
+            format!("--job-name={name}"),
+            "--ntasks=1".into(),
+            "--nodes=1".into(),
+            "--kill-on-bad-exit=1".into(),
+            "--verbose".into(),
+        ];
+        if let Some(p) = &self.partition {
+            args.push(format!("--partition={p}"));
+        }
+        if let Some(n) = self.gpus_per_trial {
+            args.push(format!("--gres=gpu:{n}"));
+        }
+        if let Some(n) = self.cpus_per_trial {
+            args.push(format!("--cpus-per-task={n}"));
+        }
+        if let Some(t) = &self.time {
+            args.push(format!("--time={t}"));
+        }
+        if self.in_allocation {
+            args.push("--exact".into());
+        }
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    /// Cancels the job named `name` (`scancel --name`), waiting for
+    /// `scancel` itself only; failures are ignored (the job may be gone).
+    pub fn cancel(&self, name: &str) {
+        let _ = Command::new(&self.scancel)
+            .arg(format!("--name={name}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// A port in 20000..40000 from the job's name (unique per search and trial;
+/// 29500, PyTorch's default, is what two trials would otherwise share).
+pub fn master_port(name: &str) -> u16 {
+    let h = name.bytes().fold(0x811c9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x01000193)
+    });
+    20000 + (h % 20000) as u16
+}
+
+/// How a Slurm job step ended, from what `srun` and slurmstepd wrote on
+/// its stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlurmEnd {
+    /// `CANCELLED AT ...` with no cause: `scancel`, by a person or a script.
+    Cancelled,
+    /// `DUE TO TIME LIMIT`: the job's `--time` ran out.
+    TimeLimit,
+    /// `DUE TO PREEMPTION`: a job of higher priority took the node.
+    Preempted,
+    /// `DUE TO NODE FAILURE` or `srun: error: Node failure`.
+    NodeFailure,
+    /// `srun: error: Unable to allocate resources` or `Invalid ...`: the
+    /// request itself was refused (a wrong partition, GRES or time).
+    Refused,
+}
+
+impl SlurmEnd {
+    pub fn describe(self) -> &'static str {
+        match self {
+            SlurmEnd::Cancelled => {
+                "Slurm cancelled the trial's job (scancel, by a person or a script)"
+            }
+            SlurmEnd::TimeLimit => "the trial's Slurm job reached its time limit (--time)",
+            SlurmEnd::Preempted => "the trial's Slurm job was preempted by another job",
+            SlurmEnd::NodeFailure => "the trial's Slurm node failed",
+            SlurmEnd::Refused => "Slurm refused the trial's job",
+        }
+    }
+}
+
+/// What `srun -v`'s stderr says of a job: its step id, if it started, and
+/// how it ended, if not by its program's own exit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SrunOutcome {
+    /// `<job>.<step>`.
+    pub step_id: Option<String>,
+    pub end: Option<SlurmEnd>,
+    /// The line that says so (shown with the trial's failure).
+    pub line: Option<String>,
+}
+
+impl SrunOutcome {
+    /// The job id (the step id without its step).
+    pub fn job_id(&self) -> Option<&str> {
+        self.step_id
+            .as_deref()
+            .map(|s| s.split('.').next().unwrap_or(s))
+    }
+
+    pub fn parse(stderr: &str) -> SrunOutcome {
+        let mut out = SrunOutcome::default();
+        for line in stderr.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.split("launching StepId=").nth(1) {
+                let id: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == '_')
+                    .collect();
+                if !id.is_empty() {
+                    out.step_id = Some(id);
+                }
+            }
+            let end = if line.contains("CANCELLED AT") {
+                Some(if line.contains("DUE TO TIME LIMIT") {
+                    SlurmEnd::TimeLimit
+                } else if line.contains("DUE TO PREEMPTION") {
+                    SlurmEnd::Preempted
+                } else if line.contains("DUE TO NODE FAILURE") {
+                    SlurmEnd::NodeFailure
+                } else {
+                    SlurmEnd::Cancelled
+                })
+            } else if line.starts_with("srun: error: Node failure")
+                || line.contains("srun: error: Node failure on")
+            {
+                Some(SlurmEnd::NodeFailure)
+            } else if line.starts_with("srun: error: Unable to allocate resources")
+                || line.starts_with("srun: error: Invalid")
+                || line.starts_with("srun: fatal:")
+            {
+                Some(SlurmEnd::Refused)
+            } else {
+                None
+            };
+            // The first cause said wins: a cancellation is followed by
+            // "task 0: Terminated" and the like.
+            if let (Some(end), None) = (end, out.end) {
+                out.end = Some(end);
+                out.line = Some(line.to_string());
+            }
+        }
+        out
+    }
+}
+
+/// `srun`'s own lines, which are not the worker's (dropped from the
+/// worker's last stderr line).
+pub fn is_srun_line(line: &str) -> bool {
+    let line = line.trim_start();
+    line.starts_with("srun: ") || line.starts_with("slurmstepd")
+}
+
+/// Slurm jobs running now, by name, with the launcher that can cancel
+/// them: [`cancel_live_jobs`] on a signal or a failed search.
+static LIVE_JOBS: Mutex<Vec<(String, OsString)>> = Mutex::new(Vec::new());
+
+/// A job in [`LIVE_JOBS`] for as long as this lives.
+pub struct LiveJob(String);
+
+impl LiveJob {
+    pub fn register(launcher: &SlurmLauncher, name: &str) -> LiveJob {
+        if let Ok(mut live) = LIVE_JOBS.lock() {
+            live.push((name.to_string(), launcher.scancel.clone()));
+        }
+        LiveJob(name.to_string())
+    }
+}
+
+impl Drop for LiveJob {
+    fn drop(&mut self) {
+        if let Ok(mut live) = LIVE_JOBS.lock() {
+            live.retain(|(n, _)| *n != self.0);
+        }
+    }
+}
+
+/// `scancel --name` of every job still running: what segtune does when it
+/// is stopped (SIGINT, SIGTERM) or its search fails, so that nothing of it
+/// stays queued or running on the cluster.
+pub fn cancel_live_jobs() {
+    let jobs: Vec<(String, OsString)> = LIVE_JOBS.lock().map(|l| l.clone()).unwrap_or_default();
+    for (name, scancel) in jobs {
+        let _ = Command::new(&scancel)
+            .arg(format!("--name={name}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+thread_local! {
+    /// Slurm job ids this thread's workers ran as, since last taken: a
+    /// candidate is evaluated on one thread, so what its evaluation
+    /// launched is read there after it ([`take_launched_jobs`]).
+    static LAUNCHED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Notes that this thread's worker ran as Slurm step `step_id`.
+pub fn note_launched_job(step_id: &str) {
+    LAUNCHED.with(|l| l.borrow_mut().push(step_id.to_string()));
+}
+
+/// The Slurm job steps this thread's workers ran as since the last call.
+pub fn take_launched_jobs() -> Vec<String> {
+    LAUNCHED.with(|l| std::mem::take(&mut *l.borrow_mut()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn srun_stderr_gives_the_step_and_how_it_ended() {
+        let scancelled = "srun: jobid 2: nodes(1):`vm', cpu counts: 1(x1)\n\
+            srun: launching StepId=2.0 on host vm, 1 tasks: 0\n\
+            srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n\
+            srun: error: vm: task 0: Terminated\n\
+            slurmstepd-vm: error: *** STEP 2.0 ON vm CANCELLED AT 2026-12-05T00:14:41 ***\n";
+        let o = SrunOutcome::parse(scancelled);
+        assert_eq!(o.step_id.as_deref(), Some("2.0"));
+        assert_eq!(o.job_id(), Some("2"));
+        assert_eq!(o.end, Some(SlurmEnd::Cancelled));
+        let timed = "srun: launching StepId=3.0 on host vm, 1 tasks: 0\n\
+            slurmstepd-vm: error: *** STEP 3.0 ON vm CANCELLED AT 2026-12-05T00:15:59 DUE TO TIME LIMIT ***\n";
+        assert_eq!(SrunOutcome::parse(timed).end, Some(SlurmEnd::TimeLimit));
+        let preempted = "slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***";
+        assert_eq!(SrunOutcome::parse(preempted).end, Some(SlurmEnd::Preempted));
+        let node = "srun: error: Node failure on n3\n";
+        assert_eq!(SrunOutcome::parse(node).end, Some(SlurmEnd::NodeFailure));
+        let refused =
+            "srun: error: Unable to allocate resources: Invalid partition name specified\n";
+        let o = SrunOutcome::parse(refused);
+        assert_eq!(o.end, Some(SlurmEnd::Refused));
+        assert!(o.line.unwrap().contains("Invalid partition"));
+        let clean = "srun: launching StepId=12.4 on host n1, 1 tasks: 0\n\
+            srun: launch/slurm: _task_finish: n1: task 0: Completed\n";
+        let o = SrunOutcome::parse(clean);
+        assert_eq!((o.step_id.as_deref(), o.end), (Some("12.4"), None));
+    }
+
+    #[test]
+    fn the_srun_line_names_the_job_and_asks_what_was_given() {
+        let mut l = SlurmLauncher::new("ab12");
+        l.partition = Some("gpu".into());
+        l.gpus_per_trial = Some(2);
+        l.cpus_per_trial = Some(4);
+        l.time = Some("00:30:00".into());
+        l.extra_args = vec!["--qos=short".into()];
+        l.in_allocation = true;
+        let name = l.next_job_name();
+        assert_eq!(name, "segtune-ab12-1");
+        assert_eq!(l.next_job_name(), "segtune-ab12-2");
+        let args = l.srun_args(&name);
+        for want in [
+            "--job-name=segtune-ab12-1",
+            "--partition=gpu",
+            "--gres=gpu:2",
+            "--cpus-per-task=4",
+            "--time=00:30:00",
+            "--exact",
+            "--qos=short",
+            "--verbose",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+        }
+        // The user's own arguments come last: they may override ours.
+        assert_eq!(args.last().map(String::as_str), Some("--qos=short"));
+        assert_ne!(master_port("segtune-ab12-1"), master_port("segtune-ab12-2"));
+        assert!((20000..40000).contains(&master_port("x")));
+    }
+
+    #[test]
+    fn each_thread_reads_the_jobs_it_launched() {
+        note_launched_job("5.0");
+        let other = std::thread::spawn(|| {
+            note_launched_job("6.0");
+            take_launched_jobs()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(other, vec!["6.0".to_string()]);
+        assert_eq!(take_launched_jobs(), vec!["5.0".to_string()]);
+        assert!(take_launched_jobs().is_empty());
+    }
+}
