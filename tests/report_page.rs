@@ -5,7 +5,7 @@
 mod common;
 
 use assert_cmd::Command;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
@@ -15,38 +15,6 @@ fn run(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// Chromium, or why there is none (fails under CI=true).
-fn chromium() -> Option<PathBuf> {
-    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
-        std::process::Command::new(name)
-            .arg("--version")
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|_| PathBuf::from(name))
-    });
-    if found.is_none() {
-        let why = "Chromium is not installed (Debian: apt-get install chromium; scripts/setup does it as root)";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("report page test: {why}; not rendered");
-    }
-    found
-}
-
-fn headless(browser: &Path, args: &[&str], page: &Path) -> std::process::Output {
-    std::process::Command::new(browser)
-        .args([
-            "--headless",
-            "--disable-gpu",
-            "--no-sandbox",
-            "--hide-scrollbars",
-        ])
-        .args(args)
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -78,10 +46,14 @@ fn the_report_page_renders_one_point_per_journal_row_in_chromium() {
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("<svg") && html.contains("winner"));
 
-    let Some(browser) = chromium() else {
+    let Some(browser) = common::chromium() else {
         return;
     };
-    let dom = headless(&browser, &["--dump-dom"], &page);
+    let dom = common::headless(
+        &browser,
+        &["--dump-dom"],
+        &format!("file://{}", page.display()),
+    );
     let dom = String::from_utf8_lossy(&dom.stdout);
     assert!(
         dom.contains(&format!("data-points=\"{rows}\"")),
@@ -90,7 +62,11 @@ fn the_report_page_renders_one_point_per_journal_row_in_chromium() {
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("segtune-report.png");
     let _ = std::fs::remove_file(&shot);
     let screenshot = format!("--screenshot={}", shot.display());
-    let taken = headless(&browser, &[&screenshot, "--window-size=1100,2200"], &page);
+    let taken = common::headless(
+        &browser,
+        &[&screenshot, "--window-size=1100,2200"],
+        &format!("file://{}", page.display()),
+    );
     let png = std::fs::read(&shot).unwrap_or_else(|e| {
         panic!(
             "no screenshot at {} ({e}): {}",

@@ -99,6 +99,7 @@ fn request(out: &Path) -> SearchRequest {
         cudnn_benchmark: None,
         trace_timeout: None,
         placement: Default::default(),
+        trace_cache: None,
     }
 }
 

@@ -181,6 +181,15 @@ pub enum Command {
         after_help = "Examples:\n  segtune search my_config.py --preset rtx3050ti\n  segtune search my_config.py --vram 8G --objective throughput --out runs/tune --all\n  segtune search docs/examples/segformer_mit-b0_8xb2-160k_ade20k-512x512.rhai"
     )]
     Search(SearchArgs),
+    /// Which models train on which GPUs, and how: for every config under
+    /// the directories and every GPU, the best feasible setting as `search`
+    /// picks it (or the least memory it needs when nothing fits), beside
+    /// the config's published mIoU; atlas.html, atlas.csv and atlas.json in
+    /// --out. Traces are shared between GPUs and kept for re-runs.
+    #[command(
+        after_help = "Examples:\n  segtune atlas mmsegmentation/configs --all-presets\n  segtune atlas configs/segformer configs/pspnet --preset rtx3050ti --preset rtx3090 --out atlas\n  segtune atlas my_configs --vram 6G --results site-packages/mmseg/.mim/configs"
+    )]
+    Atlas(AtlasArgs),
     /// Write a finished search's report: a self-contained HTML page and
     /// SVG charts (memory and throughput against batch with the budget,
     /// the winner marked, the winner's peak split into parts) from the
@@ -194,7 +203,7 @@ pub enum Command {
     },
     /// Print a JSON schema: `search` (the search settings) or `result` (`search --json`).
     Schema {
-        #[arg(value_parser = ["search", "result"])]
+        #[arg(value_parser = ["search", "result", "atlas"])]
         which: String,
     },
     /// List the shipped GPU presets (for --preset and `import` in .rhai configs).
@@ -601,6 +610,12 @@ pub struct SearchArgs {
     pub torch: Option<TorchVersion>,
     #[command(flatten)]
     pub scale: ScaleArgs,
+    /// Keep traced steps in DIR and replay them instead of tracing again
+    /// (a trace does not depend on the GPU: one serves every preset and
+    /// every re-run; keyed by the resolved model, batch, crop, precision,
+    /// PyTorch release and the worker binary).
+    #[arg(long, value_name = "DIR")]
+    pub trace_cache: Option<PathBuf>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -718,6 +733,123 @@ impl SearchArgs {
             ask_python_torch: self.torch.is_none(),
             cudnn_benchmark: self.step.cudnn_benchmark,
             placement: self.scale.placement(),
+            trace_cache: self
+                .trace_cache
+                .as_ref()
+                .map(|d| std::sync::Arc::new(crate::predict::TraceCache::new(d))),
+        }
+    }
+}
+
+/// `segtune atlas` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AtlasArgs {
+    /// Directories searched recursively for configs (.py, .rhai; `_base_`
+    /// left out), e.g. your mmsegmentation/configs; or config files.
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// A shipped GPU preset; give it several times for several GPUs.
+    #[arg(long, value_name = "NAME")]
+    pub preset: Vec<String>,
+    /// Every shipped preset (`segtune presets`).
+    #[arg(long, conflicts_with = "preset")]
+    pub all_presets: bool,
+    /// A GPU by its memory (4G, 6GiB, ...); give it several times for several.
+    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
+    pub vram: Vec<String>,
+    /// Compute capability of the --vram GPUs (default 8.6).
+    #[arg(long)]
+    pub compute_capability: Option<String>,
+    /// Trees of MMSeg `metafile.yaml` files with the published results
+    /// (default: the config directories; the installed package has them
+    /// under mmseg/.mim/configs).
+    #[arg(long, value_name = "DIR")]
+    pub results: Vec<PathBuf>,
+    /// Where atlas.html, atlas.csv, atlas.json, the searches and the caches go.
+    #[arg(long, default_value = "segtune-atlas")]
+    pub out: PathBuf,
+    /// The trace cache (default: OUT/trace-cache).
+    #[arg(long, value_name = "DIR")]
+    pub trace_cache: Option<PathBuf>,
+    /// Fraction of each GPU's VRAM kept free (default 0.05).
+    #[arg(long, value_parser = fraction(0.9), allow_negative_numbers = true)]
+    pub margin: Option<f64>,
+    /// keep-crop (default) or throughput, as for search.
+    #[arg(long, value_parser = named::<Objective>())]
+    pub objective: Option<Objective>,
+    /// cpu (predict; default) or cuda:N (measure every winner there).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// GPUs training data-parallel (default 1).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..=MAX_GPUS))]
+    pub gpus: Option<i64>,
+    /// The PyTorch release to predict for (default 2.11).
+    #[arg(long, value_name = "X.Y")]
+    pub torch: Option<TorchVersion>,
+    /// CPU threads for each traced step.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
+    pub threads: Option<i32>,
+    #[command(flatten)]
+    pub timeouts: TraceTimeoutArgs,
+    #[command(flatten)]
+    pub scale: ScaleArgs,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+impl AtlasArgs {
+    /// The atlas's request (`presets`: the shipped presets' names, for
+    /// --all-presets).
+    pub fn request(&self, presets: &[&str]) -> crate::search::atlas::AtlasRequest {
+        use crate::search::atlas::{AtlasGpu, AtlasRequest};
+        let mut gpus: Vec<AtlasGpu> = if self.all_presets {
+            presets.iter().map(|p| AtlasGpu::preset(p)).collect()
+        } else {
+            self.preset.iter().map(|p| AtlasGpu::preset(p)).collect()
+        };
+        gpus.extend(self.vram.iter().map(|v| AtlasGpu {
+            preset: None,
+            vram: Some(v.clone()),
+            compute_capability: self.compute_capability.clone(),
+        }));
+        let cache_dir = self
+            .trace_cache
+            .clone()
+            .unwrap_or_else(|| self.out.join("trace-cache"));
+        AtlasRequest {
+            dirs: self.dirs.clone(),
+            gpus,
+            out: self.out.clone(),
+            results: self.results.clone(),
+            search: SearchRequest {
+                config: PathBuf::new(),
+                cfg_options: self.common.cfg_options.clone(),
+                settings: SearchSpec {
+                    margin: self.margin,
+                    objective: self.objective,
+                    device: Some(self.device.clone()),
+                    gpus: self.gpus,
+                    torch: self.torch,
+                    ..SearchSpec::default()
+                },
+                out: self.out.clone(),
+                exhaustive: false,
+                trial_timeout: std::time::Duration::from_secs(600),
+                trace_timeout: self.timeouts.deadline(),
+                threads: self.threads,
+                trace: crate::predict::TraceKind::Meta,
+                gt_segments: None,
+                mode: crate::trial::RunMode::Train,
+                ask_python_torch: false,
+                cudnn_benchmark: None,
+                placement: self.scale.placement(),
+                trace_cache: Some(std::sync::Arc::new(crate::predict::TraceCache::new(
+                    cache_dir,
+                ))),
+            },
         }
     }
 }

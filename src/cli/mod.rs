@@ -159,12 +159,13 @@ fn run(cli: Cli) -> Result<Output> {
             }))
         }
         Command::Search(args) => search_command(&args),
+        Command::Atlas(args) => atlas_command(&args),
         Command::Report { dir } => write_report(&dir),
         Command::Schema { which } => {
-            let schema = if which == "search" {
-                schemars::schema_for!(SearchSpec)
-            } else {
-                schemars::schema_for!(SearchResult)
+            let schema = match which.as_str() {
+                "search" => schemars::schema_for!(SearchSpec),
+                "atlas" => schemars::schema_for!(crate::search::atlas::Atlas),
+                _ => schemars::schema_for!(SearchResult),
             };
             Ok(Output::ok(json(&schema)))
         }
@@ -313,6 +314,67 @@ fn search_command(args: &SearchArgs) -> Result<Output> {
         text.push_str(&why(args, &result)?);
     }
     Ok(Output::ok(text))
+}
+
+/// `segtune atlas`: every config on every GPU, progress on stderr, then
+/// atlas.json, atlas.csv and atlas.html written whole into --out and the
+/// summary (or the JSON) on stdout.
+fn atlas_command(args: &args::AtlasArgs) -> Result<Output> {
+    use crate::search::atlas::AtlasStatus;
+    use crate::search::saved::write_atomically;
+    args.scale.check().map_err(crate::error::Error::Input)?;
+    let worker = Worker::locate()?;
+    let request = args.request(&crate::config::presets::names());
+    let quiet = args.quiet || args.common.json;
+    let progress = |step: &crate::search::atlas::AtlasStep| {
+        if quiet {
+            return;
+        }
+        let r = step.row;
+        let what = match r.status {
+            AtlasStatus::Fits => format!(
+                "fits: b{} {}x{} {}{} ({:.2} GiB)",
+                r.batch_size.unwrap_or(0),
+                r.crop.map_or(0, |c| c.0),
+                r.crop.map_or(0, |c| c.1),
+                r.amp.as_deref().unwrap_or(""),
+                r.accumulation
+                    .filter(|a| *a > 1)
+                    .map_or(String::new(), |a| format!(" acc{a}")),
+                r.device_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
+            ),
+            AtlasStatus::NothingFits => "nothing fits".into(),
+            AtlasStatus::Failed => format!("failed: {}", r.reason.as_deref().unwrap_or("")),
+        };
+        eprintln!(
+            "atlas [{}/{}] {} on {}: {what}{}",
+            step.done,
+            step.of,
+            r.config,
+            r.gpu,
+            if step.reused {
+                " (reused)".to_string()
+            } else {
+                format!(" [{:.1} s]", r.seconds)
+            }
+        );
+    };
+    let atlas = crate::search::atlas::atlas(&request, &worker, &progress)?;
+    let text = json(&atlas);
+    write_atomically(&args.out.join("atlas.json"), text.as_bytes())?;
+    write_atomically(
+        &args.out.join("atlas.csv"),
+        report::atlas::csv(&atlas).as_bytes(),
+    )?;
+    write_atomically(
+        &args.out.join("atlas.html"),
+        report::atlas::page(&atlas).as_bytes(),
+    )?;
+    Ok(Output::ok(if args.common.json {
+        text
+    } else {
+        report::atlas::summary(&atlas, &args.out)
+    }))
 }
 
 /// `segtune report DIR`: the page and its charts into `DIR/report/`.

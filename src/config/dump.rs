@@ -305,6 +305,15 @@ pub fn rhai_value(v: &Value, indent: usize) -> String {
     }
 }
 
+/// FNV-1a 64 of a text, in hex: a stable hash of a resolved config (the
+/// search journal's key, the trace cache's).
+pub fn hash_text(text: &str) -> String {
+    let h = text.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    });
+    format!("{h:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

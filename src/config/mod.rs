@@ -19,7 +19,9 @@
 //! - [`value`] and [`error`]: the values and the diagnostics all of these
 //!   share; [`dump`] writes a resolved config back out, and [`written`]
 //!   bounds how large that would be; [`presets`] are the shipped modules a
-//!   Rhai config may `import`.
+//!   Rhai config may `import`;
+//! - [`metafile`]: MMSeg's `metafile.yaml` files, the published result of
+//!   each config (`segtune atlas`).
 
 pub mod budget;
 pub mod dump;
@@ -30,6 +32,7 @@ pub mod hf;
 mod imports;
 mod loader;
 pub mod merge;
+pub mod metafile;
 mod new_style;
 mod prepare;
 pub mod presets;

@@ -24,8 +24,10 @@ pub mod from_config;
 pub mod kernels;
 pub mod replay;
 pub mod step_trace;
+pub mod trace_cache;
 
 pub use budget::{Budget, Gpu};
 pub use estimate::Estimate;
 pub use from_config::{estimate_config, EstimateRequest};
-pub use step_trace::{trace_step, StepToTrace, TraceKind, TracedStep};
+pub use step_trace::{trace_step, trace_step_cached, StepToTrace, TraceKind, TracedStep};
+pub use trace_cache::TraceCache;

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The trace of one step and what the worker measured with it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TracedStep {
     /// Every CPU allocation and free from the model build on.
     pub events: Vec<TraceEvent>,
@@ -125,6 +126,27 @@ pub fn config_accumulation(config: &Path, cfg_options: &[String]) -> i64 {
         })
         .unwrap_or(1)
         .max(1)
+}
+
+/// [`trace_step`], answered from `cache` when it holds the step (and the
+/// new trace stored there when not).
+pub fn trace_step_cached(
+    worker: &Worker,
+    step: &StepToTrace,
+    cache: Option<&super::trace_cache::TraceCache>,
+) -> Result<TracedStep> {
+    let Some(cache) = cache else {
+        return trace_step(worker, step);
+    };
+    let key = cache.key(worker, step);
+    if let Some(found) = key.as_deref().and_then(|k| cache.get(k)) {
+        return Ok(found);
+    }
+    let traced = trace_step(worker, step)?;
+    if let Some(key) = key {
+        cache.put(&key, &traced);
+    }
+    Ok(traced)
 }
 
 /// Traces the warm-up steps and a measured training step on the CPU in the

@@ -80,6 +80,7 @@ fn chart(
         y_label: y_label.to_string(),
         series,
         lines,
+        continuous_x: false,
     }
 }
 

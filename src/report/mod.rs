@@ -3,6 +3,7 @@
 //! layers below (their JSON is the same results, serialised). Nothing here
 //! computes a figure; it only shows them.
 
+pub mod atlas;
 mod estimate;
 mod explain;
 mod html;

@@ -52,6 +52,9 @@ pub struct Scatter {
     pub y_label: String,
     pub series: Vec<Series>,
     pub lines: Vec<Line>,
+    /// x from 0 with round ticks (a continuous figure such as mIoU), not
+    /// every integer from 1 (the batch size).
+    pub continuous_x: bool,
 }
 
 /// Escapes text for SVG/HTML.
@@ -119,7 +122,13 @@ impl Frame {
 /// The scatter as an SVG document.
 pub fn scatter(chart: &Scatter) -> String {
     let all = chart.series.iter().flat_map(|s| &s.points);
-    let x_max = all.clone().map(|p| p.x).fold(1.0, f64::max) + 1.0;
+    let x_max = if chart.continuous_x {
+        *ticks(all.clone().map(|p| p.x).fold(1.0, f64::max) * 1.05)
+            .last()
+            .unwrap_or(&1.0)
+    } else {
+        all.clone().map(|p| p.x).fold(1.0, f64::max) + 1.0
+    };
     let y_max = all
         .filter_map(|p| p.y)
         .chain(chart.lines.iter().map(|l| l.y))
@@ -163,12 +172,18 @@ fn scatter_axes(out: &mut String, chart: &Scatter, frame: &Frame, y_ticks: &[f64
             y = frame.sy(*t)
         );
     }
-    for x in 1..(frame.x_max as i64) {
+    let x_ticks: Vec<f64> = if chart.continuous_x {
+        ticks(frame.x_max)
+    } else {
+        (1..(frame.x_max as i64)).map(|x| x as f64).collect()
+    };
+    for x in x_ticks {
         let _ = write!(
             out,
-            r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#,
-            frame.sx(x as f64),
-            TOP + plot_h + 16.0
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            frame.sx(x),
+            TOP + plot_h + 16.0,
+            number(x)
         );
     }
     let _ = write!(
@@ -313,6 +328,7 @@ mod tests {
                 label: "usable".into(),
                 color: "#d00",
             }],
+            continuous_x: false,
         };
         let svg = scatter(&chart);
         assert_eq!(svg.matches(r#"class="point"#).count(), 3);

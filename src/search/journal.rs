@@ -286,10 +286,7 @@ impl Journal {
 
 /// FNV-1a 64 of a text, in hex: a stable hash of the resolved config.
 pub fn hash_text(text: &str) -> String {
-    let h = text.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    });
-    format!("{h:016x}")
+    crate::config::dump::hash_text(text)
 }
 
 #[cfg(test)]

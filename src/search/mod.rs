@@ -24,7 +24,10 @@
 //!   `preprocessor_config.json`.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
 //! - `saved.rs`: `search.json`, the finished search for `segtune report`.
+//! - `atlas.rs`: `segtune atlas`, a search per config and GPU, with the
+//!   published results beside them and the traces shared.
 
+pub mod atlas;
 pub mod confirm;
 pub mod emit;
 pub mod emit_hf;

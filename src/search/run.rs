@@ -16,7 +16,7 @@ use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::step_trace::trace_deadline;
-use crate::predict::{trace_step, Budget, Gpu, StepToTrace, TraceKind};
+use crate::predict::{trace_step_cached, Budget, Gpu, StepToTrace, TraceKind};
 use crate::trial::torch_version::VersionSource;
 use crate::trial::worker::Worker;
 use crate::trial::{RunMode, Switch, TorchVersion, TrainingSetup};
@@ -57,6 +57,9 @@ pub struct SearchRequest {
     /// Where the trials run and how many at once (`--devices`,
     /// `--launcher slurm`).
     pub placement: super::Placement,
+    /// Traced steps kept on disk (`--trace-cache DIR`; `segtune atlas`'s
+    /// shared by its presets): a step traced once is replayed, not traced.
+    pub trace_cache: Option<std::sync::Arc<crate::predict::TraceCache>>,
 }
 
 impl SearchRequest {
@@ -657,6 +660,7 @@ pub fn predictor(
     let trace_kind = request.trace;
     let trace_timeout = request.trace_timeout;
     let gt_segments = request.gt_segments;
+    let cache = request.trace_cache.clone();
     let tracer = Box::new(
         move |batch_size: i64,
               crop: (i64, i64),
@@ -672,7 +676,7 @@ pub fn predictor(
                     if accumulates { 2 } else { 1 }
                 ));
             }
-            trace_step(
+            trace_step_cached(
                 &worker,
                 &StepToTrace {
                     config: &config_path,
@@ -689,6 +693,7 @@ pub fn predictor(
                         .unwrap_or_else(|| trace_deadline(trace_kind, batch_size, crop)),
                     python: None,
                 },
+                cache.as_deref(),
             )
         },
     );

@@ -262,3 +262,36 @@ pub fn estimate_json(config: &std::path::Path, args: &[&str]) -> serde_json::Val
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Chromium, or why there is none (fails under CI=true).
+pub fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
+        std::process::Command::new(name)
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|_| PathBuf::from(name))
+    });
+    if found.is_none() {
+        let why = "Chromium is not installed (Debian: apt-get install chromium; scripts/setup does it as root)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("page test: {why}; not rendered");
+    }
+    found
+}
+
+/// Headless Chromium on `url` with `args` (`--dump-dom`, `--screenshot=...`).
+pub fn headless(browser: &std::path::Path, args: &[&str], url: &str) -> std::process::Output {
+    std::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--hide-scrollbars",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap()
+}

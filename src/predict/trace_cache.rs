@@ -1,0 +1,202 @@
+//! Traced steps kept on disk, so that a step traced once is not traced
+//! again: a trace does not depend on the GPU (the budget, the card's cuDNN
+//! and kernels enter only when it is replayed), so one trace serves every
+//! preset of `segtune atlas` and every re-run of a search (`--trace-cache`).
+//!
+//! A trace is keyed by what decides it: the resolved config (its JSON
+//! dump, which includes the candidate's knobs and accumulation through
+//! `--cfg-options`), batch, crop, precision, synthetic label segments, GPUs
+//! and PyTorch release, trace kind, mode, and the worker that traced it
+//! (its path, size and modification time: a rebuilt segtune traces anew).
+//! The config's file name is not in the key: two files resolving to one
+//! model share their traces. Entries are written whole (a temporary file,
+//! then a rename); one that does not read is a miss.
+
+use super::step_trace::{StepToTrace, TracedStep};
+use crate::config::{dump, Value};
+use crate::trial::worker::Worker;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Bump when what a trace holds changes.
+const FORMAT: u32 = 1;
+
+/// A directory of traced steps, with its hits and misses so far.
+#[derive(Debug)]
+pub struct TraceCache {
+    dir: PathBuf,
+    hits: AtomicUsize,
+    misses: AtomicUsize,
+}
+
+impl TraceCache {
+    /// The cache in `dir` (created when the first trace is stored).
+    pub fn new(dir: impl Into<PathBuf>) -> TraceCache {
+        TraceCache {
+            dir: dir.into(),
+            hits: AtomicUsize::new(0),
+            misses: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Lookups answered from the cache, and lookups that were not.
+    pub fn counts(&self) -> (usize, usize) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The key of `step` traced by `worker`; `None` when its config does not
+    /// resolve (the worker will say why).
+    pub fn key(&self, worker: &Worker, step: &StepToTrace) -> Option<String> {
+        let cfg = crate::config::resolve(step.config, step.cfg_options).ok()?;
+        let stamp = std::fs::metadata(worker.path())
+            .ok()
+            .map(|m| {
+                let modified = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                format!("{}:{}:{modified}", worker.path().display(), m.len())
+            })
+            .unwrap_or_default();
+        let text = format!(
+            "{FORMAT}|{stamp}|{}|b{}|{}x{}|{}|segments{:?}|gpus{}|torch{}|{}|{}|python{:?}",
+            dump::to_json(&Value::Dict(cfg)),
+            step.batch_size,
+            step.crop.0,
+            step.crop.1,
+            step.amp,
+            step.gt_segments,
+            step.setup.gpus,
+            step.setup.torch,
+            step.kind,
+            step.mode,
+            step.python.map(|p| p.python().display().to_string()),
+        );
+        Some(dump::hash_text(&text))
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(&key[..2]).join(format!("{key}.json.gz"))
+    }
+
+    /// The trace stored under `key`, if one reads.
+    pub fn get(&self, key: &str) -> Option<TracedStep> {
+        let found = std::fs::File::open(self.path(key)).ok().and_then(|f| {
+            let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(f));
+            serde_json::from_reader(reader).ok()
+        });
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    /// Stores `trace` under `key`; a failure to write only costs a re-trace
+    /// later, so it is not an error.
+    pub fn put(&self, key: &str, trace: &TracedStep) {
+        let path = self.path(key);
+        let Some(parent) = path.parent() else {
+            return;
+        };
+        if std::fs::create_dir_all(parent).is_err() {
+            return;
+        }
+        let Ok(tmp) = tempfile::NamedTempFile::new_in(parent) else {
+            return;
+        };
+        // Gzipped JSON: a trace's events compress about tenfold.
+        let mut gz = flate2::write::GzEncoder::new(
+            std::io::BufWriter::new(tmp),
+            flate2::Compression::fast(),
+        );
+        if serde_json::to_writer(&mut gz, trace).is_err() {
+            return;
+        }
+        let Ok(writer) = gz.finish() else {
+            return;
+        };
+        if let Ok(tmp) = writer.into_inner() {
+            let _ = tmp.persist(&path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trial::trace::TraceEvent;
+
+    #[test]
+    fn a_stored_trace_reads_back_and_a_torn_one_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = TraceCache::new(dir.path().join("traces"));
+        let trace = TracedStep {
+            events: vec![TraceEvent {
+                id: 1,
+                bytes: 4096,
+                phase: 1,
+                scope: 2,
+            }],
+            kernel_calls: Vec::new(),
+            cpu_peak_bytes: 4096,
+            forward_flops: 1e9,
+            recompute_flops: 0.0,
+            model_scopes: vec!["backbone".into()],
+        };
+        let key = "ab12cd34ef567890";
+        assert!(cache.get(key).is_none());
+        cache.put(key, &trace);
+        let back = cache.get(key).unwrap();
+        assert_eq!(back.events, trace.events);
+        assert_eq!(back.model_scopes, trace.model_scopes);
+        assert_eq!(cache.counts(), (1, 1));
+        std::fs::write(cache.path(key), b"\x1f\x8b\x08 torn").unwrap();
+        assert!(cache.get(key).is_none());
+    }
+
+    #[test]
+    fn the_key_follows_the_resolved_model_not_the_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let text =
+            "model = dict(type='EncoderDecoder', backbone=dict(type='ResNetV1c', depth=18))\n";
+        let a = dir.path().join("a.py");
+        let b = dir.path().join("b.py");
+        std::fs::write(&a, text).unwrap();
+        std::fs::write(&b, text).unwrap();
+        let cache = TraceCache::new(dir.path().join("traces"));
+        let worker = Worker::at(dir.path().join("segtune-torch"));
+        let step = |config: &'static Path, batch: i64, options: &'static [String]| StepToTrace {
+            config,
+            cfg_options: options,
+            batch_size: batch,
+            crop: (128, 128),
+            amp: crate::trial::Amp::Off,
+            threads: 1,
+            gt_segments: None,
+            setup: crate::trial::TrainingSetup::default(),
+            kind: super::super::TraceKind::Meta,
+            mode: crate::trial::RunMode::Train,
+            deadline: std::time::Duration::from_secs(1),
+            python: None,
+        };
+        let a: &'static Path = Box::leak(a.into_boxed_path());
+        let b: &'static Path = Box::leak(b.into_boxed_path());
+        let knob: &'static [String] =
+            Box::leak(vec!["model.backbone.depth=50".to_string()].into_boxed_slice());
+        let key = |s: StepToTrace| cache.key(&worker, &s).unwrap();
+        assert_eq!(key(step(a, 2, &[])), key(step(b, 2, &[])));
+        assert_ne!(key(step(a, 2, &[])), key(step(a, 4, &[])));
+        assert_ne!(key(step(a, 2, &[])), key(step(a, 2, knob)));
+    }
+}

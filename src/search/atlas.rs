@@ -1,0 +1,587 @@
+//! `segtune atlas`: which of many configs train on which GPUs, and how.
+//! For every config under the given directories and every GPU asked for, the
+//! best feasible setting as `segtune search` picks it (it is that search:
+//! same objective, effective-batch rule and knobs, its journal and emitted
+//! config under `OUT/searches/`), or, when nothing fits, the least memory a
+//! candidate was predicted to need; beside it the config's published result
+//! (dataset and mIoU from MMSeg's `metafile.yaml` files).
+//!
+//! What makes it fast is sharing. A trace does not depend on the GPU, so one
+//! trace cache (`OUT/trace-cache`, `predict::TraceCache`) serves every GPU
+//! and every re-run. Each finished row is kept in `OUT/rows.jsonl`, keyed by
+//! the resolved config, the GPU's budget, the search settings and the
+//! worker binary, so a re-run with nothing changed replays no search. A
+//! config that fails gets a row saying why; the atlas never stops on one.
+
+use super::record::{Mode, SearchResult};
+use super::run::{search, SearchRequest};
+use super::spec::SearchSpec;
+use crate::config::metafile::{self, Published};
+use crate::config::{dump, Value};
+use crate::error::{Error, Result};
+use crate::predict::{Budget, Gpu, TraceCache};
+use crate::trial::worker::Worker;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bump when a row's meaning changes: older rows are searched again.
+const ROW_FORMAT: u32 = 1;
+
+/// One GPU of the atlas: a preset, or a VRAM size (and compute capability).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtlasGpu {
+    pub preset: Option<String>,
+    pub vram: Option<String>,
+    pub compute_capability: Option<String>,
+}
+
+impl AtlasGpu {
+    pub fn preset(name: &str) -> AtlasGpu {
+        AtlasGpu {
+            preset: Some(name.to_string()),
+            vram: None,
+            compute_capability: None,
+        }
+    }
+
+    /// The column's name: the preset's, or `vram-<size>`.
+    pub fn label(&self) -> String {
+        match (&self.preset, &self.vram) {
+            (Some(p), _) => p.clone(),
+            (None, Some(v)) => format!("vram-{v}"),
+            (None, None) => "gpu".into(),
+        }
+    }
+
+    fn budget(&self, margin: Option<f64>) -> Result<Budget> {
+        let gpu = Gpu::choose(
+            self.preset.as_deref(),
+            self.vram.as_deref(),
+            self.compute_capability.as_deref(),
+        )?;
+        Budget::new(&gpu, margin.unwrap_or(0.05))
+    }
+}
+
+/// What `segtune atlas` was asked.
+pub struct AtlasRequest {
+    /// Directories searched recursively for configs (`_base_` and hidden
+    /// directories left out).
+    pub dirs: Vec<PathBuf>,
+    pub gpus: Vec<AtlasGpu>,
+    /// Where atlas.json, atlas.csv, atlas.html, the searches, the trace
+    /// cache and the row cache go.
+    pub out: PathBuf,
+    /// Trees of `metafile.yaml` files; none given: the config directories.
+    pub results: Vec<PathBuf>,
+    /// Every search's settings besides its config and GPU (trace kind,
+    /// threads, deadlines, where trials run, objective, margin, device).
+    pub search: SearchRequest,
+}
+
+/// How a config fared on a GPU.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum AtlasStatus {
+    /// A setting fits: the row holds the search's winner.
+    Fits,
+    /// Nothing the search tried fits: the row holds the least it needs.
+    NothingFits,
+    /// The config could not be searched (the reason says why).
+    Failed,
+}
+
+/// One config on one GPU.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct AtlasRow {
+    /// The config's path under its directory.
+    pub config: String,
+    /// Its file stem (the model zoo's name for it).
+    pub name: String,
+    /// Its method directory (`segformer`, `pspnet`, ...).
+    pub family: String,
+    /// The published result's dataset and single-scale mIoU (percent), from
+    /// the metafiles; `None`: none published.
+    pub dataset: Option<String>,
+    pub miou: Option<f64>,
+    /// Without an mIoU, the published metric there is (`mDice 88.92`).
+    #[serde(default)]
+    pub other_metric: Option<String>,
+    /// The GPU's label (preset or `vram-<size>`) and its budget.
+    pub gpu: String,
+    pub vram_bytes: u64,
+    pub usable_bytes: u64,
+    pub status: AtlasStatus,
+    /// The winner's settings (status `fits`).
+    pub batch_size: Option<i64>,
+    pub crop: Option<(i64, i64)>,
+    pub amp: Option<String>,
+    pub accumulation: Option<i64>,
+    #[serde(default)]
+    pub checkpoint: bool,
+    pub num_points: Option<i64>,
+    /// The winner's device memory (reserved + CUDA context); with nothing
+    /// fitting, the least any candidate needed.
+    pub device_bytes: Option<u64>,
+    pub images_per_s: Option<f64>,
+    /// Whether the figures were predicted or measured.
+    pub mode: Option<Mode>,
+    pub reason: Option<String>,
+    /// Seconds its search took (0 when the row was reused).
+    pub seconds: f64,
+}
+
+/// A GPU of the atlas with its budget.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct AtlasGpuBudget {
+    pub label: String,
+    pub gpu: String,
+    pub vram_bytes: u64,
+    pub usable_bytes: u64,
+}
+
+/// `atlas.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct Atlas {
+    pub gpus: Vec<AtlasGpuBudget>,
+    /// Configs found under the directories.
+    pub configs: usize,
+    /// Configs with a published mIoU.
+    pub configs_with_results: usize,
+    pub rows: Vec<AtlasRow>,
+    /// Rows taken from `OUT/rows.jsonl` (no search run for them).
+    pub rows_reused: usize,
+    /// The trace cache's lookups: answered from it, and traced.
+    pub trace_cache_hits: usize,
+    pub trace_cache_misses: usize,
+    /// Metafiles that could not be read, each with why.
+    pub metafile_errors: Vec<String>,
+    pub seconds: f64,
+}
+
+/// What the progress display hears after each row.
+pub struct AtlasStep<'a> {
+    pub row: &'a AtlasRow,
+    pub reused: bool,
+    /// Rows done, of all.
+    pub done: usize,
+    pub of: usize,
+}
+
+/// Every config under `dirs` (`.py` and `.rhai`; `_base_`, `_`- and
+/// `.`-named directories left out), with the directory it was found under,
+/// sorted.
+pub fn configs_under(dirs: &[PathBuf]) -> Vec<(PathBuf, PathBuf)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, PathBuf)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let hidden = name.starts_with('_') || name.starts_with('.');
+            match entry.file_type() {
+                Ok(t) if t.is_dir() && !hidden => walk(root, &path, out),
+                Ok(t)
+                    if !t.is_dir()
+                        && !hidden
+                        && (name.ends_with(".py") || name.ends_with(".rhai")) =>
+                {
+                    out.push((root.to_path_buf(), path))
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for dir in dirs {
+        if dir.is_file() {
+            let root = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
+            out.push((root, dir.clone()));
+        } else {
+            walk(dir, dir, &mut out);
+        }
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    out.dedup_by(|a, b| a.1 == b.1);
+    out
+}
+
+/// The worker binary's identity in a cache key: a rebuilt segtune searches
+/// anew.
+fn worker_stamp(worker: &Worker) -> String {
+    std::fs::metadata(worker.path())
+        .ok()
+        .map(|m| {
+            let modified = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            format!("{}:{modified}", m.len())
+        })
+        .unwrap_or_default()
+}
+
+/// The row cache: `OUT/rows.jsonl`, one `{key, row}` per line, appended as
+/// rows finish (a killed atlas keeps what it finished).
+struct RowCache {
+    path: PathBuf,
+    rows: HashMap<String, AtlasRow>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CachedRow {
+    key: String,
+    row: AtlasRow,
+}
+
+impl RowCache {
+    fn open(out: &Path) -> RowCache {
+        let path = out.join("rows.jsonl");
+        let rows = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<CachedRow>(l).ok())
+            .map(|c| (c.key, c.row))
+            .collect();
+        RowCache { path, rows }
+    }
+
+    fn get(&self, key: &str) -> Option<&AtlasRow> {
+        self.rows.get(key)
+    }
+
+    fn put(&mut self, key: String, row: &AtlasRow) -> Result<()> {
+        let line = serde_json::to_string(&CachedRow {
+            key: key.clone(),
+            row: row.clone(),
+        })
+        .expect("rows serialise");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| writeln!(f, "{line}"))
+            .map_err(|e| Error::io(format!("cannot write {}", self.path.display()), e))?;
+        self.rows.insert(key, row.clone());
+        Ok(())
+    }
+}
+
+/// A config's name parts: its path under `root`, stem and method directory.
+fn names(root: &Path, config: &Path) -> (String, String, String) {
+    let relative = config
+        .strip_prefix(root)
+        .unwrap_or(config)
+        .display()
+        .to_string();
+    let stem = config
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let family = config
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (relative, stem, family)
+}
+
+/// The first lines of an error, for a row (a whole rendered diagnostic is
+/// more than a table cell).
+fn short(e: &Error) -> String {
+    let text = e.to_string();
+    // A diagnostic's pointer (`--> file:line`) and what follows it: the row
+    // names its config already.
+    let text = text.split("  --> ").next().unwrap_or(&text).to_string();
+    let mut lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines.truncate(3);
+    let joined = lines.join(" ");
+    let mut s: String = joined.chars().take(400).collect();
+    if joined.chars().count() > 400 {
+        s.push('…');
+    }
+    s.trim_start_matches("error: ").to_string()
+}
+
+/// The row of a finished search.
+fn row_of(base: AtlasRow, result: &SearchResult) -> AtlasRow {
+    let mut row = base;
+    row.mode = Some(result.mode);
+    match &result.winner {
+        Some(w) => {
+            let c = &w.candidate;
+            row.status = AtlasStatus::Fits;
+            row.batch_size = Some(c.batch_size);
+            row.crop = Some(c.crop);
+            row.amp = Some(c.amp.to_string());
+            row.accumulation = Some(c.accumulation);
+            row.checkpoint = c.checkpoint;
+            row.num_points = c.num_points;
+            row.device_bytes = w.record.device_bytes;
+            row.images_per_s = w.record.images_per_s;
+        }
+        None => {
+            row.status = AtlasStatus::NothingFits;
+            let least = result
+                .infeasible
+                .iter()
+                .filter_map(|o| o.record.device_bytes.map(|b| (b, o)))
+                .min_by_key(|(b, _)| *b);
+            row.device_bytes = least.map(|(b, _)| b);
+            row.reason = Some(match least {
+                Some((bytes, o)) => format!(
+                    "nothing fits: the least any candidate needs is {:.2} GiB (batch {} x {}x{}, {}), {:.2} GiB usable",
+                    bytes as f64 / (1u64 << 30) as f64,
+                    o.candidate.batch_size,
+                    o.candidate.crop.0,
+                    o.candidate.crop.1,
+                    o.candidate.amp,
+                    row.usable_bytes as f64 / (1u64 << 30) as f64
+                ),
+                None => "nothing fits, and no candidate's memory was predicted".into(),
+            });
+        }
+    }
+    row
+}
+
+/// Runs the atlas: every config on every GPU, rows reused where nothing
+/// changed; `progress` hears of each row. Writes nothing but the searches'
+/// directories and the row cache; the caller writes the outputs.
+pub fn atlas(
+    request: &AtlasRequest,
+    worker: &Worker,
+    progress: &dyn Fn(&AtlasStep),
+) -> Result<Atlas> {
+    let started = Instant::now();
+    if request.gpus.is_empty() {
+        return Err(Error::Input(
+            "no GPU: give --preset NAME (one or more), --all-presets or --vram SIZE".into(),
+        ));
+    }
+    super::journal::create_out_dir(&request.out)?;
+    let configs = configs_under(&request.dirs);
+    if configs.is_empty() {
+        return Err(Error::Input(format!(
+            "no config (.py or .rhai) under {}",
+            request
+                .dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let budgets: Vec<(AtlasGpu, Budget)> = request
+        .gpus
+        .iter()
+        .map(|g| {
+            g.budget(request.search.settings.margin)
+                .map(|b| (g.clone(), b))
+        })
+        .collect::<Result<_>>()?;
+    let result_dirs = if request.results.is_empty() {
+        &request.dirs
+    } else {
+        &request.results
+    };
+    let mut published: BTreeMap<String, Published> = BTreeMap::new();
+    let mut metafile_errors = Vec::new();
+    for dir in result_dirs {
+        let (found, errors) = metafile::read_tree(dir);
+        for (k, v) in found {
+            published.entry(k).or_insert(v);
+        }
+        metafile_errors.extend(errors.iter().map(|e| e.to_string()));
+    }
+    let cache = request
+        .search
+        .trace_cache
+        .clone()
+        .unwrap_or_else(|| Arc::new(TraceCache::new(request.out.join("trace-cache"))));
+    let mut rows_cache = RowCache::open(&request.out);
+    let stamp = worker_stamp(worker);
+    let settings = &request.search;
+    let settings_key = format!(
+        "{ROW_FORMAT}|{stamp}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
+        settings.settings.objective,
+        settings.settings.device,
+        settings.settings.gpus,
+        settings.trace,
+        settings.gt_segments,
+        settings.settings.torch,
+        settings.cudnn_benchmark,
+        settings.cfg_options,
+    );
+    let total = configs.len() * budgets.len();
+    let mut rows = Vec::with_capacity(total);
+    let mut reused = 0usize;
+    let mut with_results = 0usize;
+    for (root, config) in &configs {
+        let (relative, name, family) = names(root, config);
+        let found = published.get(&name);
+        with_results += usize::from(found.and_then(|p| p.miou).is_some());
+        let model_key = crate::config::resolve(config, &settings.cfg_options)
+            .ok()
+            .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg))));
+        for (gpu, budget) in &budgets {
+            let base = AtlasRow {
+                config: relative.clone(),
+                name: name.clone(),
+                family: family.clone(),
+                dataset: found.and_then(|p| p.dataset.clone()),
+                miou: found.and_then(|p| p.miou),
+                other_metric: found.and_then(|p| p.other_metric.clone()),
+                gpu: gpu.label(),
+                vram_bytes: budget.vram_bytes,
+                usable_bytes: budget.usable_bytes,
+                status: AtlasStatus::Failed,
+                batch_size: None,
+                crop: None,
+                amp: None,
+                accumulation: None,
+                checkpoint: false,
+                num_points: None,
+                device_bytes: None,
+                images_per_s: None,
+                mode: None,
+                reason: None,
+                seconds: 0.0,
+            };
+            let key = model_key.as_ref().map(|m| {
+                dump::hash_text(&format!(
+                    "{settings_key}|{m}|{}|{}",
+                    gpu.label(),
+                    serde_json::to_string(budget).unwrap_or_default()
+                ))
+            });
+            if let Some(cached) = key.as_deref().and_then(|k| rows_cache.get(k)) {
+                // The published result may have changed (another --results).
+                let row = AtlasRow {
+                    dataset: base.dataset.clone(),
+                    miou: base.miou,
+                    other_metric: base.other_metric.clone(),
+                    config: base.config.clone(),
+                    seconds: 0.0,
+                    ..cached.clone()
+                };
+                reused += 1;
+                rows.push(row);
+                progress(&AtlasStep {
+                    row: rows.last().expect("pushed"),
+                    reused: true,
+                    done: rows.len(),
+                    of: total,
+                });
+                continue;
+            }
+            let one = Instant::now();
+            let search_request = SearchRequest {
+                config: config.clone(),
+                settings: SearchSpec {
+                    preset: gpu.preset.clone(),
+                    vram: gpu.vram.clone(),
+                    compute_capability: gpu.compute_capability.clone(),
+                    ..settings.settings.clone()
+                },
+                out: request
+                    .out
+                    .join("searches")
+                    .join(&family)
+                    .join(&name)
+                    .join(gpu.label()),
+                trace_cache: Some(cache.clone()),
+                ..settings.clone()
+            };
+            let mut row = match search(&search_request, worker, &|_| {}) {
+                Ok(result) => row_of(base, &result),
+                Err(e) => AtlasRow {
+                    reason: Some(short(&e)),
+                    ..base
+                },
+            };
+            row.seconds = one.elapsed().as_secs_f64();
+            if let Some(key) = key {
+                rows_cache.put(key, &row)?;
+            }
+            rows.push(row);
+            progress(&AtlasStep {
+                row: rows.last().expect("pushed"),
+                reused: false,
+                done: rows.len(),
+                of: total,
+            });
+        }
+    }
+    let (hits, misses) = cache.counts();
+    Ok(Atlas {
+        gpus: budgets
+            .iter()
+            .map(|(g, b)| AtlasGpuBudget {
+                label: g.label(),
+                gpu: b.gpu.clone(),
+                vram_bytes: b.vram_bytes,
+                usable_bytes: b.usable_bytes,
+            })
+            .collect(),
+        configs: configs.len(),
+        configs_with_results: with_results,
+        rows,
+        rows_reused: reused,
+        trace_cache_hits: hits,
+        trace_cache_misses: misses,
+        metafile_errors,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_are_found_below_the_directories_without_bases() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [
+            "pspnet/pspnet_r18.py",
+            "pspnet/_helper.py",
+            "_base_/models/pspnet_r50-d8.py",
+            ".git/x.py",
+            "segformer/b0.rhai",
+            "segformer/README.md",
+        ] {
+            let p = dir.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, "x = 1\n").unwrap();
+        }
+        let found: Vec<String> = configs_under(&[dir.path().to_path_buf()])
+            .into_iter()
+            .map(|(root, c)| names(&root, &c).0)
+            .collect();
+        assert_eq!(found, vec!["pspnet/pspnet_r18.py", "segformer/b0.rhai"]);
+        let (relative, stem, family) = names(dir.path(), &dir.path().join("pspnet/pspnet_r18.py"));
+        assert_eq!(
+            (relative.as_str(), stem.as_str(), family.as_str()),
+            ("pspnet/pspnet_r18.py", "pspnet_r18", "pspnet")
+        );
+    }
+
+    #[test]
+    fn gpus_are_labelled_by_preset_or_size() {
+        assert_eq!(AtlasGpu::preset("rtx3090").label(), "rtx3090");
+        let vram = AtlasGpu {
+            preset: None,
+            vram: Some("6G".into()),
+            compute_capability: None,
+        };
+        assert_eq!(vram.label(), "vram-6G");
+        assert!(vram.budget(None).unwrap().vram_bytes == 6 << 30);
+    }
+}
