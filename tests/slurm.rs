@@ -192,10 +192,18 @@ fn a_trial_cancelled_with_scancel_is_reported_and_the_search_goes_on() {
         .filter(|r| {
             let first = r["run"]["first_failure"].as_str().unwrap_or("");
             let reason = r["record"]["reason"].as_str().unwrap_or("");
-            first.contains("Slurm cancelled") || reason.contains("Slurm cancelled")
+            // From srun's or slurmstepd's words, or `scontrol show job`'s
+            // state; where neither said, the SIGTERM Slurm sends.
+            ["Slurm cancelled", "Slurm terminated"]
+                .iter()
+                .any(|said| first.contains(said) || reason.contains(said))
         })
         .collect();
     assert_eq!(said.len(), 1, "the cancelled trial says so: {rows:#?}");
+    eprintln!(
+        "slurm: {cancelled} cancelled: {}",
+        said[0]["run"]["first_failure"]
+    );
     // Retried once: two jobs for that trial.
     assert_eq!(said[0]["run"]["slurm_jobs"].as_array().unwrap().len(), 2);
     let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

@@ -31,6 +31,9 @@ pub struct SlurmLauncher {
     pub srun: OsString,
     /// `scancel` (default on PATH).
     pub scancel: OsString,
+    /// `scontrol` (default on PATH): asked how a job ended when `srun`
+    /// did not say.
+    pub scontrol: OsString,
     /// `--partition`.
     pub partition: Option<String>,
     /// `--gres gpu:N` (none: no GPU asked for, as a CPU trial needs).
@@ -54,6 +57,7 @@ impl SlurmLauncher {
         SlurmLauncher {
             srun: "srun".into(),
             scancel: "scancel".into(),
+            scontrol: "scontrol".into(),
             partition: None,
             gpus_per_trial: None,
             cpus_per_trial: None,
@@ -114,6 +118,22 @@ impl SlurmLauncher {
         args
     }
 
+    /// The state Slurm gives job `job_id` (`scontrol show job -o`:
+    /// `CANCELLED`, `TIMEOUT`, `PREEMPTED`, `NODE_FAIL`, ...), while Slurm
+    /// still keeps the finished job (`MinJobAge`, 300 s by default).
+    pub fn job_state(&self, job_id: &str) -> Option<String> {
+        let out = Command::new(&self.scontrol)
+            .args(["show", "job", "-o", job_id])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("JobState="))
+            .map(str::to_string)
+    }
+
     /// Cancels the job named `name` (`scancel --name`), waiting for
     /// `scancel` itself only; failures are ignored (the job may be gone).
     pub fn cancel(&self, name: &str) {
@@ -151,6 +171,23 @@ pub enum SlurmEnd {
     /// `srun: error: Unable to allocate resources` or `Invalid ...`: the
     /// request itself was refused (a wrong partition, GRES or time).
     Refused,
+    /// The worker got SIGTERM or SIGKILL under `srun` and neither `srun`
+    /// nor `scontrol` said why: Slurm's way of ending a step (scancel, a
+    /// time limit, a preemption).
+    Terminated,
+}
+
+impl SlurmEnd {
+    /// The end a job state of `scontrol show job` names, if it is one.
+    pub fn of_state(state: &str) -> Option<SlurmEnd> {
+        match state {
+            "CANCELLED" => Some(SlurmEnd::Cancelled),
+            "TIMEOUT" | "DEADLINE" => Some(SlurmEnd::TimeLimit),
+            "PREEMPTED" => Some(SlurmEnd::Preempted),
+            "NODE_FAIL" | "BOOT_FAIL" => Some(SlurmEnd::NodeFailure),
+            _ => None,
+        }
+    }
 }
 
 impl SlurmEnd {
@@ -163,6 +200,9 @@ impl SlurmEnd {
             SlurmEnd::Preempted => "the trial's Slurm job was preempted by another job",
             SlurmEnd::NodeFailure => "the trial's Slurm node failed",
             SlurmEnd::Refused => "Slurm refused the trial's job",
+            SlurmEnd::Terminated => {
+                "Slurm terminated the trial's job (SIGTERM or SIGKILL: scancel, its time limit or a preemption)"
+            }
         }
     }
 }
@@ -186,8 +226,48 @@ impl SrunOutcome {
             .map(|s| s.split('.').next().unwrap_or(s))
     }
 
+    /// When `srun` did not say how a failed job ended: what Slurm says of
+    /// the job (outside an allocation, where the job is the trial's own),
+    /// else, for a worker ended by SIGTERM or SIGKILL (`srun` exits 143 or
+    /// 137), that Slurm terminated it.
+    pub fn end_from_slurm(
+        &mut self,
+        launcher: &SlurmLauncher,
+        status: Option<std::process::ExitStatus>,
+    ) {
+        use std::os::unix::process::ExitStatusExt;
+        if !launcher.in_allocation {
+            let state = self
+                .job_id()
+                .map(str::to_string)
+                .and_then(|job| launcher.job_state(&job));
+            if let Some((state, end)) =
+                state.and_then(|st| SlurmEnd::of_state(&st).map(|e| (st, e)))
+            {
+                self.end = Some(end);
+                self.line = Some(format!("scontrol show job: JobState={state}"));
+                return;
+            }
+        }
+        let code = status.and_then(|s| s.code());
+        let signal = status.and_then(|s| s.signal());
+        if matches!(code, Some(143) | Some(137)) || matches!(signal, Some(15) | Some(9)) {
+            self.end = Some(SlurmEnd::Terminated);
+            self.line = Some(match (code, signal) {
+                (Some(c), _) => format!("srun exited with {c}"),
+                (_, Some(sig)) => format!("srun ended by signal {sig}"),
+                _ => String::new(),
+            });
+        }
+    }
+
     pub fn parse(stderr: &str) -> SrunOutcome {
         let mut out = SrunOutcome::default();
+        // How the job ended, by how sure the line is: slurmstepd's
+        // `CANCELLED AT` line says the cause; srun's own lines (a node
+        // failure, a refusal, a step aborted or force-terminated) may come
+        // before or after it, as the two write on one stderr.
+        let mut best: Option<(u8, SlurmEnd, String)> = None;
         for line in stderr.lines() {
             let line = line.trim();
             if let Some(rest) = line.split("launching StepId=").nth(1) {
@@ -199,34 +279,47 @@ impl SrunOutcome {
                     out.step_id = Some(id);
                 }
             }
-            let end = if line.contains("CANCELLED AT") {
-                Some(if line.contains("DUE TO TIME LIMIT") {
-                    SlurmEnd::TimeLimit
-                } else if line.contains("DUE TO PREEMPTION") {
-                    SlurmEnd::Preempted
-                } else if line.contains("DUE TO NODE FAILURE") {
-                    SlurmEnd::NodeFailure
-                } else {
-                    SlurmEnd::Cancelled
-                })
-            } else if line.starts_with("srun: error: Node failure")
-                || line.contains("srun: error: Node failure on")
-            {
-                Some(SlurmEnd::NodeFailure)
+            let lower = line.to_ascii_lowercase();
+            let found = if line.contains("CANCELLED AT") {
+                Some((
+                    3,
+                    if line.contains("DUE TO TIME LIMIT") {
+                        SlurmEnd::TimeLimit
+                    } else if line.contains("DUE TO PREEMPTION") {
+                        SlurmEnd::Preempted
+                    } else if line.contains("DUE TO NODE FAILURE") {
+                        SlurmEnd::NodeFailure
+                    } else {
+                        SlurmEnd::Cancelled
+                    },
+                ))
+            } else if line.contains("srun: error: Node failure") {
+                Some((2, SlurmEnd::NodeFailure))
             } else if line.starts_with("srun: error: Unable to allocate resources")
                 || line.starts_with("srun: error: Invalid")
                 || line.starts_with("srun: fatal:")
             {
-                Some(SlurmEnd::Refused)
+                Some((2, SlurmEnd::Refused))
+            } else if line.starts_with("srun: ")
+                && (lower.contains("force terminated")
+                    || lower.contains("has been cancelled")
+                    || lower.contains("job step aborted")
+                    || lower.contains("already completing or completed"))
+            {
+                // A job cancelled before or as its step started.
+                Some((1, SlurmEnd::Cancelled))
             } else {
                 None
             };
-            // The first cause said wins: a cancellation is followed by
-            // "task 0: Terminated" and the like.
-            if let (Some(end), None) = (end, out.end) {
-                out.end = Some(end);
-                out.line = Some(line.to_string());
+            if let Some((rank, end)) = found {
+                if best.as_ref().is_none_or(|(r, _, _)| rank > *r) {
+                    best = Some((rank, end, line.to_string()));
+                }
             }
+        }
+        if let Some((_, end, line)) = best {
+            out.end = Some(end);
+            out.line = Some(line);
         }
         out
     }
@@ -322,6 +415,16 @@ mod tests {
         let o = SrunOutcome::parse(refused);
         assert_eq!(o.end, Some(SlurmEnd::Refused));
         assert!(o.line.unwrap().contains("Invalid partition"));
+        // srun's "aborted" before slurmstepd's line: the line with the cause wins.
+        let reordered = "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n\
+            slurmstepd-vm: error: *** STEP 3.0 ON vm CANCELLED AT 2026-12-05T00:15:59 DUE TO TIME LIMIT ***\n";
+        assert_eq!(SrunOutcome::parse(reordered).end, Some(SlurmEnd::TimeLimit));
+        // Cancelled before the step started: srun's own words.
+        let early = "srun: Force Terminated JobId=12\n";
+        assert_eq!(SrunOutcome::parse(early).end, Some(SlurmEnd::Cancelled));
+        assert_eq!(SlurmEnd::of_state("TIMEOUT"), Some(SlurmEnd::TimeLimit));
+        assert_eq!(SlurmEnd::of_state("CANCELLED"), Some(SlurmEnd::Cancelled));
+        assert_eq!(SlurmEnd::of_state("COMPLETED"), None);
         let clean = "srun: launching StepId=12.4 on host n1, 1 tasks: 0\n\
             srun: launch/slurm: _task_finish: n1: task 0: Completed\n";
         let o = SrunOutcome::parse(clean);

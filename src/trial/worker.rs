@@ -115,6 +115,12 @@ impl Worker {
     /// and for a worker that cannot start.
     pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
         let run = self.run_launched(&request.to_argv(), timeout)?;
+        // The worker's own input error first: Slurm did not end that job.
+        if !run.timed_out {
+            if let Some(e) = run.input_error() {
+                return Err(e);
+            }
+        }
         if let Some(srun) = &run.srun {
             if let Some(report) = slurm_report(request, srun, &run)? {
                 return Ok(report);
@@ -200,9 +206,13 @@ impl Worker {
         if run.timed_out {
             slurm.cancel(&name);
         }
-        let srun = SrunOutcome::parse(&String::from_utf8_lossy(&run.stderr));
+        let mut srun = SrunOutcome::parse(&String::from_utf8_lossy(&run.stderr));
         if let Some(step) = &srun.step_id {
             launcher::note_launched_job(step);
+        }
+        let failed = !run.status.is_some_and(|s| s.success());
+        if srun.end.is_none() && failed && !run.timed_out {
+            srun.end_from_slurm(slurm, run.status);
         }
         run.srun = Some(srun);
         Ok(run)
@@ -615,6 +625,7 @@ mod tests {
         let mut launcher = SlurmLauncher::new("test");
         launcher.srun = script.into_os_string();
         launcher.scancel = "true".into();
+        launcher.scontrol = "true".into();
         Arc::new(launcher)
     }
 
@@ -671,5 +682,14 @@ mod tests {
         );
         let message = report.unwrap().message.unwrap();
         assert!(message.ends_with("panicked at x.rs"), "{message}");
+        // SIGTERM'd under srun with nothing said: Slurm terminated it.
+        let (report, _) = run("srun: launching StepId=6.0 on host n1, 1 tasks: 0", 143);
+        let report = report.unwrap();
+        assert_eq!(report.status, TrialStatus::Crash);
+        let message = report.message.unwrap();
+        assert!(
+            message.contains("Slurm terminated") && message.contains("143"),
+            "{message}"
+        );
     }
 }
