@@ -5,9 +5,10 @@
 
 mod common;
 
-use common::scale::{journal, most_at_once, processes_mentioning, search_json, segtune, table};
+use common::scale::{
+    journal, most_at_once, processes_mentioning, search_json, spawn_search, table,
+};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// SegFormer-B0 for the 3050 Ti: 9 candidates, 3 precisions searched
@@ -53,16 +54,7 @@ fn an_interrupted_search_leaves_no_worker_and_its_rerun_redoes_nothing() {
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut child = Command::new(segtune())
-        .arg("search")
-        .arg(b0(&shared))
-        .args(["--preset", "rtx3050ti", "--quiet", "--devices", "cpu,cpu"])
-        .arg("--out")
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_search(&b0(&shared), &out, &["--devices", "cpu,cpu"], false);
     let deadline = Instant::now() + Duration::from_secs(300);
     while journal(&out).len() < 2 {
         assert!(Instant::now() < deadline, "no trial finished in 300 s");

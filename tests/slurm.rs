@@ -11,9 +11,11 @@
 
 mod common;
 
-use common::scale::{journal, most_at_once, processes_mentioning, search_json, table};
+use common::scale::{
+    journal, most_at_once, processes_mentioning, search_json, spawn_search, table,
+};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -155,16 +157,7 @@ fn a_trial_cancelled_with_scancel_is_reported_and_the_search_goes_on() {
     let out = dir.path().join("out");
     let mut args = SLURM.to_vec();
     args.extend(["--max-parallel", "1", "--json"]);
-    let child = Command::new(assert_cmd::cargo::cargo_bin("segtune"))
-        .arg("search")
-        .arg(b0(&shared))
-        .args(["--preset", "rtx3050ti", "--quiet", "--out"])
-        .arg(&out)
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_search(&b0(&shared), &out, &args, true);
     // The second trial's job, once it runs: cancelled by hand.
     let deadline = Instant::now() + Duration::from_secs(300);
     let cancelled = loop {
@@ -223,16 +216,7 @@ fn sigint_cancels_the_searchs_jobs_and_the_rerun_resumes() {
     let out = dir.path().join("out");
     let mut args = SLURM.to_vec();
     args.extend(["--max-parallel", "2"]);
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("segtune"))
-        .arg("search")
-        .arg(b0(&shared))
-        .args(["--preset", "rtx3050ti", "--quiet", "--out"])
-        .arg(&out)
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_search(&b0(&shared), &out, &args, false);
     // Interrupted with jobs running after some trials finished.
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {

@@ -4,6 +4,7 @@
 //! codes; nothing else. Every error is rendered here, once, with exit code 2.
 
 pub mod args;
+mod scale_args;
 pub mod worker;
 
 use crate::config::{self, dump};

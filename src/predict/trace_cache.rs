@@ -55,17 +55,7 @@ impl TraceCache {
     /// resolve (the worker will say why).
     pub fn key(&self, worker: &Worker, step: &StepToTrace) -> Option<String> {
         let cfg = crate::config::resolve(step.config, step.cfg_options).ok()?;
-        let stamp = std::fs::metadata(worker.path())
-            .ok()
-            .map(|m| {
-                let modified = m
-                    .modified()
-                    .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_nanos());
-                format!("{}:{}:{modified}", worker.path().display(), m.len())
-            })
-            .unwrap_or_default();
+        let stamp = worker.stamp();
         let text = format!(
             "{FORMAT}|{stamp}|{}|b{}|{}x{}|{}|segments{:?}|gpus{}|torch{}|{}|{}|python{:?}",
             dump::to_json(&Value::Dict(cfg)),

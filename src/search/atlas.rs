@@ -212,22 +212,6 @@ pub fn configs_under(dirs: &[PathBuf]) -> Vec<(PathBuf, PathBuf)> {
     out
 }
 
-/// The worker binary's identity in a cache key: a rebuilt segtune searches
-/// anew.
-fn worker_stamp(worker: &Worker) -> String {
-    std::fs::metadata(worker.path())
-        .ok()
-        .map(|m| {
-            let modified = m
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos());
-            format!("{}:{modified}", m.len())
-        })
-        .unwrap_or_default()
-}
-
 /// The row cache: `OUT/rows.jsonl`, one `{key, row}` per line, appended as
 /// rows finish (a killed atlas keeps what it finished).
 struct RowCache {
@@ -352,6 +336,127 @@ fn row_of(base: AtlasRow, result: &SearchResult) -> AtlasRow {
     row
 }
 
+/// The published results in the metafile trees `dirs` (the first of a
+/// config's name wins), and the metafiles that could not be read.
+fn published_results(dirs: &[PathBuf]) -> (BTreeMap<String, Published>, Vec<String>) {
+    let mut published: BTreeMap<String, Published> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for dir in dirs {
+        let (found, unread) = metafile::read_tree(dir);
+        for (k, v) in found {
+            published.entry(k).or_insert(v);
+        }
+        errors.extend(unread.iter().map(|e| e.to_string()));
+    }
+    (published, errors)
+}
+
+/// The part of a row's key every row of one atlas shares: the search
+/// settings and the worker binary.
+fn settings_key(settings: &SearchRequest, worker: &Worker) -> String {
+    format!(
+        "{ROW_FORMAT}|{}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
+        worker.stamp(),
+        settings.settings.objective,
+        settings.settings.device,
+        settings.settings.gpus,
+        settings.trace,
+        settings.gt_segments,
+        settings.settings.torch,
+        settings.cudnn_benchmark,
+        settings.cfg_options,
+    )
+}
+
+/// The configs of the request, refused when there is none.
+fn configs_of(request: &AtlasRequest) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let configs = configs_under(&request.dirs);
+    if configs.is_empty() {
+        return Err(Error::Input(format!(
+            "no config (.py or .rhai) under {}",
+            request
+                .dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(configs)
+}
+
+/// A row before its search: the config, its published result, the GPU.
+fn base_row(
+    (relative, name, family): &(String, String, String),
+    found: Option<&Published>,
+    gpu: &AtlasGpu,
+    budget: &Budget,
+) -> AtlasRow {
+    AtlasRow {
+        config: relative.clone(),
+        name: name.clone(),
+        family: family.clone(),
+        dataset: found.and_then(|p| p.dataset.clone()),
+        miou: found.and_then(|p| p.miou),
+        other_metric: found.and_then(|p| p.other_metric.clone()),
+        gpu: gpu.label(),
+        vram_bytes: budget.vram_bytes,
+        usable_bytes: budget.usable_bytes,
+        status: AtlasStatus::Failed,
+        batch_size: None,
+        crop: None,
+        amp: None,
+        accumulation: None,
+        checkpoint: false,
+        num_points: None,
+        device_bytes: None,
+        images_per_s: None,
+        mode: None,
+        reason: None,
+        seconds: 0.0,
+    }
+}
+
+/// `base`'s row searched: `config` on `gpu` with the atlas's settings and
+/// its trace cache, the search's files under `OUT/searches/`.
+fn searched_row(
+    request: &AtlasRequest,
+    worker: &Worker,
+    config: &Path,
+    gpu: &AtlasGpu,
+    cache: &Arc<TraceCache>,
+    base: AtlasRow,
+) -> AtlasRow {
+    let started = Instant::now();
+    let settings = &request.search;
+    let search_request = SearchRequest {
+        config: config.to_path_buf(),
+        settings: SearchSpec {
+            preset: gpu.preset.clone(),
+            vram: gpu.vram.clone(),
+            compute_capability: gpu.compute_capability.clone(),
+            ..settings.settings.clone()
+        },
+        out: request
+            .out
+            .join("searches")
+            .join(&base.family)
+            .join(&base.name)
+            .join(gpu.label()),
+        trace_cache: Some(cache.clone()),
+        ..settings.clone()
+    };
+    let mut row = match search(&search_request, worker, &|_| {}) {
+        Ok(result) => row_of(base, &result),
+        Err(e) => AtlasRow {
+            reason: Some(short(&e)),
+            ..base
+        },
+    };
+    row.seconds = started.elapsed().as_secs_f64();
+    row
+}
+
 /// Runs the atlas: every config on every GPU, rows reused where nothing
 /// changed; `progress` hears of each row. Writes nothing but the searches'
 /// directories and the row cache; the caller writes the outputs.
@@ -367,18 +472,7 @@ pub fn atlas(
         ));
     }
     super::journal::create_out_dir(&request.out)?;
-    let configs = configs_under(&request.dirs);
-    if configs.is_empty() {
-        return Err(Error::Input(format!(
-            "no config (.py or .rhai) under {}",
-            request
-                .dirs
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
+    let configs = configs_of(request)?;
     let budgets: Vec<(AtlasGpu, Budget)> = request
         .gpus
         .iter()
@@ -387,74 +481,30 @@ pub fn atlas(
                 .map(|b| (g.clone(), b))
         })
         .collect::<Result<_>>()?;
-    let result_dirs = if request.results.is_empty() {
+    let (published, metafile_errors) = published_results(if request.results.is_empty() {
         &request.dirs
     } else {
         &request.results
-    };
-    let mut published: BTreeMap<String, Published> = BTreeMap::new();
-    let mut metafile_errors = Vec::new();
-    for dir in result_dirs {
-        let (found, errors) = metafile::read_tree(dir);
-        for (k, v) in found {
-            published.entry(k).or_insert(v);
-        }
-        metafile_errors.extend(errors.iter().map(|e| e.to_string()));
-    }
+    });
     let cache = request
         .search
         .trace_cache
         .clone()
         .unwrap_or_else(|| Arc::new(TraceCache::new(request.out.join("trace-cache"))));
     let mut rows_cache = RowCache::open(&request.out);
-    let stamp = worker_stamp(worker);
-    let settings = &request.search;
-    let settings_key = format!(
-        "{ROW_FORMAT}|{stamp}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
-        settings.settings.objective,
-        settings.settings.device,
-        settings.settings.gpus,
-        settings.trace,
-        settings.gt_segments,
-        settings.settings.torch,
-        settings.cudnn_benchmark,
-        settings.cfg_options,
-    );
+    let settings_key = settings_key(&request.search, worker);
     let total = configs.len() * budgets.len();
-    let mut rows = Vec::with_capacity(total);
-    let mut reused = 0usize;
-    let mut with_results = 0usize;
+    let mut rows: Vec<AtlasRow> = Vec::with_capacity(total);
+    let (mut reused, mut with_results) = (0usize, 0usize);
     for (root, config) in &configs {
-        let (relative, name, family) = names(root, config);
-        let found = published.get(&name);
+        let names = names(root, config);
+        let found = published.get(&names.1);
         with_results += usize::from(found.and_then(|p| p.miou).is_some());
-        let model_key = crate::config::resolve(config, &settings.cfg_options)
+        let model_key = crate::config::resolve(config, &request.search.cfg_options)
             .ok()
             .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg))));
         for (gpu, budget) in &budgets {
-            let base = AtlasRow {
-                config: relative.clone(),
-                name: name.clone(),
-                family: family.clone(),
-                dataset: found.and_then(|p| p.dataset.clone()),
-                miou: found.and_then(|p| p.miou),
-                other_metric: found.and_then(|p| p.other_metric.clone()),
-                gpu: gpu.label(),
-                vram_bytes: budget.vram_bytes,
-                usable_bytes: budget.usable_bytes,
-                status: AtlasStatus::Failed,
-                batch_size: None,
-                crop: None,
-                amp: None,
-                accumulation: None,
-                checkpoint: false,
-                num_points: None,
-                device_bytes: None,
-                images_per_s: None,
-                mode: None,
-                reason: None,
-                seconds: 0.0,
-            };
+            let base = base_row(&names, found, gpu, budget);
             let key = model_key.as_ref().map(|m| {
                 dump::hash_text(&format!(
                     "{settings_key}|{m}|{}|{}",
@@ -462,59 +512,31 @@ pub fn atlas(
                     serde_json::to_string(budget).unwrap_or_default()
                 ))
             });
-            if let Some(cached) = key.as_deref().and_then(|k| rows_cache.get(k)) {
+            let cached = key.as_deref().and_then(|k| rows_cache.get(k)).cloned();
+            let was_cached = cached.is_some();
+            let row = match cached {
                 // The published result may have changed (another --results).
-                let row = AtlasRow {
+                Some(cached) => AtlasRow {
                     dataset: base.dataset.clone(),
                     miou: base.miou,
                     other_metric: base.other_metric.clone(),
                     config: base.config.clone(),
                     seconds: 0.0,
-                    ..cached.clone()
-                };
-                reused += 1;
-                rows.push(row);
-                progress(&AtlasStep {
-                    row: rows.last().expect("pushed"),
-                    reused: true,
-                    done: rows.len(),
-                    of: total,
-                });
-                continue;
-            }
-            let one = Instant::now();
-            let search_request = SearchRequest {
-                config: config.clone(),
-                settings: SearchSpec {
-                    preset: gpu.preset.clone(),
-                    vram: gpu.vram.clone(),
-                    compute_capability: gpu.compute_capability.clone(),
-                    ..settings.settings.clone()
+                    ..cached
                 },
-                out: request
-                    .out
-                    .join("searches")
-                    .join(&family)
-                    .join(&name)
-                    .join(gpu.label()),
-                trace_cache: Some(cache.clone()),
-                ..settings.clone()
+                None => {
+                    let row = searched_row(request, worker, config, gpu, &cache, base);
+                    if let Some(key) = key {
+                        rows_cache.put(key, &row)?;
+                    }
+                    row
+                }
             };
-            let mut row = match search(&search_request, worker, &|_| {}) {
-                Ok(result) => row_of(base, &result),
-                Err(e) => AtlasRow {
-                    reason: Some(short(&e)),
-                    ..base
-                },
-            };
-            row.seconds = one.elapsed().as_secs_f64();
-            if let Some(key) = key {
-                rows_cache.put(key, &row)?;
-            }
+            reused += usize::from(was_cached);
             rows.push(row);
             progress(&AtlasStep {
                 row: rows.last().expect("pushed"),
-                reused: false,
+                reused: was_cached,
                 done: rows.len(),
                 of: total,
             });

@@ -137,12 +137,7 @@ impl SlurmLauncher {
     /// Cancels the job named `name` (`scancel --name`), waiting for
     /// `scancel` itself only; failures are ignored (the job may be gone).
     pub fn cancel(&self, name: &str) {
-        let _ = Command::new(&self.scancel)
-            .arg(format!("--name={name}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
+        scancel_by_name(&self.scancel, name);
     }
 }
 
@@ -362,13 +357,19 @@ impl Drop for LiveJob {
 pub fn cancel_live_jobs() {
     let jobs: Vec<(String, OsString)> = LIVE_JOBS.lock().map(|l| l.clone()).unwrap_or_default();
     for (name, scancel) in jobs {
-        let _ = Command::new(&scancel)
-            .arg(format!("--name={name}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
+        scancel_by_name(&scancel, &name);
     }
+}
+
+/// `scancel --name=<name>` with `scancel`, waited for; its failures are
+/// ignored (the job may be gone already).
+fn scancel_by_name(scancel: &std::ffi::OsStr, name: &str) {
+    let _ = Command::new(scancel)
+        .arg(format!("--name={name}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 thread_local! {

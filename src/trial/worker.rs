@@ -106,6 +106,22 @@ impl Worker {
         self.launcher.as_deref()
     }
 
+    /// The binary's identity in a cache key (its path, size and
+    /// modification time): what a rebuilt segtune computes anew.
+    pub fn stamp(&self) -> String {
+        std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| {
+                let modified = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                format!("{}:{}:{modified}", self.path.display(), m.len())
+            })
+            .unwrap_or_default()
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -429,12 +445,7 @@ pub fn stop_all_workers() {
     let Ok(live) = LIVE.lock() else {
         return;
     };
-    for pid in &live.0 {
-        // SAFETY: kill(2) on a pid this process spawned and still waits for.
-        unsafe {
-            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
-        }
-    }
+    kill_workers(&live.0);
     for dir in &live.1 {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -447,10 +458,14 @@ pub fn stop_all_workers() {
 /// calls so that none of its trials runs on.
 pub fn stop_running_workers() {
     launcher::cancel_live_jobs();
-    let Ok(live) = LIVE.lock() else {
-        return;
-    };
-    for pid in &live.0 {
+    if let Ok(live) = LIVE.lock() {
+        kill_workers(&live.0);
+    }
+}
+
+/// SIGKILL to each worker pid.
+fn kill_workers(pids: &[u32]) {
+    for pid in pids {
         // SAFETY: kill(2) on a pid this process spawned and still waits for.
         unsafe {
             libc::kill(*pid as libc::pid_t, libc::SIGKILL);

@@ -6,6 +6,28 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// `search CONFIG --preset rtx3050ti --quiet --out OUT EXTRA...` started,
+/// its stdout and stderr piped (to be read) or dropped.
+pub fn spawn_search(config: &Path, out: &Path, extra: &[&str], piped: bool) -> std::process::Child {
+    let pipe = || {
+        if piped {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        }
+    };
+    Command::new(segtune())
+        .arg("search")
+        .arg(config)
+        .args(["--preset", "rtx3050ti", "--quiet", "--out"])
+        .arg(out)
+        .args(extra)
+        .stdout(pipe())
+        .stderr(pipe())
+        .spawn()
+        .unwrap()
+}
+
 pub fn segtune() -> std::path::PathBuf {
     assert_cmd::cargo::cargo_bin("segtune")
 }
