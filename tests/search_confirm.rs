@@ -71,6 +71,7 @@ impl RealTrials for FakeGpu {
                     ..Default::default()
                 },
                 segtune::predict::estimate::BatchLayout::MmSeg,
+                1,
             ),
             budget: budget.clone(),
             memory: self.memory,

@@ -88,6 +88,7 @@ impl ScaleArgs {
         crate::search::Placement {
             devices: self.devices.clone(),
             slurm,
+            local_traces: None,
         }
     }
 }
@@ -140,6 +141,11 @@ pub struct AtlasArgs {
     /// CPU threads for each traced step.
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=4096))]
     pub threads: Option<i32>,
+    /// Configs searched at once, each on a thread of its own (default: this
+    /// host's cores, at most 8; on Slurm --max-parallel; 1 when measuring on
+    /// a CUDA device).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub jobs: Option<u32>,
     #[command(flatten)]
     pub timeouts: TraceTimeoutArgs,
     #[command(flatten)]
@@ -152,6 +158,20 @@ pub struct AtlasArgs {
 }
 
 impl AtlasArgs {
+    /// `--jobs`, or its default for where the searches run.
+    fn jobs(&self) -> usize {
+        if let Some(n) = self.jobs {
+            return n as usize;
+        }
+        if self.scale.launcher == "slurm" {
+            return self.scale.max_parallel.unwrap_or(DEFAULT_MAX_PARALLEL) as usize;
+        }
+        if self.device != "cpu" {
+            return 1;
+        }
+        crate::trial::host_cores().clamp(1, 8) as usize
+    }
+
     /// The atlas's request (`presets`: the shipped presets' names, for
     /// --all-presets).
     pub fn request(&self, presets: &[&str]) -> crate::search::atlas::AtlasRequest {
@@ -201,6 +221,7 @@ impl AtlasArgs {
                     cache_dir,
                 ))),
             },
+            jobs: self.jobs(),
         }
     }
 }

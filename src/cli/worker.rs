@@ -1,5 +1,6 @@
 //! The `segtune-torch` worker's command line: `trial` (the protocol's
-//! request, see `trial::request`), `inspect` and `devices`. It lives in a
+//! request, see `trial::request`), `inspect`, `devices` and `serve` (the
+//! fork server, `trial::fork_server`). It lives in a
 //! binary of its own so that `segtune` starts in milliseconds (libtorch
 //! takes ~0.4 s to load).
 
@@ -24,13 +25,22 @@ enum WorkerCommand {
     Inspect(InspectArgs),
     /// Print the number of CUDA devices libtorch sees.
     Devices,
+    /// Answer requests on stdin, each in a forked child (see
+    /// `trial::fork_server`).
+    #[command(hide = true)]
+    Serve,
 }
 
 /// Runs the worker's command line; returns the exit code.
 pub fn main() -> i32 {
     // libtorch errors arrive as panics that trials catch and report.
     std::panic::set_hook(Box::new(|_| {}));
-    let cli = match WorkerCli::try_parse() {
+    run(std::env::args_os())
+}
+
+/// One command line of the worker (the program's name first).
+fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
+    let cli = match WorkerCli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -63,5 +73,10 @@ pub fn main() -> i32 {
             "{}\n",
             trial::execute::cuda_device_count()
         ))),
+        WorkerCommand::Serve => {
+            return trial::fork_server::serve(&|argv| {
+                run(std::iter::once("segtune-torch".into()).chain(argv))
+            })
+        }
     })
 }

@@ -15,6 +15,7 @@
 use super::step_trace::{StepToTrace, TracedStep};
 use crate::config::{dump, Value};
 use crate::trial::worker::Worker;
+use crate::trial::RunMode;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -28,6 +29,35 @@ pub struct TraceCache {
     hits: AtomicUsize,
     misses: AtomicUsize,
 }
+
+/// Top-level config keys a training step never reads (the loops, the
+/// learning-rate schedule, hooks, logging, evaluation, the test pipeline,
+/// segtune's own search settings), left out of a training step's key.
+const NOT_IN_A_TRAINING_STEP: &[&str] = &[
+    "train_cfg",
+    "val_cfg",
+    "test_cfg",
+    "param_scheduler",
+    "default_hooks",
+    "custom_hooks",
+    "log_processor",
+    "log_level",
+    "visualizer",
+    "vis_backends",
+    "val_dataloader",
+    "test_dataloader",
+    "val_evaluator",
+    "test_evaluator",
+    "test_pipeline",
+    "tta_model",
+    "tta_pipeline",
+    "img_ratios",
+    "work_dir",
+    "load_from",
+    "resume",
+    "launcher",
+    "segtune",
+];
 
 impl TraceCache {
     /// The cache in `dir` (created when the first trace is stored).
@@ -54,7 +84,15 @@ impl TraceCache {
     /// The key of `step` traced by `worker`; `None` when its config does not
     /// resolve (the worker will say why).
     pub fn key(&self, worker: &Worker, step: &StepToTrace) -> Option<String> {
-        let cfg = crate::config::resolve(step.config, step.cfg_options).ok()?;
+        let mut cfg = crate::config::resolve(step.config, step.cfg_options).ok()?;
+        if step.mode == RunMode::Train {
+            // The schedule, the hooks and evaluation do not enter a training
+            // step: configs that differ only there (MMSeg's 40k/80k/160k
+            // variants) share their traces.
+            for key in NOT_IN_A_TRAINING_STEP {
+                cfg.shift_remove(*key);
+            }
+        }
         let stamp = worker.stamp();
         let text = format!(
             "{FORMAT}|{stamp}|{}|b{}|{}x{}|{}|segments{:?}|gpus{}|torch{}|{}|{}|python{:?}",
@@ -90,6 +128,16 @@ impl TraceCache {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         found
+    }
+
+    /// The trace stored under `key` if there is one, without counting a
+    /// miss when there is none (a lookup that would not trace).
+    pub fn peek(&self, key: &str) -> Option<TracedStep> {
+        if self.path(key).exists() {
+            self.get(key)
+        } else {
+            None
+        }
     }
 
     /// Stores `trace` under `key`; a failure to write only costs a re-trace
@@ -188,5 +236,24 @@ mod tests {
         assert_eq!(key(step(a, 2, &[])), key(step(b, 2, &[])));
         assert_ne!(key(step(a, 2, &[])), key(step(a, 4, &[])));
         assert_ne!(key(step(a, 2, &[])), key(step(a, 2, knob)));
+        // A schedule variant (MMSeg's 40k/80k/160k configs) shares the
+        // training step's traces; the optimizer does not.
+        let schedule: &'static [String] = Box::leak(
+            vec![
+                "train_cfg.max_iters=160000".to_string(),
+                "param_scheduler.0.end=160000".to_string(),
+            ]
+            .into_boxed_slice(),
+        );
+        let optimizer: &'static [String] =
+            Box::leak(vec!["optim_wrapper.optimizer.type=AdamW".to_string()].into_boxed_slice());
+        assert_eq!(key(step(a, 2, &[])), key(step(a, 2, schedule)));
+        assert_ne!(key(step(a, 2, &[])), key(step(a, 2, optimizer)));
+        // An inference step reads the test pipeline: its key keeps it all.
+        let infer = |options| StepToTrace {
+            mode: crate::trial::RunMode::Infer,
+            ..step(a, 2, options)
+        };
+        assert_ne!(key(infer(&[])), key(infer(schedule)));
     }
 }

@@ -24,7 +24,8 @@ use crate::trial::worker::Worker;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Bump when a row's meaning changes: older rows are searched again.
@@ -80,6 +81,8 @@ pub struct AtlasRequest {
     /// Every search's settings besides its config and GPU (trace kind,
     /// threads, deadlines, where trials run, objective, margin, device).
     pub search: SearchRequest,
+    /// Configs searched at once (each on its own thread, its GPUs in turn).
+    pub jobs: usize,
 }
 
 /// How a config fared on a GPU.
@@ -421,6 +424,7 @@ fn base_row(
 /// its trace cache, the search's files under `OUT/searches/`.
 fn searched_row(
     request: &AtlasRequest,
+    settings: &SearchRequest,
     worker: &Worker,
     config: &Path,
     gpu: &AtlasGpu,
@@ -428,7 +432,6 @@ fn searched_row(
     base: AtlasRow,
 ) -> AtlasRow {
     let started = Instant::now();
-    let settings = &request.search;
     let search_request = SearchRequest {
         config: config.to_path_buf(),
         settings: SearchSpec {
@@ -457,13 +460,110 @@ fn searched_row(
     row
 }
 
+/// What the atlas's threads share.
+struct Shared<'a> {
+    request: &'a AtlasRequest,
+    /// The searches' settings (one trace at a time when configs run at once).
+    search: &'a SearchRequest,
+    worker: &'a Worker,
+    budgets: &'a [(AtlasGpu, Budget)],
+    published: &'a BTreeMap<String, Published>,
+    cache: &'a Arc<TraceCache>,
+    rows_cache: &'a Mutex<RowCache>,
+    settings_key: &'a str,
+    done: AtomicUsize,
+    total: usize,
+    progress: &'a (dyn Fn(&AtlasStep) + Sync),
+}
+
+/// One config's rows (one per GPU, in the GPUs' order).
+struct ConfigRows {
+    rows: Vec<Result<AtlasRow>>,
+    reused: usize,
+    with_result: bool,
+}
+
+impl Shared<'_> {
+    /// `config` on every GPU, in turn (its later GPUs replay the traces the
+    /// first one took), each row from the row cache where nothing changed.
+    fn rows_of(&self, root: &Path, config: &Path) -> ConfigRows {
+        let names = names(root, config);
+        let found = self.published.get(&names.1);
+        let model_key = crate::config::resolve(config, &self.search.cfg_options)
+            .ok()
+            .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg))));
+        let mut out = ConfigRows {
+            rows: Vec::with_capacity(self.budgets.len()),
+            reused: 0,
+            with_result: found.and_then(|p| p.miou).is_some(),
+        };
+        for (gpu, budget) in self.budgets {
+            let base = base_row(&names, found, gpu, budget);
+            let key = model_key.as_ref().map(|m| {
+                dump::hash_text(&format!(
+                    "{}|{m}|{}|{}",
+                    self.settings_key,
+                    gpu.label(),
+                    serde_json::to_string(budget).unwrap_or_default()
+                ))
+            });
+            let cached = key
+                .as_deref()
+                .and_then(|k| self.rows_cache.lock().ok().and_then(|c| c.get(k).cloned()));
+            let was_cached = cached.is_some();
+            let row = match cached {
+                // The published result may have changed (another --results).
+                Some(cached) => Ok(AtlasRow {
+                    dataset: base.dataset.clone(),
+                    miou: base.miou,
+                    other_metric: base.other_metric.clone(),
+                    config: base.config.clone(),
+                    seconds: 0.0,
+                    ..cached
+                }),
+                None => {
+                    let row = searched_row(
+                        self.request,
+                        self.search,
+                        self.worker,
+                        config,
+                        gpu,
+                        self.cache,
+                        base,
+                    );
+                    let stored = match (key, self.rows_cache.lock()) {
+                        (Some(key), Ok(mut c)) => c.put(key, &row),
+                        _ => Ok(()),
+                    };
+                    stored.map(|()| row)
+                }
+            };
+            out.reused += usize::from(was_cached);
+            if let Ok(row) = &row {
+                (self.progress)(&AtlasStep {
+                    row,
+                    reused: was_cached,
+                    done: self.done.fetch_add(1, Ordering::SeqCst) + 1,
+                    of: self.total,
+                });
+            }
+            let failed = row.is_err();
+            out.rows.push(row);
+            if failed {
+                break;
+            }
+        }
+        out
+    }
+}
+
 /// Runs the atlas: every config on every GPU, rows reused where nothing
 /// changed; `progress` hears of each row. Writes nothing but the searches'
 /// directories and the row cache; the caller writes the outputs.
 pub fn atlas(
     request: &AtlasRequest,
     worker: &Worker,
-    progress: &dyn Fn(&AtlasStep),
+    progress: &(dyn Fn(&AtlasStep) + Sync),
 ) -> Result<Atlas> {
     let started = Instant::now();
     if request.gpus.is_empty() {
@@ -491,56 +591,60 @@ pub fn atlas(
         .trace_cache
         .clone()
         .unwrap_or_else(|| Arc::new(TraceCache::new(request.out.join("trace-cache"))));
-    let mut rows_cache = RowCache::open(&request.out);
+    let rows_cache = Mutex::new(RowCache::open(&request.out));
     let settings_key = settings_key(&request.search, worker);
     let total = configs.len() * budgets.len();
-    let mut rows: Vec<AtlasRow> = Vec::with_capacity(total);
-    let (mut reused, mut with_results) = (0usize, 0usize);
-    for (root, config) in &configs {
-        let names = names(root, config);
-        let found = published.get(&names.1);
-        with_results += usize::from(found.and_then(|p| p.miou).is_some());
-        let model_key = crate::config::resolve(config, &request.search.cfg_options)
-            .ok()
-            .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg))));
-        for (gpu, budget) in &budgets {
-            let base = base_row(&names, found, gpu, budget);
-            let key = model_key.as_ref().map(|m| {
-                dump::hash_text(&format!(
-                    "{settings_key}|{m}|{}|{}",
-                    gpu.label(),
-                    serde_json::to_string(budget).unwrap_or_default()
-                ))
-            });
-            let cached = key.as_deref().and_then(|k| rows_cache.get(k)).cloned();
-            let was_cached = cached.is_some();
-            let row = match cached {
-                // The published result may have changed (another --results).
-                Some(cached) => AtlasRow {
-                    dataset: base.dataset.clone(),
-                    miou: base.miou,
-                    other_metric: base.other_metric.clone(),
-                    config: base.config.clone(),
-                    seconds: 0.0,
-                    ..cached
-                },
-                None => {
-                    let row = searched_row(request, worker, config, gpu, &cache, base);
-                    if let Some(key) = key {
-                        rows_cache.put(key, &row)?;
-                    }
-                    row
+    let jobs = request.jobs.clamp(1, configs.len().max(1));
+    // Each search of a parallel atlas traces one step at a time: the
+    // atlas's own threads fill the cores.
+    let mut search = request.search.clone();
+    if jobs > 1 {
+        search.placement.local_traces = Some(1);
+        if let Some(slurm) = &mut search.placement.slurm {
+            slurm.max_parallel = 1;
+        }
+    }
+    let shared = Shared {
+        request,
+        search: &search,
+        worker,
+        budgets: &budgets,
+        published: &published,
+        cache: &cache,
+        rows_cache: &rows_cache,
+        settings_key: &settings_key,
+        done: AtomicUsize::new(0),
+        total,
+        progress,
+    };
+    let next = AtomicUsize::new(0);
+    let per_config: Vec<Mutex<Option<ConfigRows>>> =
+        configs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some((root, config)) = configs.get(i) else {
+                    return;
+                };
+                let rows = shared.rows_of(root, config);
+                if let Ok(mut slot) = per_config[i].lock() {
+                    *slot = Some(rows);
                 }
-            };
-            reused += usize::from(was_cached);
-            rows.push(row);
-            progress(&AtlasStep {
-                row: rows.last().expect("pushed"),
-                reused: was_cached,
-                done: rows.len(),
-                of: total,
             });
         }
+    });
+    let mut rows: Vec<AtlasRow> = Vec::with_capacity(total);
+    let (mut reused, mut with_results) = (0usize, 0usize);
+    for slot in per_config {
+        let done = slot
+            .into_inner()
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::Trial("an atlas thread ended without its rows".into()))?;
+        with_results += usize::from(done.with_result);
+        reused += done.reused;
+        rows.extend(done.rows.into_iter().collect::<Result<Vec<_>>>()?);
     }
     let (hits, misses) = cache.counts();
     Ok(Atlas {

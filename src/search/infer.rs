@@ -103,7 +103,7 @@ pub fn search_inference(
     let (mut evaluator, device) = match cuda {
         Some(i) => (real.evaluator(i, &budget, gpus), format!("cuda:{i}:infer")),
         None => (
-            predictor(request, worker, &budget, setup, prepared.layout),
+            predictor(request, worker, &budget, setup, prepared.layout, 1),
             format!(
                 "predicted-infer:{}:{}:{:.3}:{}{}",
                 budget.gpu,

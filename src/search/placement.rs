@@ -139,6 +139,10 @@ pub struct Placement {
     pub devices: Option<Devices>,
     /// `--launcher slurm` (none: here).
     pub slurm: Option<SlurmOptions>,
+    /// Traces run at once on this host when neither `--devices` nor Slurm
+    /// says (none: one per core, see `run::trace_slots`); an atlas running
+    /// several searches at once gives each 1.
+    pub local_traces: Option<usize>,
 }
 
 impl Placement {

@@ -4,7 +4,7 @@
 
 use super::confirm::{confirm, Confirmation};
 use super::emit;
-use super::evaluate::{Evaluator, MeasuredEvaluator, PredictedEvaluator};
+use super::evaluate::{Evaluator, MeasuredEvaluator, Peek, PredictedEvaluator, Tracer};
 use super::journal::{hash_text, Journal};
 use super::knobs;
 use super::record::{Mode, Outcome, SearchResult};
@@ -88,6 +88,15 @@ pub fn search(
     progress: Progress,
 ) -> Result<SearchResult> {
     let worker = &request.placement.place(worker, &request.out)?;
+    // What waits on other processes starts now and overlaps: the fork
+    // servers' libtorch, the CUDA device count, the Python's PyTorch.
+    worker.prestart_servers(trace_slots(request, 1));
+    if request.settings.torch.is_none() && request.ask_python_torch {
+        crate::trial::torch_version::prefetch_python_torch();
+    }
+    if request.settings.device.as_deref() != Some("cpu") {
+        worker.prefetch_cuda_devices();
+    }
     if request.mode == RunMode::Infer {
         return super::infer::search_inference(request, worker, progress);
     }
@@ -146,8 +155,19 @@ pub fn search_with(
     let prepared = prepare(request, worker, None, emit::TRAIN_SUFFIX)?;
     let plan = TrainingPlan::of(&prepared, request, real)?;
     // One predictor per slot: traces run side by side as trials do.
-    let mut predictors: Vec<Box<dyn Evaluator>> = (0..plan.slots)
-        .map(|_| predictor(request, worker, &plan.budget, plan.setup, prepared.layout))
+    let traces_at_once = trace_slots(request, plan.slots);
+    let mut predictors: Vec<Box<dyn Evaluator>> = (0..traces_at_once)
+        .map(|_| {
+            let layout = prepared.layout;
+            predictor(
+                request,
+                worker,
+                &plan.budget,
+                plan.setup,
+                layout,
+                traces_at_once,
+            )
+        })
         .collect();
     let mut journal = Journal::open(&request.out, &prepared.config_hash, &plan.predicted_device)?;
     let space = plan.space();
@@ -572,8 +592,22 @@ pub(super) fn check_buildable(
         config: request.config.clone(),
     };
     crate::models::check_supported(cfg).map_err(unbuildable)?;
+    // An atlas searches one config for several GPUs: its model is built
+    // once per process.
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let key = format!(
+        "{}|{}",
+        worker.stamp(),
+        hash_text(&dump::to_json(&Value::Dict(cfg.clone())))
+    );
+    if BUILT.lock().is_ok_and(|b| b.contains(&key)) {
+        return Ok(());
+    }
     let summary = worker.inspect(&request.config, &request.cfg_options)?;
     if summary.supported {
+        if let Ok(mut built) = BUILT.lock() {
+            built.push(key);
+        }
         return Ok(());
     }
     match summary.error {
@@ -649,54 +683,38 @@ pub fn predictor(
     budget: &Budget,
     setup: TrainingSetup,
     layout: BatchLayout,
+    side_by_side: usize,
 ) -> Box<dyn Evaluator> {
+    let steps = CandidateSteps {
+        config: request.config.clone(),
+        options: request.cfg_options.clone(),
+        threads: request
+            .threads
+            .unwrap_or_else(|| default_trace_threads(&request.placement, side_by_side)),
+        gt_segments: request.gt_segments,
+        setup,
+        kind: request.trace,
+        mode: request.mode,
+        timeout: request.trace_timeout,
+    };
     let mode = request.mode;
-    let config_path = request.config.clone();
-    let options = request.cfg_options.clone();
-    let threads = request
-        .threads
-        .unwrap_or_else(|| default_trace_threads(&request.placement));
-    let worker = worker.clone();
-    let trace_kind = request.trace;
-    let trace_timeout = request.trace_timeout;
-    let gt_segments = request.gt_segments;
-    let cache = request.trace_cache.clone();
-    let tracer = Box::new(
-        move |batch_size: i64,
-              crop: (i64, i64),
-              amp: Amp,
-              knobs: space::ModelKnobs,
-              accumulates: bool| {
-            let mut cfg_options = space::options_with_knobs(&options, knobs);
-            if mode == RunMode::Train {
-                // The candidate's accumulation, not the recipe's: 2 stands
-                // for any above 1 (see `Tracer`).
-                cfg_options.push(format!(
-                    "optim_wrapper.accumulative_counts={}",
-                    if accumulates { 2 } else { 1 }
-                ));
-            }
-            trace_step_cached(
-                &worker,
-                &StepToTrace {
-                    config: &config_path,
-                    cfg_options: &cfg_options,
-                    batch_size,
-                    crop,
-                    amp,
-                    threads,
-                    gt_segments,
-                    setup,
-                    kind: trace_kind,
-                    mode,
-                    deadline: trace_timeout
-                        .unwrap_or_else(|| trace_deadline(trace_kind, batch_size, crop)),
-                    python: None,
-                },
-                cache.as_deref(),
-            )
-        },
-    );
+    let traced = (steps.clone(), worker.clone(), request.trace_cache.clone());
+    let tracer: Tracer = Box::new(move |batch, crop, amp, knobs, accumulates| {
+        let (steps, worker, cache) = &traced;
+        steps.with(batch, crop, amp, knobs, accumulates, |step| {
+            trace_step_cached(worker, step, cache.as_deref())
+        })
+    });
+    // Steps another search traced (an atlas's other GPUs): what the
+    // prediction from an aligned pair may use without tracing.
+    let peek: Option<Peek> = request.trace_cache.clone().map(|cache| {
+        let worker = worker.clone();
+        Box::new(move |batch, crop, amp, knobs, accumulates| {
+            steps.with(batch, crop, amp, knobs, accumulates, |step| {
+                cache.peek(&cache.key(&worker, step)?)
+            })
+        }) as Peek
+    });
     // The flags MMEngine sets from the config decide cuDNN's workspaces.
     let cfg = crate::config::resolve(&request.config, &request.cfg_options).ok();
     let flag = |f: fn(&crate::config::Dict) -> bool| cfg.as_ref().is_some_and(f);
@@ -715,6 +733,14 @@ pub fn predictor(
         layout,
     )
     .with_kernels(kernels);
+    // Op-level traces of training steps: a candidate that accumulates is
+    // predicted from the pair of batch 2 and 4 where the two align and
+    // were traced already.
+    let evaluator = if mode == RunMode::Train {
+        evaluator.extrapolating_aligned_pairs(peek)
+    } else {
+        evaluator
+    };
     let evaluator = if setup.torch.has(Switch::ExpandableSegments) {
         evaluator
     } else {
@@ -726,15 +752,85 @@ pub fn predictor(
     })
 }
 
+/// How a search's candidates' steps are traced: the config and the
+/// settings every trace shares.
+#[derive(Clone)]
+struct CandidateSteps {
+    config: PathBuf,
+    options: Vec<String>,
+    threads: i32,
+    gt_segments: Option<i64>,
+    setup: TrainingSetup,
+    kind: TraceKind,
+    mode: RunMode,
+    timeout: Option<Duration>,
+}
+
+impl CandidateSteps {
+    /// `f` on the step of a candidate: its batch, crop, precision, model
+    /// knobs, and whether it accumulates gradients.
+    fn with<R>(
+        &self,
+        batch_size: i64,
+        crop: (i64, i64),
+        amp: Amp,
+        knobs: space::ModelKnobs,
+        accumulates: bool,
+        f: impl FnOnce(&StepToTrace) -> R,
+    ) -> R {
+        let mut cfg_options = space::options_with_knobs(&self.options, knobs);
+        if self.mode == RunMode::Train {
+            // The candidate's accumulation, not the recipe's: 2 stands for
+            // any above 1 (see `Tracer`).
+            cfg_options.push(format!(
+                "optim_wrapper.accumulative_counts={}",
+                if accumulates { 2 } else { 1 }
+            ));
+        }
+        f(&StepToTrace {
+            config: &self.config,
+            cfg_options: &cfg_options,
+            batch_size,
+            crop,
+            amp,
+            threads: self.threads,
+            gt_segments: self.gt_segments,
+            setup: self.setup,
+            kind: self.kind,
+            mode: self.mode,
+            deadline: self
+                .timeout
+                .unwrap_or_else(|| trace_deadline(self.kind, batch_size, crop)),
+            python: None,
+        })
+    }
+}
+
 /// CPU threads of one traced step: on Slurm the job's CPUs
-/// (`--cpus-per-trial`, else 1); here half the cores, shared by the traces
-/// that run side by side (one per `--devices` entry).
-fn default_trace_threads(placement: &super::Placement) -> i32 {
+/// (`--cpus-per-trial`, else 1); here half the cores, shared by the
+/// `side_by_side` traces that run at once.
+fn default_trace_threads(placement: &super::Placement, side_by_side: usize) -> i32 {
     if let Some(slurm) = &placement.slurm {
         return slurm.cpus_per_trial.map_or(1, |c| c.min(4096) as i32);
     }
-    let side_by_side = placement.devices.as_ref().map_or(1, |d| d.count(1).max(1)) as i32;
-    (crate::trial::host_cores() / 2 / side_by_side).max(1)
+    (crate::trial::host_cores() / 2 / side_by_side.max(1) as i32).max(1)
+}
+
+/// Traces run at once here: the slots `--devices` or `--max-parallel`
+/// give; where neither is given, one per core (at most 4) for meta traces,
+/// which take a core each and little memory. The strategy fills them with
+/// its independent groups (each precision's binary search), so the winner
+/// and the candidates tried are those of one trace at a time.
+pub(super) fn trace_slots(request: &SearchRequest, slots: usize) -> usize {
+    let placement = &request.placement;
+    if placement.slurm.is_some() || placement.devices.is_some() || request.trace != TraceKind::Meta
+    {
+        return slots;
+    }
+    let here = placement
+        .local_traces
+        .unwrap_or_else(|| crate::trial::host_cores().clamp(1, 4) as usize);
+    slots.max(here.max(1))
 }
 
 /// Confirms the predicted search's feasible candidates with real trials

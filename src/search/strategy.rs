@@ -1,9 +1,11 @@
 //! The search strategy: per (crop, precision), a binary search over the
 //! ascending batch sizes, using that memory grows with the batch (above an
 //! out-of-memory nothing is tried, below a fit everything fits). With
-//! keep-crop, smaller crops are only tried when nothing fits at the
-//! recipe's. Every evaluated candidate goes to the journal at once; one
-//! found there is not evaluated again.
+//! keep-crop, the fallback passes (checkpointing, fewer points) run at the
+//! recipe's crop, and smaller crops are only tried when nothing fits there
+//! even so; those later stages start each binary search at the smallest
+//! batch. Every evaluated candidate goes to the journal at once; one found
+//! there is not evaluated again.
 
 use super::evaluate::{evaluate_retrying_noted, Evaluator};
 use super::journal::{Journal, RunInfo};
@@ -129,85 +131,159 @@ pub fn run_search_on(
     journal: &mut Journal,
     progress: Progress,
 ) -> Result<Explored> {
-    let per_group = if exhaustive {
-        space.batches.len()
+    // The most evaluations a group makes: the recipe's crop's groups search
+    // from the middle, later ones from the smallest batch.
+    let n = space.batches.len();
+    let first_group = GroupSearch::new((0, 0), Amp::Off, space.knobs, n);
+    let per_group = first_group.max_evaluations(exhaustive);
+    let per_later_group = if exhaustive {
+        per_group
     } else {
-        binary_search_bound(space.batches.len())
+        first_group.smallest_first().max_evaluations(false)
     };
     let precisions = space.precisions.len();
-    let fallback_bound = per_group * precisions * space.fallbacks.len();
+    let fallback_bound = per_later_group * precisions * space.fallbacks.len();
+    let smaller_crops = space.crops.len().saturating_sub(1);
+    let walk_bound = per_later_group * precisions * smaller_crops;
     let mut explored = Explored {
         outcomes: Vec::new(),
         ran: 0,
         resumed: 0,
         predictions: 0,
-        left_at_most: per_group * precisions * space.crops.len() + fallback_bound,
+        left_at_most: per_group * precisions + walk_bound + fallback_bound,
     };
     let mut stages = Stages {
         space,
         exhaustive,
-        per_group,
         evaluators,
         journal,
         progress,
     };
-    // keep-crop: the largest crop where anything fits wins, and smaller
-    // crops need no trial, so each crop waits for the one before; for
-    // throughput every crop is searched, all at once.
-    let crop_stages: Vec<&[(i64, i64)]> = if objective == Objective::KeepCrop && !exhaustive {
-        space.crops.chunks(1).collect()
-    } else {
-        vec![space.crops]
+    let Some(recipe_crop) = space.crops.first().copied() else {
+        return Ok(explored);
     };
-    for (i, crops) in crop_stages.iter().enumerate() {
-        let groups = crops
+    let groups_at = |crops: &[(i64, i64)], later_stage: bool| -> Vec<GroupSearch> {
+        crops
             .iter()
             .flat_map(|crop| space.precisions.iter().map(move |amp| (*crop, *amp)))
-            .map(|(crop, amp)| GroupSearch::new(crop, amp, space.knobs, space.batches.len()))
-            .collect();
-        let later: usize = crop_stages[i + 1..].iter().map(|c| c.len()).sum();
-        stages.run(
-            groups,
-            per_group * precisions * later + fallback_bound,
-            &mut explored,
-        )?;
-        let any_fit_here = explored
+            .map(|(crop, amp)| {
+                let group = GroupSearch::new(crop, amp, space.knobs, n);
+                if later_stage && !exhaustive {
+                    group.smallest_first()
+                } else {
+                    group
+                }
+            })
+            .collect()
+    };
+    if objective != Objective::KeepCrop || exhaustive {
+        // throughput (or a benchmark): every crop at once, then the
+        // fallback passes at the recipe's crop.
+        stages.run(groups_at(space.crops, false), fallback_bound, &mut explored)?;
+        run_fallbacks(&mut stages, recipe_crop, per_later_group, 0, &mut explored)?;
+        return Ok(explored);
+    }
+    // keep-crop: the largest crop where anything fits wins (any knobs), so
+    // the recipe's crop comes first, then the fallback passes there
+    // (checkpointing, fewer points), and only when nothing fits at the
+    // recipe's crop even so, the smaller crops, each waiting for the one
+    // before.
+    stages.run(
+        groups_at(&[recipe_crop], false),
+        walk_bound + fallback_bound,
+        &mut explored,
+    )?;
+    run_fallbacks(
+        &mut stages,
+        recipe_crop,
+        per_later_group,
+        walk_bound,
+        &mut explored,
+    )?;
+    let fits_at = |explored: &Explored, crop: (i64, i64)| {
+        explored
             .outcomes
             .iter()
-            .any(|o| crops.contains(&o.candidate.crop) && o.record.fits());
-        if objective == Objective::KeepCrop && any_fit_here && !exhaustive {
+            .any(|o| o.candidate.crop == crop && o.record.fits())
+    };
+    if fits_at(&explored, recipe_crop) {
+        explored.left_at_most = 0;
+        return Ok(explored);
+    }
+    for (i, crop) in space.crops[1..].iter().enumerate() {
+        let later = per_later_group * precisions * (smaller_crops - i - 1);
+        stages.run(groups_at(&[*crop], true), later, &mut explored)?;
+        if fits_at(&explored, *crop) {
             break;
         }
     }
-    explored.left_at_most = fallback_bound;
-    let Some(recipe_crop) = space.crops.first() else {
-        return Ok(explored);
-    };
+    explored.left_at_most = 0;
+    Ok(explored)
+}
+
+/// The fallback passes at the recipe's crop, while no candidate keeps the
+/// recipe's crop and effective batch. The last pass has every knob at its
+/// most frugal: run first, it tells which precisions any pass can fit in at
+/// all (each knob only lowers the memory), and the passes before it run
+/// for those alone. Its own candidates keep less of the recipe, so the
+/// passes still run in order until one keeps the recipe. `after`: the
+/// evaluations the stages after the passes may make.
+fn run_fallbacks(
+    stages: &mut Stages<'_, '_>,
+    recipe_crop: (i64, i64),
+    per_group: usize,
+    after: usize,
+    explored: &mut Explored,
+) -> Result<()> {
+    let (space, exhaustive) = (stages.space, stages.exhaustive);
     // A batch below a fitting one fits too (memory grows with the batch):
     // the recipe is kept when some batch up to a fit keeps the effective batch.
     let keeps_recipe = |o: &Outcome| {
         o.record.fits()
-            && o.candidate.crop == *recipe_crop
+            && o.candidate.crop == recipe_crop
             && space
                 .batches
                 .iter()
                 .any(|b| *b <= o.candidate.batch_size && (space.accumulation)(*b).1)
     };
-    let kept = |explored: &Explored| !exhaustive && explored.outcomes.iter().any(keeps_recipe);
-    for (i, knobs) in space.fallbacks.iter().copied().enumerate() {
-        if kept(&explored) {
-            explored.left_at_most = 0;
+    let mut passes = space.fallbacks.to_vec();
+    let frugal = (passes.len() > 1 && !exhaustive)
+        .then(|| passes.pop())
+        .flatten();
+    let kept = |explored: &Explored| {
+        !exhaustive
+            && explored
+                .outcomes
+                .iter()
+                .any(|o| keeps_recipe(o) && Some(o.candidate.knobs()) != frugal)
+    };
+    let group = |amp: Amp, knobs: ModelKnobs| {
+        GroupSearch::new(recipe_crop, amp, knobs, space.batches.len()).smallest_first()
+    };
+    let mut viable = space.precisions.to_vec();
+    if let Some(frugal) = frugal.filter(|_| !kept(explored)) {
+        let groups = viable.iter().map(|amp| group(*amp, frugal)).collect();
+        let later = per_group * viable.len() * passes.len() + after;
+        stages.run(groups, later, explored)?;
+        viable.retain(|amp| {
+            explored.outcomes.iter().any(|o| {
+                o.record.fits()
+                    && o.candidate.amp == *amp
+                    && o.candidate.crop == recipe_crop
+                    && o.candidate.knobs() == frugal
+            })
+        });
+    }
+    for (i, knobs) in passes.iter().copied().enumerate() {
+        if kept(explored) || viable.is_empty() {
             break;
         }
-        let groups = space
-            .precisions
-            .iter()
-            .map(|amp| GroupSearch::new(*recipe_crop, *amp, knobs, space.batches.len()))
-            .collect();
-        let later = space.fallbacks.len() - i - 1;
-        stages.run(groups, per_group * precisions * later, &mut explored)?;
+        let groups = viable.iter().map(|amp| group(*amp, knobs)).collect();
+        let later = per_group * viable.len() * (passes.len() - i - 1) + after;
+        stages.run(groups, later, explored)?;
     }
-    Ok(explored)
+    explored.left_at_most = after;
+    Ok(())
 }
 
 /// An evaluator of a search's slot (a device, a Slurm slot).
@@ -239,6 +315,12 @@ struct GroupSearch {
     next_exhaustive: usize,
     pending: bool,
     evaluated: usize,
+    /// Whether the first evaluation is the smallest batch: in a stage that
+    /// runs because nothing fitted before it, most groups fit nowhere, and
+    /// an out-of-memory at the smallest batch decides the whole group at
+    /// once (memory grows with the batch). The boundary found is the one
+    /// the plain binary search finds.
+    smallest_first: bool,
 }
 
 impl GroupSearch {
@@ -252,7 +334,14 @@ impl GroupSearch {
             next_exhaustive: 0,
             pending: false,
             evaluated: 0,
+            smallest_first: false,
         }
+    }
+
+    /// This group starting at its smallest batch (see the field).
+    fn smallest_first(mut self) -> GroupSearch {
+        self.smallest_first = true;
+        self
     }
 
     fn searching(&self, exhaustive: bool) -> bool {
@@ -263,11 +352,27 @@ impl GroupSearch {
         }
     }
 
+    /// The most evaluations this group may still make, a pending one
+    /// included.
+    fn max_evaluations(&self, exhaustive: bool) -> usize {
+        if exhaustive {
+            return self.hi.saturating_sub(self.next_exhaustive);
+        }
+        let span = self.hi.saturating_sub(self.lo);
+        if self.smallest_first && self.evaluated == 0 && span > 0 {
+            1 + binary_search_bound(span - 1)
+        } else {
+            binary_search_bound(span)
+        }
+    }
+
     /// The index of the batch to evaluate next, when none is pending.
     fn next(&self, exhaustive: bool) -> Option<usize> {
         (!self.pending && self.searching(exhaustive)).then(|| {
             if exhaustive {
                 self.next_exhaustive
+            } else if self.smallest_first && self.evaluated == 0 {
+                self.lo
             } else {
                 (self.lo + self.hi) / 2
             }
@@ -288,11 +393,18 @@ impl GroupSearch {
         }
     }
 
-    fn decide(&mut self, mid: usize, fits: bool, exhaustive: bool) {
+    /// `record` decided the batch at `mid`.
+    fn decide(&mut self, mid: usize, record: &TrialRecord, exhaustive: bool) {
+        let fits = record.fits();
+        let probe = self.smallest_first && self.evaluated == 0;
         self.pending = false;
         self.evaluated += 1;
         if exhaustive {
             self.next_exhaustive += 1;
+        } else if probe && record.status == super::record::CandidateStatus::Infeasible {
+            // The smallest batch cannot train at all (BatchNorm over one
+            // value): no verdict on memory; the larger batches are searched.
+            self.lo = mid + 1;
         } else if fits {
             self.lo = mid + 1;
         } else {
@@ -306,7 +418,6 @@ impl GroupSearch {
 struct Stages<'s, 'e> {
     space: &'s SearchSpace<'s>,
     exhaustive: bool,
-    per_group: usize,
     evaluators: &'s mut [Slot<'e>],
     journal: &'s mut Journal,
     progress: Progress<'s>,
@@ -374,8 +485,7 @@ impl Stages<'_, '_> {
             later
                 + groups
                     .iter()
-                    .filter(|g| g.searching(exhaustive) || g.pending)
-                    .map(|g| self.per_group.saturating_sub(g.evaluated))
+                    .map(|g| g.max_evaluations(exhaustive))
                     .sum::<usize>()
         };
         let space = self.space;
@@ -405,7 +515,7 @@ impl Stages<'_, '_> {
                     if let Some(r) = journal.get(&c) {
                         let record = r.clone();
                         explored.resumed += 1;
-                        groups[g].decide(mid, record.fits(), exhaustive);
+                        groups[g].decide(mid, &record, exhaustive);
                         explored.left_at_most = bound(&groups);
                         decided_groups.push(g);
                         decided(explored, c, record, false, progress);
@@ -447,7 +557,7 @@ impl Stages<'_, '_> {
                         failure = Some(e);
                     }
                 }
-                groups[done.group].decide(done.mid, done.record.fits(), exhaustive);
+                groups[done.group].decide(done.mid, &done.record, exhaustive);
                 explored.left_at_most = bound(&groups);
                 decided_groups.push(done.group);
                 decided(explored, done.candidate, done.record, true, progress);

@@ -265,7 +265,9 @@ fn lower_point_counts_are_tried_largest_first_until_the_recipe_fits() {
     );
     assert!(evaluator.evaluated.iter().all(|c| c.num_points.is_none()));
     // One 512x512 image in half precision needs 131072 at K = 12544:
-    // 6272 points halve it and fit 65536; 3136 is never tried.
+    // 6272 points halve it and fit 65536. 3136 points, the most frugal
+    // pass, runs first and says which precisions can fit at all (both
+    // here); then the others, largest point count first.
     let dir = tempfile::tempdir().unwrap();
     let (explored, evaluator) = explore_with(
         512 * 512 / 4,
@@ -276,8 +278,15 @@ fn lower_point_counts_are_tried_largest_first_until_the_recipe_fits() {
         &ks,
     );
     let tried: Vec<Option<i64>> = evaluator.evaluated.iter().map(|c| c.num_points).collect();
-    assert!(tried.contains(&Some(9408)) && tried.contains(&Some(6272)));
-    assert!(!tried.contains(&Some(3136)));
+    let first_pass = tried.iter().position(|k| k.is_some()).unwrap();
+    assert_eq!(tried[first_pass], Some(3136), "{tried:?}");
+    let after: Vec<Option<i64>> = tried[first_pass..]
+        .iter()
+        .copied()
+        .filter(|k| *k != Some(3136))
+        .collect();
+    assert_eq!(after.first(), Some(&Some(9408)), "{tried:?}");
+    assert!(after.contains(&Some(6272)));
     assert!(evaluator
         .evaluated
         .iter()
@@ -466,4 +475,89 @@ fn a_resumed_parallel_search_runs_nothing_again() {
     assert_eq!(again.ran, 0);
     assert_eq!(again.resumed, first.ran);
     assert_eq!(rows.len(), first.ran);
+}
+
+#[test]
+fn later_stages_start_at_the_smallest_batch_and_find_the_same_boundaries() {
+    let ks = [9408, 6272, 3136];
+    // From nothing fitting anywhere to everything fitting, through the
+    // budgets where smaller crops, checkpointing and fewer points win.
+    for capacity in (0..=64).map(|i| i * 512 * 512 / 16) {
+        let dir = tempfile::tempdir().unwrap();
+        let (explored, evaluator) =
+            explore_with(capacity, 0, Objective::KeepCrop, dir.path(), true, &ks);
+        // Each group searched found the largest batch that fits there, as
+        // evaluating all of its batches would.
+        let mut judge = FakeEvaluator {
+            capacity,
+            fail_every: 0,
+            crash_batches: Vec::new(),
+            evaluated: Vec::new(),
+        };
+        let mut groups: Vec<Candidate> = explored.outcomes.iter().map(|o| o.candidate).collect();
+        groups.dedup_by_key(|c| (c.crop, c.amp, c.checkpoint, c.num_points));
+        for g in groups {
+            let found = explored
+                .outcomes
+                .iter()
+                .filter(|o| {
+                    let c = o.candidate;
+                    (c.crop, c.amp, c.checkpoint, c.num_points)
+                        == (g.crop, g.amp, g.checkpoint, g.num_points)
+                        && o.record.fits()
+                })
+                .map(|o| o.candidate.batch_size)
+                .max();
+            let truth = (1..=8)
+                .filter(|b| {
+                    judge
+                        .evaluate(&Candidate {
+                            batch_size: *b,
+                            accumulation: (16 / b).max(1),
+                            ..g
+                        })
+                        .fits()
+                })
+                .max();
+            assert_eq!(found, truth, "capacity {capacity}, group {g:?}");
+        }
+        // Past the recipe's crop, a group that fits nowhere costs one
+        // evaluation: at most 4 + 4 at the recipe's crop, then 2 at the
+        // smaller crop and 2 for each fallback pass (a binary search from
+        // the middle: 4 each, 8 + 8 + 8 per pass).
+        if !explored.outcomes.iter().any(|o| o.record.fits()) {
+            let passes = fallback_passes(
+                ModelKnobs::default(),
+                FallbackOptions {
+                    checkpoint: true,
+                    num_points: &ks,
+                },
+            )
+            .len();
+            let n = evaluator.evaluated.len();
+            assert!(
+                n <= 8 + 2 + 2 * passes,
+                "capacity {capacity}: {n} evaluations"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_precision_the_most_frugal_pass_cannot_fit_is_left_out_of_the_other_passes() {
+    // fp32 needs 262144 x 3136 / 12544 = 65536 at the fewest points; half
+    // precision 32768. A capacity between: only half precision can fit.
+    let ks = [9408, 6272, 3136];
+    let dir = tempfile::tempdir().unwrap();
+    let (explored, evaluator) =
+        explore_with(40_000, 0, Objective::KeepCrop, dir.path(), false, &ks);
+    let fp32_passes = evaluator
+        .evaluated
+        .iter()
+        .filter(|c| c.amp == Amp::Off && c.num_points.is_some())
+        .count();
+    assert_eq!(fp32_passes, 1, "{:?}", evaluator.evaluated);
+    let winner = &ranked_fits(explored, Objective::KeepCrop)[0];
+    assert_eq!(winner.candidate.amp, Amp::Fp16);
+    assert_eq!(winner.candidate.crop, (512, 512));
 }

@@ -38,6 +38,7 @@ pub mod ddp;
 pub mod emulation;
 pub mod error;
 pub mod execute;
+pub mod fork_server;
 pub mod infer;
 pub mod kernel_calls;
 pub mod launcher;

@@ -155,6 +155,23 @@ bool segtune_shim::meta_by_rule(const std::string& name, torch::jit::Stack* stac
     push_outputs(stack, first, {gi, meta_empty_like(grid, at::MemoryFormat::Contiguous)});
     return true;
   }
+  if (name == "aten::_adaptive_avg_pool2d") {
+    // AdaptiveAveragePooling.cpp (CPU) and .cu: [(N,) C, out_h, out_w] in
+    // the input's type and suggested memory format.
+    at::Tensor input = arg(0).toTensor();
+    auto out = arg(1).toIntVector();
+    std::vector<int64_t> sizes(input.sizes().begin(), input.sizes().end() - 2);
+    sizes.insert(sizes.end(), out.begin(), out.end());
+    push_outputs(stack, first,
+                 {at::empty(sizes, input.options().device(c10::kMeta).memory_format(input.suggest_memory_format()))});
+    return true;
+  }
+  if (name == "aten::_adaptive_avg_pool2d_backward") {
+    // grad_input resized as the input, in its suggested memory format.
+    at::Tensor input = arg(1).toTensor();
+    push_outputs(stack, first, {meta_empty_like(input, input.suggest_memory_format())});
+    return true;
+  }
   if (name == "aten::abs") {
     at::Tensor self = arg(0).toTensor();
     push_outputs(stack, first, {meta_empty_like(self, self.suggest_memory_format())});

@@ -126,11 +126,21 @@ impl Worker {
         &self.path
     }
 
+    /// Starts `n` fork servers for this worker's CPU requests now (their
+    /// libtorch loads while segtune does other work); none on Slurm.
+    pub fn prestart_servers(&self, n: usize) {
+        if self.launcher.is_none() && super::fork_server::enabled() {
+            super::fork_server::prestart(&self.path, n);
+        }
+    }
+
     /// Runs one trial and returns its report. `Err` only for input errors
     /// the worker found before any step (its message is already rendered)
     /// and for a worker that cannot start.
     pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
-        let run = self.run_launched(&request.to_argv(), timeout)?;
+        // A CPU trial (a traced step) is forked; CUDA gets a spawned worker.
+        let forkable = request.device == super::DeviceChoice::Cpu;
+        let run = self.run_launched(&request.to_argv(), timeout, forkable)?;
         // The worker's own input error first: Slurm did not end that job.
         if !run.timed_out {
             if let Some(e) = run.input_error() {
@@ -173,7 +183,7 @@ impl Worker {
             argv.push("--cfg-options".into());
             argv.extend(cfg_options.iter().map(OsString::from));
         }
-        let run = self.run(&argv, Some(INSPECT_DEADLINE))?;
+        let run = self.run(&argv, Some(INSPECT_DEADLINE), true)?;
         if let Some(e) = run.input_error() {
             return Err(e);
         }
@@ -191,9 +201,37 @@ impl Worker {
         })
     }
 
-    /// The number of CUDA devices libtorch sees (0 when the worker cannot tell).
+    /// The number of CUDA devices libtorch sees (0 when the worker cannot
+    /// tell). Asked once per worker and process: the first call asks, any
+    /// other (an atlas's next search) takes its answer.
     pub fn cuda_devices(&self) -> usize {
-        self.run_launched(&["devices".into()], Some(DEVICES_DEADLINE))
+        type Counts = std::collections::HashMap<String, Arc<std::sync::OnceLock<usize>>>;
+        static COUNTS: std::sync::Mutex<Option<Counts>> = std::sync::Mutex::new(None);
+        let slurm = self
+            .launcher
+            .as_ref()
+            .map(|l| (&l.partition, l.gpus_per_trial, &l.extra_args));
+        let key = format!("{}|{slurm:?}", self.stamp());
+        let once = match COUNTS.lock() {
+            Ok(mut counts) => counts
+                .get_or_insert_with(Default::default)
+                .entry(key)
+                .or_default()
+                .clone(),
+            Err(_) => Arc::new(std::sync::OnceLock::new()),
+        };
+        *once.get_or_init(|| self.count_cuda_devices())
+    }
+
+    /// Starts [`Worker::cuda_devices`] on a thread, so that libtorch's load
+    /// overlaps other work.
+    pub fn prefetch_cuda_devices(&self) {
+        let worker = self.clone();
+        std::thread::spawn(move || worker.cuda_devices());
+    }
+
+    fn count_cuda_devices(&self) -> usize {
+        self.run_launched(&["devices".into()], Some(DEVICES_DEADLINE), false)
             .ok()
             .filter(|r| !r.timed_out)
             .and_then(|r| String::from_utf8(r.stdout).ok())
@@ -201,8 +239,19 @@ impl Worker {
             .unwrap_or(0)
     }
 
-    /// Runs the worker here.
-    fn run(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
+    /// Runs the worker here: through a fork server where `forkable` (no
+    /// CUDA in the request) and one can be had, else spawned.
+    fn run(
+        &self,
+        argv: &[OsString],
+        timeout: Option<Duration>,
+        forkable: bool,
+    ) -> Result<Finished> {
+        if forkable && super::fork_server::enabled() {
+            if let Some(run) = super::fork_server::run_forked(&self.path, argv, timeout)? {
+                return Ok(run);
+            }
+        }
         let mut command = Command::new(&self.path);
         command.args(argv);
         run_child(command, &self.path, timeout)
@@ -211,9 +260,14 @@ impl Worker {
     /// Runs the worker where its launcher says: here, or as a Slurm job
     /// step (cancelled with `scancel` when it misses its deadline, as
     /// killing `srun` alone may leave the step running).
-    fn run_launched(&self, argv: &[OsString], timeout: Option<Duration>) -> Result<Finished> {
+    fn run_launched(
+        &self,
+        argv: &[OsString],
+        timeout: Option<Duration>,
+        forkable: bool,
+    ) -> Result<Finished> {
         let Some(slurm) = &self.launcher else {
-            return self.run(argv, timeout);
+            return self.run(argv, timeout, forkable);
         };
         let name = slurm.next_job_name();
         let _live = LiveJob::register(slurm, &name);
@@ -339,10 +393,10 @@ static LIVE: std::sync::Mutex<(Vec<u32>, Vec<std::path::PathBuf>)> =
     std::sync::Mutex::new((Vec::new(), Vec::new()));
 
 /// A worker's pid in [`LIVE`] for as long as this lives.
-struct LiveWorker(u32);
+pub(super) struct LiveWorker(u32);
 
 impl LiveWorker {
-    fn register(pid: u32) -> LiveWorker {
+    pub(super) fn register(pid: u32) -> LiveWorker {
         if let Ok(mut live) = LIVE.lock() {
             live.0.push(pid);
         }

@@ -6,7 +6,7 @@ mod measured;
 mod predicted;
 
 pub use measured::MeasuredEvaluator;
-pub use predicted::{PredictedEvaluator, Tracer};
+pub use predicted::{Peek, PredictedEvaluator, Tracer};
 
 use super::record::{Mode, TrialRecord};
 use super::space::Candidate;

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::estimate::{BatchLayout, KernelSetup};
-use crate::predict::extrapolate::{extrapolate, TRACED_BATCHES};
+use crate::predict::extrapolate::{extrapolate, extrapolate_aligned, ALIGNED_PAIR, TRACED_BATCHES};
 use crate::predict::kernels::cudnn::Figure;
 use crate::predict::replay::{replay_kernels, Kernels, ReplayInputs, ReplayResult};
 use crate::predict::{Budget, TracedStep};
@@ -29,6 +29,10 @@ use std::collections::HashMap;
 /// above 1 keeps the same tensors.
 pub type Tracer =
     Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs, bool) -> Result<TracedStep> + Send>;
+
+/// A step as [`Tracer`] would trace it, if it was traced already (the
+/// trace cache): `None` costs nothing.
+pub type Peek = Box<dyn Fn(i64, (i64, i64), Amp, ModelKnobs, bool) -> Option<TracedStep> + Send>;
 
 /// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
 struct TracePair {
@@ -56,8 +60,14 @@ fn step_bytes(events: &[TraceEvent]) -> f64 {
 }
 
 fn lerp(pair: (f64, f64), batch: i64) -> f64 {
-    let (ba, bb) = TRACED_BATCHES;
-    pair.0 + (pair.1 - pair.0) * (batch - ba) as f64 / (bb - ba) as f64
+    lerp_between(TRACED_BATCHES, pair, batch)
+}
+
+/// The value at `batch` of one affine in the batch, from its values at the
+/// two batch sizes `at`.
+fn lerp_between(at: (i64, i64), values: (f64, f64), batch: i64) -> f64 {
+    let (ba, bb) = at;
+    values.0 + (values.1 - values.0) * (batch - ba) as f64 / (bb - ba) as f64
 }
 
 /// Why a step could not be traced, as the candidate's status: the step's
@@ -123,6 +133,15 @@ pub struct PredictedEvaluator {
     /// The PyTorch release and cuDNN flags the GPU's kernels follow (the
     /// candidate's precision set per replay).
     kernels: KernelSetup,
+    /// With direct (op-level) traces: a candidate that accumulates, at a
+    /// batch above [`ALIGNED_PAIR`], is predicted from the steps traced
+    /// there where the two align item for item
+    /// ([`crate::predict::extrapolate::extrapolate_aligned`]).
+    extrapolate_aligned: bool,
+    /// The pairs that did not align (traced at each batch instead).
+    unaligned: std::collections::HashSet<PairKey>,
+    /// Steps traced before this search (its pair members may be there).
+    peek: Option<Peek>,
 }
 
 /// What every replay of one evaluator shares besides the candidate.
@@ -164,7 +183,91 @@ impl PredictedEvaluator {
             layout,
             expandable_segments: true,
             kernels: KernelSetup::newest(),
+            extrapolate_aligned: false,
+            unaligned: Default::default(),
+            peek: None,
         }
+    }
+
+    /// Predicts a direct evaluator's accumulating candidates above the
+    /// traced pair from it where the pair aligns (see the field) and both
+    /// steps were traced already: by this search, or before it (`peek`).
+    /// A pair is never traced for its own sake, so no search traces more.
+    pub fn extrapolating_aligned_pairs(mut self, peek: Option<Peek>) -> PredictedEvaluator {
+        self.extrapolate_aligned = self.direct;
+        self.peek = peek;
+        self
+    }
+
+    /// Whether the step at `batch` is known without tracing it: traced by
+    /// this evaluator, or found by `peek` (and kept).
+    fn known(&mut self, batch: i64, c: &Candidate) -> bool {
+        let key = (batch, c.crop, c.amp, c.knobs(), true);
+        if matches!(self.small.get(&key), Some(Ok(_))) {
+            return true;
+        }
+        let Some(step) = self
+            .peek
+            .as_ref()
+            .and_then(|peek| peek(batch, c.crop, c.amp, c.knobs(), true))
+        else {
+            return false;
+        };
+        self.small.insert(
+            key,
+            Ok(SmallTrace {
+                step_bytes: step_bytes(&step.events),
+                flops: step.forward_flops,
+                recompute_flops: step.recompute_flops,
+                events: step.events,
+                calls: step.kernel_calls,
+            }),
+        );
+        true
+    }
+
+    /// `c` from its pair's two traces, if both are known and align; `None`:
+    /// trace `c`.
+    fn predicted_from_aligned_pair(
+        &mut self,
+        c: &Candidate,
+        cx: ReplayContext,
+    ) -> Option<TrialRecord> {
+        let key = (c.crop, c.amp, c.knobs(), true);
+        if self.unaligned.contains(&key) {
+            return None;
+        }
+        let (ba, bb) = ALIGNED_PAIR;
+        if !(self.known(ba, c) && self.known(bb, c)) {
+            return None;
+        }
+        let one = self.small(ba, c.crop, c.amp, c.knobs(), true).ok()?;
+        let one = (
+            one.events.clone(),
+            one.calls.clone(),
+            one.flops,
+            one.recompute_flops,
+            one.step_bytes,
+        );
+        let two = self.small(bb, c.crop, c.amp, c.knobs(), true).ok()?;
+        let Some((events, calls)) =
+            extrapolate_aligned((&one.0, &one.1), (&two.events, &two.calls), c.batch_size)
+        else {
+            self.unaligned.insert(key);
+            return None;
+        };
+        let at = |values| lerp_between(ALIGNED_PAIR, values, c.batch_size);
+        let flops = (at((one.2, two.flops)), at((one.3, two.recompute_flops)));
+        let bytes = at((one.4, two.step_bytes));
+        let budget = self.budget.clone();
+        Some(replay_against_budget(
+            &budget,
+            c,
+            (&events, &calls),
+            flops,
+            bytes,
+            cx,
+        ))
     }
 
     /// Predicts for this PyTorch release and these cuDNN flags (the
@@ -307,6 +410,11 @@ impl Evaluator for PredictedEvaluator {
             kernels: self.kernels,
         };
         let accumulates = self.mode == RunMode::Train && c.accumulation > 1;
+        if self.extrapolate_aligned && accumulates && c.batch_size > ALIGNED_PAIR.1 {
+            if let Some(record) = self.predicted_from_aligned_pair(c, mode) {
+                return record;
+            }
+        }
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
             let (events, calls, flops, bytes) =
                 match self.small(c.batch_size, c.crop, c.amp, c.knobs(), accumulates) {
