@@ -31,17 +31,28 @@ fn winner(result: &serde_json::Value) -> serde_json::Value {
     result["winner"]["candidate"].clone()
 }
 
-/// The pids of `parent`'s `segtune-torch trial` children (traced steps, not
-/// the model check that runs first).
-fn trial_workers(parent: u32) -> Vec<u32> {
+/// `pgrep -P parent ARGS`: the matching children's pids.
+fn children(parent: u32, args: &[&str]) -> Vec<u32> {
     let out = std::process::Command::new("pgrep")
-        .args(["-P", &parent.to_string(), "-f", "segtune-torch trial"])
+        .args(["-P", &parent.to_string()])
+        .args(args)
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
+}
+
+/// The pids of `parent`'s traced steps (not the model check that runs
+/// first): `segtune-torch trial` children, spawned, or `st-trial` children
+/// of its fork servers (`trial::fork_server`).
+fn trial_workers(parent: u32) -> Vec<u32> {
+    let mut found = children(parent, &["-f", "segtune-torch trial"]);
+    for server in children(parent, &["-f", "segtune-torch serve"]) {
+        found.extend(children(server, &["-x", "st-trial"]));
+    }
+    found
 }
 
 /// Waits for the first traced step of `child`, sends it `signal`, and

@@ -16,7 +16,8 @@
 //! `{"pid": N}` once the child runs, then `{"pid": N, "wait_status": S}`
 //! (waitpid(2)'s status) when it has ended. The server exits when its stdin
 //! closes, killing a child still running: a segtune that dies leaves no
-//! work behind.
+//! work behind. A child's command name (`ps`, `pgrep`) is `st-` and the
+//! request's command: `st-trial`, `st-inspect`.
 
 use super::worker::{Finished, LiveWorker};
 use crate::error::{Error, Result};
@@ -94,8 +95,15 @@ fn serve_one(request: &ServeRequest, run: &dyn Fn(Vec<OsString>) -> i32) -> std:
         return Err(std::io::Error::last_os_error());
     }
     if pid == 0 {
-        // SAFETY: plain fd and process calls in the child.
+        // `ps` and `pgrep` tell the children by their command:
+        // `st-trial`, `st-inspect` (the name holds 15 bytes).
+        let mut name = format!("st-{}", request.argv.first().map_or("", String::as_str));
+        name.truncate(15);
+        let name = std::ffi::CString::new(name).unwrap_or_default();
+        // SAFETY: plain fd and process calls in the child; `name` is a
+        // NUL-terminated string that outlives the call.
         unsafe {
+            libc::prctl(libc::PR_SET_NAME, name.as_ptr());
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
             libc::dup2(null, 0);
