@@ -14,10 +14,11 @@
 //! Protocol, one JSON line each way: segtune writes
 //! `{"argv": [...], "stdout": PATH, "stderr": PATH}`; the server answers
 //! `{"pid": N}` once the child runs, then `{"pid": N, "wait_status": S}`
-//! (waitpid(2)'s status) when it has ended. The server exits when its stdin
-//! closes, killing a child still running: a segtune that dies leaves no
-//! work behind. A child's command name (`ps`, `pgrep`) is `st-` and the
-//! request's command: `st-trial`, `st-inspect`.
+//! (waitpid(2)'s status) when it has ended. The server dies with segtune
+//! (`PR_SET_PDEATHSIG`, and it exits when its stdin closes), its child with
+//! it: a segtune that dies leaves no work behind. A child's command name
+//! (`ps`, `pgrep`) is `st-` and the request's command: `st-trial`,
+//! `st-inspect`.
 
 use super::worker::{Finished, LiveWorker};
 use crate::error::{Error, Result};
@@ -172,12 +173,7 @@ struct Server {
 
 impl Server {
     fn start(worker: &Path) -> std::io::Result<Server> {
-        let mut child = Command::new(worker)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
+        let mut child = spawn_server(worker)?;
         let live = LiveWorker::register(child.id());
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(std::io::Error::other("no pipes to the fork server"));
@@ -223,6 +219,48 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts `worker serve` from a thread that lives as long as segtune:
+/// the server dies with segtune (`PR_SET_PDEATHSIG` fires when the thread
+/// that spawned it ends, and servers outlive the threads that use them),
+/// even while it is still loading libtorch and not yet reading its stdin.
+fn spawn_server(worker: &Path) -> std::io::Result<Child> {
+    type Reply = std::sync::mpsc::Sender<std::io::Result<Child>>;
+    static SPAWNER: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<(PathBuf, Reply)>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<(PathBuf, Reply)>();
+        std::thread::spawn(move || {
+            for (worker, reply) in rx {
+                use std::os::unix::process::CommandExt;
+                let mut command = Command::new(&worker);
+                command
+                    .arg("serve")
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null());
+                // SAFETY: only async-signal-safe calls between fork and exec.
+                unsafe {
+                    command.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        Ok(())
+                    });
+                }
+                let _ = reply.send(command.spawn());
+            }
+        });
+        Mutex::new(tx)
+    });
+    let (reply, answer) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .map_err(|_| std::io::Error::other("the fork servers' spawner is gone"))?
+        .send((worker.to_path_buf(), reply))
+        .map_err(|_| std::io::Error::other("the fork servers' spawner is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the fork servers' spawner is gone"))?
 }
 
 /// Idle servers, any worker's (each thread takes one for a request).
