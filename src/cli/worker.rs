@@ -74,9 +74,27 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
             trial::execute::cuda_device_count()
         ))),
         WorkerCommand::Serve => {
-            return trial::fork_server::serve(&|argv| {
-                run(std::iter::once("segtune-torch".into()).chain(argv))
-            })
+            return trial::fork_server::serve(
+                &|argv| run(std::iter::once("segtune-torch".into()).chain(argv)),
+                &resolve_in_server,
+            )
         }
     })
+}
+
+/// Resolves a request's config in the fork server before it forks, so
+/// that each child finds it in the config memo (`config::memo`) instead of
+/// loading it again. A request that does not parse or resolve is the
+/// child's to report.
+fn resolve_in_server(argv: &[std::ffi::OsString]) {
+    let argv = std::iter::once("segtune-torch".into()).chain(argv.iter().cloned());
+    let (config, cfg_options) = match WorkerCli::try_parse_from(argv).map(|cli| cli.command) {
+        Ok(WorkerCommand::Trial(args)) => {
+            let request = args.request();
+            (request.config, request.cfg_options)
+        }
+        Ok(WorkerCommand::Inspect(args)) => (args.config, args.common.cfg_options),
+        _ => return,
+    };
+    let _ = std::panic::catch_unwind(|| crate::config::resolve(&config, &cfg_options));
 }

@@ -109,6 +109,23 @@ impl Loader {
         Ok((*cfg).clone())
     }
 
+    /// Every file this loader read or linked (configs, their bases, Rhai
+    /// modules, new-style imports).
+    pub(super) fn sources(&self) -> Vec<PathBuf> {
+        let state = self.state();
+        let mut all: Vec<PathBuf> = state
+            .nodes
+            .keys()
+            .chain(state.files.keys())
+            .chain(state.modules.keys())
+            .chain(state.new_style.keys())
+            .cloned()
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
     pub(super) fn limits(&self) -> Limits {
         self.limits
     }

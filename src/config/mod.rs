@@ -31,6 +31,7 @@ mod guarded;
 pub mod hf;
 mod imports;
 mod loader;
+mod memo;
 pub mod merge;
 pub mod metafile;
 mod new_style;
@@ -53,23 +54,41 @@ use std::path::Path;
 
 /// Loads `path` and applies `--cfg-options` items: the whole of
 /// `Config.fromfile(path)` + `merge_from_dict`.
+/// Answered from [`memo`] when this process resolved the same file and
+/// options before and nothing the load read has changed since.
 pub fn resolve(path: &Path, cfg_options: &[String]) -> Result<Dict, ConfigError> {
-    on_evaluation_stack(|| {
-        if hf::is_hf_dir(path) {
+    if hf::is_hf_dir(path) {
+        return on_evaluation_stack(|| {
             let cfg = hf::load_dir(path)?;
             let cfg = with_cfg_options(cfg, cfg_options)?;
             written::check(&cfg, path, "")?;
-            return Ok(cfg);
-        }
+            Ok(cfg)
+        });
+    }
+    let abs = absolute(path);
+    if let Some(cfg) = memo::recall(&abs, cfg_options) {
+        return Ok(cfg);
+    }
+    let (resolved, sources, env) = on_evaluation_stack(|| {
+        memo::start_noting();
         // `load` checks the size of what it resolved; options merge after.
-        let cfg = Loader::new(Limits::default()).load(path)?;
-        if cfg_options.is_empty() {
-            return Ok(cfg);
-        }
-        let cfg = with_cfg_options(cfg, cfg_options)?;
-        written::check(&cfg, &absolute(path), " with its --cfg-options")?;
-        Ok(cfg)
-    })
+        let mut loader = Loader::new(Limits::default());
+        let resolved = loader.load(path).and_then(|cfg| {
+            if cfg_options.is_empty() {
+                return Ok(cfg);
+            }
+            let cfg = with_cfg_options(cfg, cfg_options)?;
+            written::check(&cfg, &abs, " with its --cfg-options")?;
+            Ok(cfg)
+        });
+        (resolved, loader.sources(), memo::env_read())
+    });
+    if let Ok(cfg) = &resolved {
+        let mut sources = sources;
+        sources.push(abs.clone());
+        memo::keep(&abs, cfg_options, sources, env, cfg);
+    }
+    resolved
 }
 
 /// Whether `path` is an MMEngine new-style config (`with read_base():`,

@@ -76,12 +76,14 @@ fn substitute_env_vars(text: &str, abs: &Path) -> Result<String, ConfigError> {
     }
     let re = regex(&RE, r#"\{\{['"]?\s*\$(\w+)\s*:\s*(\S*?)\s*['"]?\}\}"#);
     let mut failure = None;
-    let out = re.replace_all(text, |c: &regex::Captures| match std::env::var(&c[1]) {
-        Ok(v) => v,
-        Err(_) if !c[2].is_empty() => c[2].to_string(),
-        Err(_) => {
-            failure.get_or_insert_with(|| c[1].to_string());
-            String::new()
+    let out = re.replace_all(text, |c: &regex::Captures| {
+        match super::memo::env_var(&c[1]) {
+            Some(v) => v,
+            None if !c[2].is_empty() => c[2].to_string(),
+            None => {
+                failure.get_or_insert_with(|| c[1].to_string());
+                String::new()
+            }
         }
     });
     match failure {

@@ -94,6 +94,13 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
         reason: None,
         error: None,
     };
+    // Built on meta kernels: only the shapes are counted, and filling every
+    // weight (its initialisation, on the CPU) was most of an inspection.
+    let counter = super::memory::CpuCounter::install();
+    let mut switches = super::emulation::Switches::new(&counter);
+    switches
+        .trace_ops(super::memory::OpTrace::Meta)
+        .map_err(|e| Error::Trial(e.to_string()))?;
     match check_supported(&cfg).and_then(|_| EncoderDecoder::build(&cfg, Device::Cpu)) {
         Ok(model) => {
             summary.supported = true;

@@ -8,7 +8,8 @@
 //! (written to files the request names), killed on its deadline by pid. The
 //! server never runs a torch op, so it forks before libtorch has started a
 //! thread (fork copies only the calling thread); CUDA is never initialised
-//! in it. Requests on a CUDA device and Slurm job steps are spawned as
+//! in it. Before forking it resolves the request's config (the child finds
+//! it in the config memo instead of loading the files again). Requests on a CUDA device and Slurm job steps are spawned as
 //! before.
 //!
 //! Protocol, one JSON line each way: segtune writes
@@ -58,7 +59,10 @@ pub fn enabled() -> bool {
 /// `segtune-torch serve`: answers requests until stdin closes. `run` is the
 /// worker's command line on one argv (without the program name); it
 /// returns the exit code, its output already written to stdout/stderr.
-pub fn serve(run: &dyn Fn(Vec<OsString>) -> i32) -> i32 {
+/// `prepare` runs in the server before each fork (on the request's argv):
+/// what it leaves in memory the child inherits; it must leave no thread
+/// running.
+pub fn serve(run: &dyn Fn(Vec<OsString>) -> i32, prepare: &dyn Fn(&[OsString])) -> i32 {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     while let Some(Ok(line)) = lines.next() {
@@ -69,6 +73,8 @@ pub fn serve(run: &dyn Fn(Vec<OsString>) -> i32) -> i32 {
                 return 2;
             }
         };
+        let argv: Vec<OsString> = request.argv.iter().map(OsString::from).collect();
+        prepare(&argv);
         if let Err(e) = serve_one(&request, run) {
             eprintln!("segtune-torch serve: {e}");
             return 1;
@@ -89,8 +95,9 @@ fn serve_one(request: &ServeRequest, run: &dyn Fn(Vec<OsString>) -> i32) -> std:
     let stdout = std::fs::File::create(&request.stdout)?;
     let stderr = std::fs::File::create(&request.stderr)?;
     std::io::stdout().flush()?;
-    // SAFETY: this process is single-threaded (it never runs torch ops and
-    // starts no thread), so the child may run any code after the fork.
+    // SAFETY: this process is single-threaded (it never runs torch ops, and
+    // the config loads of `prepare` join their thread), so the child may run
+    // any code after the fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(std::io::Error::last_os_error());

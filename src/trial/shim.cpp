@@ -551,6 +551,9 @@ void finish_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
+// SEGTUNE_OP_TRACE_LOG=1: each op and the trace length after it, on stderr.
+const bool g_op_log = std::getenv("SEGTUNE_OP_TRACE_LOG") != nullptr;
+
 void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   size_t nargs = schema.arguments().size();
@@ -616,6 +619,7 @@ void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         InOp in_op;
         op.callBoxed(stack);
       } catch (const c10::Error& e) {
+        if (g_op_log) fprintf(stderr, "  meta kernel failed, on CPU stand-ins from now: %s\n", e.what_without_backtrace());
         std::lock_guard<std::mutex> lk(g_mu);
         g_cpu_for_meta.insert(schema.operator_name().name + "." + schema.overload_name());
         has_meta_kernel = false;
@@ -631,8 +635,6 @@ void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 
-// SEGTUNE_OP_TRACE_LOG=1: each op and the trace length after it, on stderr.
-const bool g_op_log = std::getenv("SEGTUNE_OP_TRACE_LOG") != nullptr;
 
 void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   struct Log {

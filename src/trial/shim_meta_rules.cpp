@@ -1,6 +1,7 @@
 // Shape rules of the op-level meta trace (shim.cpp's fallback): the outputs
 // of the ops whose meta functions live only in Python.
 #include <ATen/ATen.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/stack.h>
 
 #include <array>
@@ -44,6 +45,26 @@ at::MemoryFormat conv_format(const at::Tensor& input, const at::Tensor& weight) 
   return last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
+// The outputs a CPU kernel's TensorIterator allocates for `inputs`: the
+// broadcast shape, strides following the inputs' layout, one output per
+// dtype in `dtypes`.
+std::vector<at::Tensor> iterated(const std::vector<at::Tensor>& inputs, const std::vector<c10::ScalarType>& dtypes) {
+  std::vector<at::Tensor> outs;
+  at::TensorIteratorConfig config;
+  config.check_all_same_dtype(false);
+  for (auto dtype : dtypes) {
+    outs.push_back(at::empty({0}, inputs.front().options().device(c10::kMeta).dtype(dtype)));
+    config.add_output(outs.back());
+  }
+  for (const auto& t : inputs) config.add_const_input(t);
+  config.build();
+  return outs;
+}
+
+void push_outputs(torch::jit::Stack* stack, size_t first, const std::vector<at::Tensor>& outs) {
+  stack->resize(first);
+  for (const auto& t : outs) stack->emplace_back(t);
+}
 }  // namespace
 
 bool segtune_shim::meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first) {
@@ -175,6 +196,144 @@ bool segtune_shim::meta_by_rule(const std::string& name, torch::jit::Stack* stac
   if (name == "aten::abs") {
     at::Tensor self = arg(0).toTensor();
     push_outputs(stack, first, {meta_empty_like(self, self.suggest_memory_format())});
+    return true;
+  }
+  // Data-dependent shapes, under the meta trace's stand-ins (shim.cpp's
+  // run_on_cpu_zeros: masks all true, everything else zero): the shapes the
+  // CPU kernel gives those stand-ins, without building the indices (a
+  // boolean index over a batch's pixels costs a CPU pass over every pixel).
+  if (name == "aten::nonzero" && stack->size() - first == 1) {
+    at::Tensor self = arg(0).toTensor();
+    int64_t found = self.scalar_type() == at::kBool ? self.numel() : 0;
+    push_outputs(stack, first, {meta_empty({found, self.dim()}, self, at::kLong)});
+    return true;
+  }
+  if (name == "aten::index" && stack->size() - first == 2 && arg(1).isList()) {
+    // A mask indexes its dims by the positions it holds: every one for an
+    // all-true (bool) stand-in, none for a zero (uint8) one.
+    at::Tensor self = arg(0).toTensor();
+    c10::List<std::optional<at::Tensor>> positions;
+    bool masked = false;
+    for (const c10::IValue& item : arg(1).toListRef()) {
+      if (!item.isTensor()) {
+        positions.push_back(std::nullopt);
+        continue;
+      }
+      at::Tensor index = item.toTensor();
+      if (index.scalar_type() != at::kBool && index.scalar_type() != at::kByte) {
+        positions.push_back(index);
+        continue;
+      }
+      masked = true;
+      int64_t held = index.scalar_type() == at::kBool ? index.numel() : 0;
+      for (int64_t d = 0; d < index.dim(); ++d) positions.push_back(meta_empty({held}, index, at::kLong));
+    }
+    if (!masked) return false;
+    push_outputs(stack, first, {at::index(self, positions)});
+    return true;
+  }
+  if (name == "aten::where" && stack->size() - first == 3 && arg(0).isTensor() && arg(1).isTensor() &&
+      arg(2).isTensor()) {
+    // where.self: the condition and both values cast to their common type.
+    at::Tensor self = arg(1).toTensor(), other = arg(2).toTensor();
+    auto dtype = at::result_type(self, other);
+    at::Tensor condition = arg(0).toTensor();
+    push_outputs(stack, first,
+                 iterated({condition.scalar_type() == at::kByte ? condition.to(at::kBool) : condition,
+                           self.to(dtype), other.to(dtype)},
+                          {dtype}));
+    return true;
+  }
+  if (name == "aten::floor_divide" && stack->size() - first == 2 && arg(0).isTensor() && arg(1).isScalar()) {
+    // floor_divide.Scalar: elementwise, in the promoted type.
+    at::Tensor self = arg(0).toTensor();
+    auto dtype = at::result_type(self, arg(1).toScalar());
+    push_outputs(stack, first, {at::empty_like(self, self.options().device(c10::kMeta).dtype(dtype))});
+    return true;
+  }
+  // Elementwise ops whose meta functions live in Python: their CPU
+  // kernels' TensorIterator outputs.
+  auto tensor = [&](size_t i) { return arg(i).toTensor(); };
+  if (name == "aten::relu" && stack->size() - first == 1) {
+    push_outputs(stack, first, iterated({tensor(0)}, {tensor(0).scalar_type()}));
+    return true;
+  }
+  if ((name == "aten::hardtanh_backward" && stack->size() - first == 4) ||
+      (name == "aten::hardswish_backward" && stack->size() - first == 2)) {
+    // (grad_output, self, ...): a binary op in their common type.
+    auto dtype = at::result_type(tensor(0), tensor(1));
+    push_outputs(stack, first, iterated({tensor(0), tensor(1)}, {dtype}));
+    return true;
+  }
+  if (name == "aten::_prelu_kernel" && stack->size() - first == 2) {
+    push_outputs(stack, first, iterated({tensor(0), tensor(1)}, {at::result_type(tensor(0), tensor(1))}));
+    return true;
+  }
+  if (name == "aten::_prelu_kernel_backward" && stack->size() - first == 3) {
+    // (grad, self, weight): grad_self and grad_weight, both broadcast over
+    // self (autograd sums grad_weight down afterwards).
+    at::Tensor grad = tensor(0), self = tensor(1), weight = tensor(2);
+    push_outputs(stack, first, iterated({self, weight, grad}, {self.scalar_type(), weight.scalar_type()}));
+    return true;
+  }
+  if ((name == "aten::logical_and" || name == "aten::logical_or") && stack->size() - first == 2) {
+    push_outputs(stack, first, iterated({tensor(0), tensor(1)}, {at::kBool}));
+    return true;
+  }
+  if ((name == "aten::logical_and_" || name == "aten::logical_or_") && stack->size() - first == 2) {
+    push_outputs(stack, first, {tensor(0)});
+    return true;
+  }
+  if (name == "aten::binary_cross_entropy_with_logits" && stack->size() - first == 5) {
+    // Loss.cpp: (1 - target) * input - log_sigmoid(input), in the target's
+    // shape and type, then reduced (none: 0, mean: 1, sum: 2).
+    at::Tensor target = tensor(1);
+    auto loss = iterated({target}, {target.scalar_type()});
+    if (arg(4).toInt() != 0) loss = {meta_empty({}, target, target.scalar_type())};
+    push_outputs(stack, first, loss);
+    return true;
+  }
+  if (name == "aten::histc" && stack->size() - first == 4) {
+    push_outputs(stack, first, {meta_empty({arg(1).toInt()}, tensor(0), tensor(0).scalar_type())});
+    return true;
+  }
+  if (name == "aten::flip" && stack->size() - first == 2) {
+    push_outputs(stack, first, {at::empty_like(tensor(0), at::MemoryFormat::Preserve)});
+    return true;
+  }
+  if ((name == "aten::max" || name == "aten::min") && stack->size() - first == 1) {
+    push_outputs(stack, first, {meta_empty({}, tensor(0), tensor(0).scalar_type())});
+    return true;
+  }
+  if (name == "aten::roll" && stack->size() - first == 3) {
+    push_outputs(stack, first, {meta_empty(tensor(0).sizes(), tensor(0), tensor(0).scalar_type())});
+    return true;
+  }
+  if (name == "aten::im2col" && stack->size() - first == 5) {
+    // Im2Col.cpp: [(N,) C kh kw, L], L the sliding positions.
+    at::Tensor self = tensor(0);
+    auto k = arg(1).toIntVector(), d = arg(2).toIntVector(), p = arg(3).toIntVector(), st = arg(4).toIntVector();
+    int64_t h = self.size(-2), w = self.size(-1), c = self.size(-3);
+    int64_t oh = (h + 2 * p[0] - (d[0] * (k[0] - 1) + 1)) / st[0] + 1;
+    int64_t ow = (w + 2 * p[1] - (d[1] * (k[1] - 1) + 1)) / st[1] + 1;
+    std::vector<int64_t> sizes{c * k[0] * k[1], oh * ow};
+    if (self.dim() == 4) sizes.insert(sizes.begin(), self.size(0));
+    push_outputs(stack, first, {meta_empty(sizes, self, self.scalar_type())});
+    return true;
+  }
+  if (name == "aten::col2im" && stack->size() - first == 6) {
+    // Col2Im.cpp: [(N,) C, out_h, out_w], C the columns over kh kw.
+    at::Tensor self = tensor(0);
+    auto out = arg(1).toIntVector(), k = arg(2).toIntVector();
+    std::vector<int64_t> sizes{self.size(-2) / (k[0] * k[1]), out[0], out[1]};
+    if (self.dim() == 3) sizes.insert(sizes.begin(), self.size(0));
+    push_outputs(stack, first, {meta_empty(sizes, self, self.scalar_type())});
+    return true;
+  }
+  if (name == "aten::_amp_foreach_non_finite_check_and_unscale_" && stack->size() - first == 3) {
+    // GradScaler's unscale: in place on the gradients and found_inf,
+    // nothing returned.
+    stack->resize(first);
     return true;
   }
   if (name == "aten::nll_loss2d_forward") {
