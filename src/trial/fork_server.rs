@@ -63,6 +63,14 @@ pub fn enabled() -> bool {
 /// what it leaves in memory the child inherits; it must leave no thread
 /// running.
 pub fn serve(run: &dyn Fn(Vec<OsString>) -> i32, prepare: &dyn Fn(&[OsString])) -> i32 {
+    // Registered once here rather than in every child: the op-level trace's
+    // dispatcher fallback and CUDA's autocast policy (each registration
+    // rewrites the dispatch tables of every operator it touches). A child
+    // that wants the CPU's autocast rules turns the policy off again
+    // (`trial::run`); without autocast the policy is never consulted.
+    use super::memory::{self, OpTrace};
+    let _ = memory::set_op_trace(OpTrace::Meta).and_then(|()| memory::set_op_trace(OpTrace::Off));
+    let _ = memory::autocast_cuda_policy(true);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     while let Some(Ok(line)) = lines.next() {

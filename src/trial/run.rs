@@ -411,6 +411,11 @@ fn emulate_release(
     if torch.has(Switch::ZeroGradKeepsGradients) {
         optimizer.zero_grad_in_place(true);
     }
+    if request.amp != Amp::Off && !request.as_cuda {
+        // The CPU's own autocast rules: a fork server registered CUDA's
+        // ahead (`trial::fork_server`); without autocast it is never read.
+        memory::autocast_cuda_policy(false)?;
+    }
     if !request.as_cuda {
         return Ok(());
     }

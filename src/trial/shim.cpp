@@ -608,7 +608,10 @@ void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     bool has_meta_kernel = true;
     {
       std::lock_guard<std::mutex> lk(g_mu);
-      has_meta_kernel = !g_cpu_for_meta.count(schema.operator_name().name + "." + schema.overload_name());
+      // Usually empty (every op the models run has a meta kernel or a
+      // rule): no name is built then.
+      has_meta_kernel = g_cpu_for_meta.empty() ||
+                        !g_cpu_for_meta.count(schema.operator_name().name + "." + schema.overload_name());
     }
     if (segtune_shim::meta_by_rule(schema.name(), stack, first)) return finish_meta(op, stack, cpu_of_meta, cpu_tensor_of_meta);
     torch::jit::Stack saved(stack->begin() + first, stack->end());
