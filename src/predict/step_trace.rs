@@ -139,14 +139,24 @@ pub fn trace_step_cached(
         return trace_step(worker, step);
     };
     let key = cache.key(worker, step);
-    if let Some(found) = key.as_deref().and_then(|k| cache.get(k)) {
-        return Ok(found);
+    if let Some(key) = key.as_deref() {
+        if let Some(failure) = cache.failure(key) {
+            return Err(Error::Trial(failure));
+        }
+        if let Some(found) = cache.get(key) {
+            return Ok(found);
+        }
     }
-    let traced = trace_step(worker, step)?;
-    if let Some(key) = key {
-        cache.put(&key, &traced);
+    let traced = trace_step(worker, step);
+    match (&key, &traced) {
+        (Some(key), Ok(step)) => cache.put(key, step),
+        // A step that cannot run (a batch of one under BatchNorm, a crop
+        // the model refuses) fails alike every time: another GPU's search
+        // takes the verdict. What the host cut short is traced again.
+        (Some(key), Err(Error::Trial(message))) => cache.put_failure(key, message),
+        _ => {}
     }
-    Ok(traced)
+    traced
 }
 
 /// Traces the warm-up steps and a measured training step on the CPU in the

@@ -10,7 +10,9 @@
 //! (its path, size and modification time: a rebuilt segtune traces anew).
 //! The config's file name is not in the key: two files resolving to one
 //! model share their traces. Entries are written whole (a temporary file,
-//! then a rename); one that does not read is a miss.
+//! then a rename); one that does not read is a miss. A step that cannot
+//! run (a batch of one under BatchNorm, a crop the model refuses) keeps its
+//! reason instead (`KEY.failed`): it fails alike on every GPU.
 
 use super::step_trace::{StepToTrace, TracedStep};
 use crate::config::{dump, Value};
@@ -193,6 +195,36 @@ impl TraceCache {
         }
     }
 
+    fn failure_path(&self, key: &str) -> PathBuf {
+        self.dir.join(&key[..2]).join(format!("{key}.failed"))
+    }
+
+    /// Why the step under `key` failed, when it did: a failure that comes
+    /// back every time (the step cannot run), stored by [`Self::put_failure`].
+    pub fn failure(&self, key: &str) -> Option<String> {
+        let message = std::fs::read_to_string(self.failure_path(key)).ok()?;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(message)
+    }
+
+    /// Stores why the step under `key` cannot run (written whole, as a
+    /// trace is).
+    pub fn put_failure(&self, key: &str, message: &str) {
+        let path = self.failure_path(key);
+        let Some(parent) = path.parent() else {
+            return;
+        };
+        if std::fs::create_dir_all(parent).is_err() {
+            return;
+        }
+        let Ok(mut tmp) = tempfile::NamedTempFile::new_in(parent) else {
+            return;
+        };
+        if std::io::Write::write_all(&mut tmp, message.as_bytes()).is_ok() {
+            let _ = tmp.persist(&path);
+        }
+    }
+
     /// Stores `trace` under `key`; a failure to write only costs a re-trace
     /// later, so it is not an error.
     pub fn put(&self, key: &str, trace: &TracedStep) {
@@ -261,6 +293,20 @@ mod tests {
         let torn = TraceCache::new(dir.path().join("traces"));
         assert!(torn.get(key).is_none());
         assert!(torn.peek(key).is_none());
+    }
+
+    #[test]
+    fn a_step_that_cannot_run_is_kept_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = TraceCache::new(dir.path().join("traces"));
+        let key = "cd34ef567890ab12";
+        assert!(cache.failure(key).is_none());
+        let why =
+            "the traced meta step failed (infeasible): Expected more than 1 value per channel";
+        cache.put_failure(key, why);
+        let again = TraceCache::new(dir.path().join("traces"));
+        assert_eq!(again.failure(key).as_deref(), Some(why));
+        assert!(again.get(key).is_none());
     }
 
     #[test]
