@@ -96,11 +96,10 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
     };
     // Built on meta kernels: only the shapes are counted, and filling every
     // weight (its initialisation, on the CPU) was most of an inspection.
+    // Where the host refuses the meta trace its address space, on the CPU.
     let counter = super::memory::CpuCounter::install();
     let mut switches = super::emulation::Switches::new(&counter);
-    switches
-        .trace_ops(super::memory::OpTrace::Meta)
-        .map_err(|e| Error::Trial(e.to_string()))?;
+    let _ = switches.trace_ops(super::memory::OpTrace::Meta);
     match check_supported(&cfg).and_then(|_| EncoderDecoder::build(&cfg, Device::Cpu)) {
         Ok(model) => {
             summary.supported = true;
