@@ -36,6 +36,7 @@ pub mod infer;
 pub mod journal;
 pub mod knobs;
 pub mod placement;
+pub mod predictor;
 pub mod record;
 pub mod run;
 pub mod saved;

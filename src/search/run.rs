@@ -4,9 +4,11 @@
 
 use super::confirm::{confirm, Confirmation};
 use super::emit;
-use super::evaluate::{Evaluator, MeasuredEvaluator, Peek, PredictedEvaluator, Tracer};
+use super::evaluate::{Evaluator, MeasuredEvaluator};
 use super::journal::{hash_text, Journal};
 use super::knobs;
+pub use super::predictor::predictor;
+pub(super) use super::predictor::trace_slots;
 use super::record::{Mode, Outcome, SearchResult};
 use super::saved;
 use super::space::{self, Amp, Recipe};
@@ -14,12 +16,11 @@ use super::spec::{DeviceSetting, SearchSpec};
 use super::strategy::{rank, run_search_on, slots, Explored, Progress, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
-use crate::predict::estimate::{BatchLayout, KernelSetup};
-use crate::predict::step_trace::trace_deadline;
-use crate::predict::{trace_step_cached, Budget, Gpu, StepToTrace, TraceKind};
+use crate::predict::estimate::BatchLayout;
+use crate::predict::{Budget, Gpu, TraceKind};
 use crate::trial::torch_version::VersionSource;
 use crate::trial::worker::Worker;
-use crate::trial::{RunMode, Switch, TorchVersion, TrainingSetup};
+use crate::trial::{RunMode, TorchVersion, TrainingSetup};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -672,165 +673,6 @@ pub(super) fn budget_of(spec: &SearchSpec) -> Result<Budget> {
         spec.compute_capability.as_deref(),
     )?;
     Budget::new(&gpu, spec.margin.unwrap_or(0.05))
-}
-
-/// The evaluator of predictions: CPU traces (op-level on meta by default)
-/// replayed through the caching allocator model, of training steps or, for
-/// an inference search, of test steps.
-pub fn predictor(
-    request: &SearchRequest,
-    worker: &Worker,
-    budget: &Budget,
-    setup: TrainingSetup,
-    layout: BatchLayout,
-    side_by_side: usize,
-) -> Box<dyn Evaluator> {
-    let steps = CandidateSteps {
-        config: request.config.clone(),
-        options: request.cfg_options.clone(),
-        threads: request
-            .threads
-            .unwrap_or_else(|| default_trace_threads(&request.placement, side_by_side)),
-        gt_segments: request.gt_segments,
-        setup,
-        kind: request.trace,
-        mode: request.mode,
-        timeout: request.trace_timeout,
-    };
-    let mode = request.mode;
-    let traced = (steps.clone(), worker.clone(), request.trace_cache.clone());
-    let tracer: Tracer = Box::new(move |batch, crop, amp, knobs, accumulates| {
-        let (steps, worker, cache) = &traced;
-        steps.with(batch, crop, amp, knobs, accumulates, |step| {
-            trace_step_cached(worker, step, cache.as_deref())
-        })
-    });
-    // Steps another search traced (an atlas's other GPUs): what the
-    // prediction from an aligned pair may use without tracing.
-    let peek: Option<Peek> = request.trace_cache.clone().map(|cache| {
-        let worker = worker.clone();
-        Box::new(move |batch, crop, amp, knobs, accumulates| {
-            steps.with(batch, crop, amp, knobs, accumulates, |step| {
-                cache.peek(&cache.key(&worker, step)?)
-            })
-        }) as Peek
-    });
-    // The flags MMEngine sets from the config decide cuDNN's workspaces.
-    let cfg = crate::config::resolve(&request.config, &request.cfg_options).ok();
-    let flag = |f: fn(&crate::config::Dict) -> bool| cfg.as_ref().is_some_and(f);
-    let kernels = KernelSetup {
-        torch: setup.torch,
-        amp: Amp::Off,
-        cudnn_benchmark: request
-            .cudnn_benchmark
-            .unwrap_or_else(|| flag(crate::trial::setup::cudnn_benchmark)),
-        cudnn_deterministic: flag(crate::trial::setup::cudnn_deterministic),
-    };
-    let evaluator = PredictedEvaluator::new(
-        budget.clone(),
-        tracer,
-        request.trace != TraceKind::CpuAllocator,
-        layout,
-    )
-    .with_kernels(kernels);
-    // Op-level traces of training steps: a candidate that accumulates is
-    // predicted from the pair of batch 2 and 4 where the two align and
-    // were traced already.
-    let evaluator = if mode == RunMode::Train {
-        evaluator.extrapolating_aligned_pairs(peek)
-    } else {
-        evaluator
-    };
-    let evaluator = if setup.torch.has(Switch::ExpandableSegments) {
-        evaluator
-    } else {
-        evaluator.without_expandable_segments()
-    };
-    Box::new(match mode {
-        RunMode::Train => evaluator,
-        RunMode::Infer => evaluator.for_inference(),
-    })
-}
-
-/// How a search's candidates' steps are traced: the config and the
-/// settings every trace shares.
-#[derive(Clone)]
-struct CandidateSteps {
-    config: PathBuf,
-    options: Vec<String>,
-    threads: i32,
-    gt_segments: Option<i64>,
-    setup: TrainingSetup,
-    kind: TraceKind,
-    mode: RunMode,
-    timeout: Option<Duration>,
-}
-
-impl CandidateSteps {
-    /// `f` on the step of a candidate: its batch, crop, precision, model
-    /// knobs, and whether it accumulates gradients.
-    fn with<R>(
-        &self,
-        batch_size: i64,
-        crop: (i64, i64),
-        amp: Amp,
-        knobs: space::ModelKnobs,
-        accumulates: bool,
-        f: impl FnOnce(&StepToTrace) -> R,
-    ) -> R {
-        let mut cfg_options = space::options_with_knobs(&self.options, knobs);
-        if self.mode == RunMode::Train {
-            // The candidate's accumulation, not the recipe's: 2 stands for
-            // any above 1 (see `Tracer`).
-            cfg_options.push(format!(
-                "optim_wrapper.accumulative_counts={}",
-                if accumulates { 2 } else { 1 }
-            ));
-        }
-        f(&StepToTrace {
-            config: &self.config,
-            cfg_options: &cfg_options,
-            batch_size,
-            crop,
-            amp,
-            threads: self.threads,
-            gt_segments: self.gt_segments,
-            setup: self.setup,
-            kind: self.kind,
-            mode: self.mode,
-            deadline: self
-                .timeout
-                .unwrap_or_else(|| trace_deadline(self.kind, batch_size, crop)),
-            python: None,
-        })
-    }
-}
-
-/// CPU threads of one traced step: on Slurm the job's CPUs
-/// (`--cpus-per-trial`, else 1); here half the cores, shared by the
-/// `side_by_side` traces that run at once.
-fn default_trace_threads(placement: &super::Placement, side_by_side: usize) -> i32 {
-    if let Some(slurm) = &placement.slurm {
-        return slurm.cpus_per_trial.map_or(1, |c| c.min(4096) as i32);
-    }
-    (crate::trial::host_cores() / 2 / side_by_side.max(1) as i32).max(1)
-}
-
-/// Traces run at once here: the slots `--devices` or `--max-parallel`
-/// give; where neither is given, one per core (at most 4) for meta traces,
-/// which take a core each and little memory. The strategy fills them with
-/// its independent groups (each precision's binary search), so the winner
-/// and the candidates tried are those of one trace at a time.
-pub(super) fn trace_slots(request: &SearchRequest, slots: usize) -> usize {
-    let placement = &request.placement;
-    if placement.slurm.is_some() || placement.devices.is_some() || request.trace != TraceKind::Meta
-    {
-        return slots;
-    }
-    let here = placement
-        .local_traces
-        .unwrap_or_else(|| crate::trial::host_cores().clamp(1, 4) as usize);
-    slots.max(here.max(1))
 }
 
 /// Confirms the predicted search's feasible candidates with real trials

@@ -248,20 +248,13 @@ fn spawn_server(worker: &Path) -> std::io::Result<Child> {
         let (tx, rx) = std::sync::mpsc::channel::<(PathBuf, Reply)>();
         std::thread::spawn(move || {
             for (worker, reply) in rx {
-                use std::os::unix::process::CommandExt;
                 let mut command = Command::new(&worker);
                 command
                     .arg("serve")
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null());
-                // SAFETY: only async-signal-safe calls between fork and exec.
-                unsafe {
-                    command.pre_exec(|| {
-                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                        Ok(())
-                    });
-                }
+                super::worker::dies_with_parent(&mut command);
                 let _ = reply.send(command.spawn());
             }
         });

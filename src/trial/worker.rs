@@ -333,20 +333,13 @@ pub(super) fn run_child(
     program: &Path,
     timeout: Option<Duration>,
 ) -> Result<Finished> {
-    use std::os::unix::process::CommandExt;
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            // The worker dies with the thread that waits for it: a
-            // killed segtune leaves no worker computing on.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    // The worker dies with the thread that waits for it: a killed segtune
+    // leaves no worker computing on.
+    dies_with_parent(&mut command);
     let mut child = command
         .spawn()
         .map_err(|e| Error::io(format!("cannot run {}", program.display()), e))?;
@@ -633,6 +626,19 @@ impl std::fmt::Display for WorkerDeath {
             Some(line) => write!(f, ": {line}"),
             None => Ok(()),
         }
+    }
+}
+
+/// Makes the process `command` starts receive SIGKILL when the thread that
+/// started it ends (`PR_SET_PDEATHSIG`).
+pub(super) fn dies_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
     }
 }
 
