@@ -287,3 +287,82 @@ fn mmseg_metafiles_give_most_configs_their_published_miou() {
     // Every config a metafile gives an mIoU for gets it (588 in 1.2.2).
     assert!(with_miou >= 585, "{with_miou}");
 }
+
+/// `--amp`: each search chooses among the precisions given only, and a GPU
+/// that runs none of them (bf16 on a Turing card) gets a row saying so.
+#[test]
+fn the_amp_filter_keeps_every_search_to_its_precisions() {
+    let Some(shared) = common::require_shared("atlas --amp") else {
+        return;
+    };
+    let config =
+        shared.join("mmseg-configs/configs/segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py");
+    let dir = tempfile::tempdir().unwrap();
+    let atlas = |amp: &str| -> Value {
+        serde_json::from_slice(&run(Command::new(segtune())
+            .arg("atlas")
+            .arg(&config)
+            .args(["--preset", "rtx3050ti", "--preset", "rtx2070", "--amp", amp])
+            .args(["--json", "--quiet", "--out"])
+            .arg(dir.path().join(amp))
+            .arg("--trace-cache")
+            .arg(dir.path().join("trace-cache"))))
+        .unwrap()
+    };
+    let rows = |v: &Value| v["rows"].as_array().unwrap().clone();
+    let gpu = |rows: &[Value], name: &str| rows.iter().find(|r| r["gpu"] == name).cloned().unwrap();
+
+    let fp32 = rows(&atlas("off"));
+    for r in &fp32 {
+        assert_eq!(r["status"], "fits", "{r}");
+        assert_eq!(r["amp"], "off", "{r}");
+    }
+    let bf16 = rows(&atlas("bf16"));
+    let ampere = gpu(&bf16, "rtx3050ti");
+    assert_eq!(ampere["status"], "fits", "{ampere}");
+    assert_eq!(ampere["amp"], "bf16", "{ampere}");
+    let turing = gpu(&bf16, "rtx2070");
+    assert_eq!(turing["status"], "failed", "{turing}");
+    let reason = turing["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("--amp bf16") && reason.contains("compute capability"),
+        "{reason}"
+    );
+
+    // Search takes the same option and says the same.
+    let searched: Value = serde_json::from_slice(&run(Command::new(segtune())
+        .arg("search")
+        .arg(&config)
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--json",
+            "--amp",
+            "fp16",
+        ])
+        .arg("--out")
+        .arg(dir.path().join("search"))
+        .arg("--trace-cache")
+        .arg(dir.path().join("trace-cache"))))
+    .unwrap();
+    assert_eq!(searched["winner"]["candidate"]["amp"], "fp16", "{searched}");
+    let refused = Command::new(segtune())
+        .arg("search")
+        .arg(&config)
+        .args([
+            "--preset", "rtx2070", "--device", "cpu", "--quiet", "--amp", "bf16",
+        ])
+        .arg("--out")
+        .arg(dir.path().join("refused"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--amp bf16") && stderr.contains("7.5"),
+        "{stderr}"
+    );
+}

@@ -101,6 +101,7 @@ fn request(out: &Path) -> SearchRequest {
         trace_timeout: None,
         placement: Default::default(),
         trace_cache: None,
+        precisions: None,
     }
 }
 

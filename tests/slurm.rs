@@ -306,3 +306,82 @@ fn inside_an_allocation_every_trial_is_a_job_step_of_it() {
     let left = wait_for_no_jobs("segtune-");
     assert!(left.is_empty(), "squeue still lists {left:?}");
 }
+
+/// `segtune atlas --launcher slurm`: the configs' searches run side by side
+/// (`--max-parallel`), every traced step a job of the cluster, and the
+/// rows are the local atlas's.
+#[test]
+fn an_atlas_on_slurm_spreads_its_configs_over_the_cluster() {
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_conf) = require_cluster("slurm atlas") else {
+        return;
+    };
+    let shared = common::shared_dir().unwrap();
+    let configs = shared.join("mmseg-configs/configs");
+    let files = [
+        configs.join("segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py"),
+        configs.join("fcn/fcn_r18-d8_4xb2-80k_cityscapes-512x1024.py"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let atlas = |out: &Path, extra: &[&str]| -> serde_json::Value {
+        let output = Command::new(common::scale::segtune())
+            .arg("atlas")
+            .args(&files)
+            .args(["--preset", "rtx3050ti", "--quiet", "--json", "--out"])
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let local = atlas(&dir.path().join("local"), &[]);
+    let mut args = SLURM.to_vec();
+    args.extend(["--max-parallel", "2"]);
+    let on_slurm = dir.path().join("slurm");
+    let slurm = atlas(&on_slurm, &args);
+    let settings = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                serde_json::json!([
+                    r["name"],
+                    r["gpu"],
+                    r["status"],
+                    r["batch_size"],
+                    r["crop"],
+                    r["amp"],
+                    r["accumulation"],
+                    r["device_bytes"]
+                ])
+            })
+            .collect()
+    };
+    assert_eq!(settings(&slurm), settings(&local));
+    let mut jobs: Vec<String> = Vec::new();
+    for row in slurm["rows"].as_array().unwrap() {
+        let search = on_slurm
+            .join("searches")
+            .join(row["family"].as_str().unwrap())
+            .join(row["name"].as_str().unwrap())
+            .join(row["gpu"].as_str().unwrap());
+        let trials = journal(&search);
+        assert!(!trials.is_empty(), "no journal in {}", search.display());
+        for t in &trials {
+            let ids = t["run"]["slurm_jobs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            jobs.extend(ids.iter().filter_map(|j| j.as_str().map(str::to_string)));
+        }
+    }
+    assert!(!jobs.is_empty(), "no traced step ran as a Slurm job");
+    let left = wait_for_no_jobs("segtune-");
+    assert!(left.is_empty(), "squeue still lists {left:?}");
+}

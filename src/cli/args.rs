@@ -572,6 +572,11 @@ pub struct SearchArgs {
     /// throughput) or throughput.
     #[arg(long, value_parser = named::<Objective>())]
     pub objective: Option<Objective>,
+    /// The precisions the search may choose: off (fp32), fp16, bf16,
+    /// comma-separated or repeated (default: all the GPU runs; bf16 needs
+    /// compute capability 8.0 or newer).
+    #[arg(long, value_delimiter = ',', value_parser = named::<Amp>(), value_name = "PRECISION")]
+    pub amp: Vec<Amp>,
     /// Also list the infeasible candidates with their reason.
     #[arg(long)]
     pub all: bool,
@@ -653,6 +658,7 @@ impl SearchArgs {
                 .trace_cache
                 .as_ref()
                 .map(|d| std::sync::Arc::new(crate::predict::TraceCache::new(d))),
+            precisions: (!self.amp.is_empty()).then(|| self.amp.clone()),
         }
     }
 }

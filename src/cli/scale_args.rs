@@ -4,7 +4,7 @@
 use super::args::{fraction, named, vram_size, CommonArgs, TraceTimeoutArgs};
 use crate::search::spec::MAX_GPUS;
 use crate::search::{Objective, SearchRequest, SearchSpec};
-use crate::trial::TorchVersion;
+use crate::trial::{Amp, TorchVersion};
 use std::path::PathBuf;
 
 /// Where the trials of a search run, and how many at once (`docs/scale.md`).
@@ -129,6 +129,11 @@ pub struct AtlasArgs {
     /// keep-crop (default) or throughput, as for search.
     #[arg(long, value_parser = named::<Objective>())]
     pub objective: Option<Objective>,
+    /// The precisions each search may choose: off (fp32), fp16, bf16,
+    /// comma-separated or repeated (default: all each GPU runs). A GPU
+    /// that runs none of them gets a row saying so.
+    #[arg(long, value_delimiter = ',', value_parser = named::<Amp>(), value_name = "PRECISION")]
+    pub amp: Vec<Amp>,
     /// cpu (predict; default) or cuda:N (measure every winner there).
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -220,6 +225,7 @@ impl AtlasArgs {
                 trace_cache: Some(std::sync::Arc::new(crate::predict::TraceCache::new(
                     cache_dir,
                 ))),
+                precisions: (!self.amp.is_empty()).then(|| self.amp.clone()),
             },
             jobs: self.jobs(),
         }

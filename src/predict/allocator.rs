@@ -28,7 +28,8 @@
 //!   one, and a request at or above it takes a cached block only when it is
 //!   less than 20 MiB larger.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub const MIN_BLOCK_SIZE: u64 = 512;
 pub const SMALL_SIZE: u64 = 1 << 20;
@@ -57,13 +58,47 @@ pub fn allocation_size(size: u64) -> u64 {
     }
 }
 
+/// The small (at most 1 MiB) and the large requests' pools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum Pool {
+pub(super) enum Pool {
     Small,
     Large,
 }
 
-#[derive(Debug, Clone)]
+impl Pool {
+    pub(super) fn of(rounded: u64) -> Pool {
+        if rounded <= SMALL_SIZE {
+            Pool::Small
+        } else {
+            Pool::Large
+        }
+    }
+}
+
+/// One `T` per pool.
+#[derive(Debug, Default)]
+pub(super) struct PerPool<T>([T; 2]);
+
+impl<T> PerPool<T> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (Pool, &T)> {
+        [Pool::Small, Pool::Large].into_iter().zip(self.0.iter())
+    }
+}
+
+impl<T> std::ops::Index<Pool> for PerPool<T> {
+    type Output = T;
+    fn index(&self, pool: Pool) -> &T {
+        &self.0[pool as usize]
+    }
+}
+
+impl<T> std::ops::IndexMut<Pool> for PerPool<T> {
+    fn index_mut(&mut self, pool: Pool) -> &mut T {
+        &mut self.0[pool as usize]
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
 struct Block {
     size: u64,
     segment: u64,
@@ -258,11 +293,11 @@ pub struct CachingAllocator {
     /// Every block by address.
     blocks: BTreeMap<u64, Block>,
     /// Free blocks per pool, ordered by (size, address).
-    free: BTreeMap<Pool, BTreeSet<(u64, u64)>>,
+    free: PerPool<BTreeSet<(u64, u64)>>,
     /// Segment base -> size.
     segments: BTreeMap<u64, u64>,
     /// Live allocation id -> (block address, requested size).
-    live: HashMap<u64, (u64, u64)>,
+    live: FxHashMap<u64, (u64, u64)>,
     next_address: u64,
     stats: Stats,
 }
@@ -270,16 +305,13 @@ pub struct CachingAllocator {
 impl CachingAllocator {
     /// An allocator that may reserve at most `capacity` bytes (`None`: no limit).
     pub fn new(capacity: Option<u64>) -> CachingAllocator {
-        let mut free = BTreeMap::new();
-        free.insert(Pool::Small, BTreeSet::new());
-        free.insert(Pool::Large, BTreeSet::new());
         CachingAllocator {
             capacity,
             max_split_size: u64::MAX,
             blocks: BTreeMap::new(),
-            free,
+            free: PerPool::default(),
             segments: BTreeMap::new(),
-            live: HashMap::new(),
+            live: FxHashMap::default(),
             next_address: 1 << 32,
             stats: Stats::default(),
         }
@@ -297,20 +329,12 @@ impl CachingAllocator {
     /// Allocates `size` bytes for allocation `id`.
     pub fn malloc(&mut self, id: u64, size: u64) -> Result<(), OutOfMemory> {
         let rounded = round_size(size);
-        let pool = if rounded <= SMALL_SIZE {
-            Pool::Small
-        } else {
-            Pool::Large
-        };
+        let pool = Pool::of(rounded);
         let address = match self.take_free_block(pool, rounded) {
             Some(a) => a,
             None => self.reserve(pool, rounded, size)?,
         };
-        let block = self
-            .blocks
-            .get(&address)
-            .expect("taken block exists")
-            .clone();
+        let block = self.blocks[&address];
         let remaining = block.size - rounded;
         let split = match pool {
             Pool::Small => remaining >= MIN_BLOCK_SIZE,
@@ -324,10 +348,7 @@ impl CachingAllocator {
                 pool,
             };
             self.blocks.insert(address + rounded, rest);
-            self.free
-                .get_mut(&pool)
-                .expect("pool")
-                .insert((remaining, address + rounded));
+            self.free[pool].insert((remaining, address + rounded));
             rounded
         } else {
             block.size
@@ -357,33 +378,24 @@ impl CachingAllocator {
             if !prev.allocated && prev.segment == block.segment && prev_addr + prev.size == address
             {
                 let prev = self.blocks.remove(&prev_addr).expect("prev");
-                self.free
-                    .get_mut(&prev.pool)
-                    .expect("pool")
-                    .remove(&(prev.size, prev_addr));
+                self.free[prev.pool].remove(&(prev.size, prev_addr));
                 block.size += prev.size;
                 start = prev_addr;
             }
         }
-        if let Some(next) = self.blocks.get(&next_address).cloned() {
+        if let Some(&next) = self.blocks.get(&next_address) {
             if !next.allocated && next.segment == block.segment {
                 self.blocks.remove(&next_address);
-                self.free
-                    .get_mut(&next.pool)
-                    .expect("pool")
-                    .remove(&(next.size, next_address));
+                self.free[next.pool].remove(&(next.size, next_address));
                 block.size += next.size;
             }
         }
-        self.free
-            .get_mut(&block.pool)
-            .expect("pool")
-            .insert((block.size, start));
+        self.free[block.pool].insert((block.size, start));
         self.blocks.insert(start, block);
     }
 
     fn take_free_block(&mut self, pool: Pool, size: u64) -> Option<u64> {
-        let set = self.free.get_mut(&pool).expect("pool");
+        let set = &mut self.free[pool];
         let &(found_size, address) = set.range((size, 0)..).next()?;
         // Oversize blocks serve only oversize requests, within 20 MiB.
         let max_split = self.max_split_size;
@@ -434,8 +446,8 @@ impl CachingAllocator {
     /// The largest free (cached) block of either pool.
     pub fn largest_free_block(&self) -> u64 {
         self.free
-            .values()
-            .filter_map(|set| set.iter().map(|(size, _)| *size).max())
+            .iter()
+            .filter_map(|(_, set)| set.iter().map(|(size, _)| *size).max())
             .max()
             .unwrap_or(0)
     }
@@ -449,16 +461,13 @@ impl CachingAllocator {
     fn cached_segments(&self) -> Vec<(u64, u64, Pool)> {
         self.free
             .iter()
-            .flat_map(|(pool, set)| set.iter().map(move |(s, a)| (*s, *a, *pool)))
+            .flat_map(|(pool, set)| set.iter().map(move |(s, a)| (*s, *a, pool)))
             .filter(|(s, a, _)| self.segments.get(a) == Some(s))
             .collect()
     }
 
     fn release(&mut self, size: u64, address: u64, pool: Pool) {
-        self.free
-            .get_mut(&pool)
-            .expect("pool")
-            .remove(&(size, address));
+        self.free[pool].remove(&(size, address));
         self.blocks.remove(&address);
         self.segments.remove(&address);
         self.stats.reserved -= size;

@@ -22,26 +22,13 @@
 //!   block is unmapped (`release_cached_blocks`) and the mapping retried;
 //!   then it is an out-of-memory error.
 
-use super::allocator::{round_size, OutOfMemory, Stats, LARGE_BUFFER, MIN_BLOCK_SIZE};
-use super::allocator::{SMALL_BUFFER, SMALL_SIZE};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum Pool {
-    Small,
-    Large,
-}
+use super::allocator::{round_size, OutOfMemory, PerPool, Pool, Stats};
+use super::allocator::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 impl Pool {
-    fn of(rounded: u64) -> Pool {
-        if rounded <= SMALL_SIZE {
-            Pool::Small
-        } else {
-            Pool::Large
-        }
-    }
-
-    /// The page size mapped at once.
+    /// The page size mapped at once with expandable segments.
     fn page(self) -> u64 {
         match self {
             Pool::Small => SMALL_BUFFER,
@@ -66,11 +53,11 @@ pub struct ExpandableAllocator {
     /// Segment base -> end.
     segments: BTreeMap<u64, u64>,
     /// Free mapped blocks per pool, by (size, address).
-    free: HashMap<Pool, BTreeSet<(u64, u64)>>,
+    free: PerPool<BTreeSet<(u64, u64)>>,
     /// Unmapped blocks per pool, by address.
-    unmapped: HashMap<Pool, BTreeSet<u64>>,
+    unmapped: PerPool<BTreeSet<u64>>,
     /// Live allocation id -> (block address, requested size).
-    live: HashMap<u64, (u64, u64)>,
+    live: FxHashMap<u64, (u64, u64)>,
     next_base: u64,
     stats: Stats,
 }
@@ -83,17 +70,9 @@ impl ExpandableAllocator {
             capacity,
             blocks: BTreeMap::new(),
             segments: BTreeMap::new(),
-            free: [
-                (Pool::Small, BTreeSet::new()),
-                (Pool::Large, BTreeSet::new()),
-            ]
-            .into(),
-            unmapped: [
-                (Pool::Small, BTreeSet::new()),
-                (Pool::Large, BTreeSet::new()),
-            ]
-            .into(),
-            live: HashMap::new(),
+            free: PerPool::default(),
+            unmapped: PerPool::default(),
+            live: FxHashMap::default(),
             next_base: ADDRESS_STEP,
             stats: Stats::default(),
         }
@@ -136,15 +115,9 @@ impl ExpandableAllocator {
     fn unlist(&mut self, address: u64) {
         let b = self.blocks[&address];
         if b.mapped {
-            self.free
-                .get_mut(&b.pool)
-                .expect("pool")
-                .remove(&(b.size, address));
+            self.free[b.pool].remove(&(b.size, address));
         } else {
-            self.unmapped
-                .get_mut(&b.pool)
-                .expect("pool")
-                .remove(&address);
+            self.unmapped[b.pool].remove(&address);
         }
     }
 
@@ -152,15 +125,9 @@ impl ExpandableAllocator {
     fn list(&mut self, address: u64) {
         let b = self.blocks[&address];
         if b.mapped {
-            self.free
-                .get_mut(&b.pool)
-                .expect("pool")
-                .insert((b.size, address));
+            self.free[b.pool].insert((b.size, address));
         } else {
-            self.unmapped
-                .get_mut(&b.pool)
-                .expect("pool")
-                .insert(address);
+            self.unmapped[b.pool].insert(address);
         }
     }
 
@@ -200,7 +167,7 @@ impl ExpandableAllocator {
                 .filter(|n| !n.mapped)
                 .map_or(0, |n| n.size)
         };
-        let mut fits = self.free[&pool].range((size, 0)..).copied();
+        let mut fits = self.free[pool].range((size, 0)..).copied();
         let mut best = fits.next()?;
         for next in fits {
             if expandable_size(next) < expandable_size(best) {
@@ -209,7 +176,7 @@ impl ExpandableAllocator {
                 break;
             }
         }
-        self.free.get_mut(&pool).expect("pool").remove(&best);
+        self.free[pool].remove(&best);
         Some(best.1)
     }
 
@@ -217,7 +184,7 @@ impl ExpandableAllocator {
     /// mapped block before it) with room for `size`, else a new segment.
     fn find_expandable_block(&mut self, pool: Pool, size: u64) -> u64 {
         let allocatable = |a: Option<u64>| a.filter(|a| !self.blocks[a].allocated);
-        for &c in &self.unmapped[&pool] {
+        for &c in &self.unmapped[pool] {
             let start = allocatable(self.prev_of(c)).unwrap_or(c);
             let (mut bytes, mut b) = (0, Some(start));
             while bytes < size {
@@ -309,8 +276,8 @@ impl ExpandableAllocator {
     /// The largest free mapped block.
     pub fn largest_free_block(&self) -> u64 {
         self.free
-            .values()
-            .filter_map(|set| set.iter().map(|(size, _)| *size).max())
+            .iter()
+            .filter_map(|(_, set)| set.iter().map(|(size, _)| *size).max())
             .max()
             .unwrap_or(0)
     }
@@ -319,8 +286,8 @@ impl ExpandableAllocator {
     pub fn release_cached(&mut self) {
         let free: Vec<(u64, u64)> = self
             .free
-            .values()
-            .flat_map(|set| set.iter().copied())
+            .iter()
+            .flat_map(|(_, set)| set.iter().copied())
             .collect();
         for (size, address) in free {
             let page = self.blocks[&address].pool.page();

@@ -3,7 +3,7 @@
 //! the batch that `cast_data` makes are added, and the cuBLAS workspace that
 //! PyTorch takes from the caching allocator on the first matmul is added.
 
-use super::allocator::{Allocator, AllocatorSettings, Stats};
+use super::allocator::{round_size, Allocator, AllocatorSettings, Stats};
 use super::kernels::{KernelModel, KernelScratch, ScratchSummary};
 use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
@@ -55,6 +55,13 @@ pub struct ReplayResult {
     /// memory peaked in the last step (the last step's batch copies and the
     /// workspace are live then too).
     pub peak_after_events: usize,
+    /// The most bytes the trace's own requests (rounded as the allocator
+    /// rounds them), the batch copies and the workspace held at once in any
+    /// step, whether the allocator could serve them or not: every allocator
+    /// setting must hold at least this much, so beyond the capacity every
+    /// replay of the same events runs out of memory.
+    #[serde(skip)]
+    pub least_demand: u64,
 }
 
 const INJECTED: u64 = 1 << 62;
@@ -86,6 +93,26 @@ pub fn replay_kernels(
     inputs: &ReplayInputs,
     kernels: Option<Kernels>,
 ) -> ReplayResult {
+    replay_events(events, inputs, kernels, false).expect("a full replay has a result")
+}
+
+/// [`replay_kernels`] for a verdict only: `None` as soon as a request
+/// cannot be served (the figures of a replay out of memory are not
+/// wanted).
+pub fn replay_kernels_unless_out_of_memory(
+    events: &[TraceEvent],
+    inputs: &ReplayInputs,
+    kernels: Option<Kernels>,
+) -> Option<ReplayResult> {
+    replay_events(events, inputs, kernels, true)
+}
+
+fn replay_events(
+    events: &[TraceEvent],
+    inputs: &ReplayInputs,
+    kernels: Option<Kernels>,
+    stop_at_out_of_memory: bool,
+) -> Option<ReplayResult> {
     let last_step = events
         .iter()
         .map(|e| phase_of(e.phase).0)
@@ -105,13 +132,19 @@ pub fn replay_kernels(
         out_of_memory: false,
         best: 0,
         first_step_peak: 0,
-        skipped: std::collections::HashSet::new(),
+        skipped: Default::default(),
         peak: (Phase::Setup, 0, ScratchLive::default()),
+        demand: 0,
+        demand_peak: 0,
     };
     for (i, e) in events.iter().enumerate() {
         replay.event(i, e);
+        if stop_at_out_of_memory && replay.out_of_memory {
+            return None;
+        }
     }
-    replay.finish()
+    let result = replay.finish();
+    (!(stop_at_out_of_memory && result.out_of_memory)).then_some(result)
 }
 
 /// A replay under way: the allocator, the kernels' scratch, where the
@@ -134,10 +167,14 @@ struct Replay<'a> {
     first_step_peak: u64,
     /// Allocations of the data and preprocessing phases (host-side work
     /// the GPU does not see), whose frees are skipped too.
-    skipped: std::collections::HashSet<u64>,
+    skipped: rustc_hash::FxHashSet<u64>,
     /// The last step's peak: its phase, the events before it, the scratch
     /// live then.
     peak: (Phase, usize, ScratchLive),
+    /// Bytes requested and not freed (rounded), served or not, and their
+    /// peak ([`ReplayResult::least_demand`]).
+    demand: i64,
+    demand_peak: i64,
 }
 
 impl Replay<'_> {
@@ -156,6 +193,7 @@ impl Replay<'_> {
             self.start_step(step, phase, i);
         }
         if e.bytes > 0 {
+            self.demand(e.bytes as u64, true);
             self.out_of_memory |= self.alloc.malloc(e.id, e.bytes as u64).is_err();
             let allocated = self.alloc.stats().allocated;
             if step == 1 && self.current_step == 1 {
@@ -169,7 +207,21 @@ impl Replay<'_> {
                 self.peak = (phase, i + 1, ScratchLive::default());
             }
         } else if !self.skipped.contains(&e.id) {
+            self.demand(e.bytes.unsigned_abs(), false);
             self.alloc.free(e.id);
+        }
+    }
+
+    /// Counts a request of `bytes` (or its free) in the demand. A free of
+    /// an allocation made before the trace lowers it too: it stays a lower
+    /// bound.
+    fn demand(&mut self, bytes: u64, allocated: bool) {
+        let rounded = round_size(bytes) as i64;
+        if allocated {
+            self.demand += rounded;
+            self.demand_peak = self.demand_peak.max(self.demand);
+        } else {
+            self.demand -= rounded;
         }
     }
 
@@ -215,6 +267,11 @@ impl Replay<'_> {
     /// this one's copied (and cuBLAS's workspace before the first step that
     /// has none placed by a call).
     fn start_step(&mut self, step: usize, phase: Phase, i: usize) {
+        if !self.injected_for_step.is_empty() {
+            for &bytes in &self.inputs.batch_copies {
+                self.demand(bytes, false);
+            }
+        }
         for id in self.injected_for_step.drain(..) {
             self.alloc.free(id);
         }
@@ -224,12 +281,14 @@ impl Replay<'_> {
             self.best = self.alloc.stats().allocated;
             self.peak = (phase, i, ScratchLive::default());
         }
-        for bytes in &self.inputs.batch_copies {
-            self.out_of_memory |= self.alloc.malloc(self.next_injected, *bytes).is_err();
+        for &bytes in &self.inputs.batch_copies {
+            self.demand(bytes, true);
+            self.out_of_memory |= self.alloc.malloc(self.next_injected, bytes).is_err();
             self.injected_for_step.push(self.next_injected);
             self.next_injected += 1;
         }
         if !self.workspace_done {
+            self.demand(self.inputs.cublas_workspace, true);
             self.out_of_memory |= self
                 .alloc
                 .malloc(self.next_injected, self.inputs.cublas_workspace)
@@ -271,6 +330,7 @@ impl Replay<'_> {
             kernel_scratch_at_peak: live.kernel,
             cublas_at_peak: live.cublas,
             kernels: self.scratch.map(|s| s.summary()),
+            least_demand: self.demand_peak.max(0) as u64,
         }
     }
 }

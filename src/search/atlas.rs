@@ -358,7 +358,7 @@ fn published_results(dirs: &[PathBuf]) -> (BTreeMap<String, Published>, Vec<Stri
 /// settings and the worker binary.
 fn settings_key(settings: &SearchRequest, worker: &Worker) -> String {
     format!(
-        "{ROW_FORMAT}|{}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
+        "{ROW_FORMAT}|{}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}",
         worker.stamp(),
         settings.settings.objective,
         settings.settings.device,
@@ -368,6 +368,7 @@ fn settings_key(settings: &SearchRequest, worker: &Worker) -> String {
         settings.settings.torch,
         settings.cudnn_benchmark,
         settings.cfg_options,
+        settings.precisions,
     )
 }
 

@@ -95,6 +95,8 @@ pub fn search_inference(
     let spec = &prepared.spec;
     let budget = budget_of(spec)?;
     let gpus = spec.gpus.unwrap_or(1);
+    let precisions = super::space::precisions(request.precisions.as_deref(), &INFERENCE_PRECISIONS)
+        .map_err(|e| Error::Input(format!("{e} (inference is searched in fp32 and fp16)")))?;
     // On a CUDA device each setting is a real inference trial; else predicted.
     let real = CudaTrials { request, worker };
     let (torch, torch_source) = request.torch(spec);
@@ -121,7 +123,7 @@ pub fn search_inference(
     let mut journal = Journal::open(&request.out, &prepared.config_hash, &device)?;
     let explored = explore_test_modes(
         test_modes(model, crop)?,
-        image,
+        (image, &precisions),
         request,
         evaluator.as_mut(),
         &mut journal,
@@ -145,7 +147,7 @@ pub fn search_inference(
                 "test_dataloader.batch_size; the image size from the test pipeline's Resize".into(),
         },
         objective: Objective::Throughput,
-        grid_size: TEST_BATCHES.len() * 2 * 2,
+        grid_size: TEST_BATCHES.len() * precisions.len() * 2,
     };
     let mut result = assemble(request, head, found, &journal)?;
     emit_inference_winner(request, &mut result)?;
@@ -153,10 +155,13 @@ pub fn search_inference(
     Ok(result)
 }
 
+/// The precisions an inference search tries.
+const INFERENCE_PRECISIONS: [Amp; 2] = [Amp::Off, Amp::Fp16];
+
 /// Test batch x precision for each test mode, at the test image size.
 fn explore_test_modes(
     modes: Vec<TestMode>,
-    image: (i64, i64),
+    (image, precisions): ((i64, i64), &[Amp]),
     request: &SearchRequest,
     evaluator: &mut dyn Evaluator,
     journal: &mut Journal,
@@ -166,7 +171,7 @@ fn explore_test_modes(
     for mode in modes {
         let space = SearchSpace {
             crops: &[image],
-            precisions: &[Amp::Off, Amp::Fp16],
+            precisions,
             batches: &TEST_BATCHES,
             accumulation: &|_| (1, true),
             fallbacks: &[],

@@ -61,6 +61,9 @@ pub struct SearchRequest {
     /// Traced steps kept on disk (`--trace-cache DIR`; `segtune atlas`'s
     /// shared by its presets): a step traced once is replayed, not traced.
     pub trace_cache: Option<std::sync::Arc<crate::predict::TraceCache>>,
+    /// `--amp`: the precisions the search may choose (`None`: fp32, fp16,
+    /// and bf16 where the GPU has it).
+    pub precisions: Option<Vec<Amp>>,
 }
 
 impl SearchRequest {
@@ -283,10 +286,22 @@ impl TrainingPlan {
         if gpus < 1 {
             return Err(Error::Input(format!("gpus = {gpus}: give 1 or more")));
         }
-        let mut precisions = vec![Amp::Off, Amp::Fp16];
+        let mut offered = vec![Amp::Off, Amp::Fp16];
         if budget.bf16 {
-            precisions.push(Amp::Bf16);
+            offered.push(Amp::Bf16);
         }
+        let precisions =
+            space::precisions(request.precisions.as_deref(), &offered).map_err(|e| {
+                let bf16 = if budget.bf16 {
+                    String::new()
+                } else {
+                    format!(
+                        " (bf16 needs compute capability 8.0 or newer; the {} has {})",
+                        budget.gpu, budget.compute_capability
+                    )
+                };
+                Error::Input(format!("{e}{bf16}"))
+            })?;
         let (torch, torch_source) = request.torch(spec);
         let placement = &request.placement;
         // Asked only when a CUDA device may be used: on Slurm the count is

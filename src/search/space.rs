@@ -161,6 +161,29 @@ pub fn crops(recipe: (i64, i64)) -> Vec<(i64, i64)> {
     out
 }
 
+/// The precisions a search tries: those `asked` (`--amp`; `None`: all)
+/// among those `offered` (the GPU's, for the kind of step), in the offered
+/// order. Err: none of them is offered (the message names the offered).
+pub fn precisions(asked: Option<&[Amp]>, offered: &[Amp]) -> Result<Vec<Amp>, String> {
+    let Some(asked) = asked else {
+        return Ok(offered.to_vec());
+    };
+    let kept: Vec<Amp> = offered
+        .iter()
+        .copied()
+        .filter(|a| asked.contains(a))
+        .collect();
+    if kept.is_empty() {
+        let names = |list: &[Amp]| list.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        return Err(format!(
+            "--amp {}: none of it can run here, where the precisions are {}",
+            names(asked).join(","),
+            names(offered).join(", ")
+        ));
+    }
+    Ok(kept)
+}
+
 /// Batch sizes to try: powers of two and the recipe's own, up to the
 /// effective batch (a larger per-GPU batch would change the recipe).
 pub fn batch_sizes(recipe: &Recipe, gpus: i64) -> Vec<i64> {
@@ -244,6 +267,27 @@ pub fn checkpoint_available(cfg: &Dict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amp_keeps_the_asked_precisions_the_gpu_runs() {
+        let all = [Amp::Off, Amp::Fp16, Amp::Bf16];
+        assert_eq!(precisions(None, &all).unwrap(), all);
+        assert_eq!(
+            precisions(Some(&[Amp::Bf16, Amp::Off]), &all).unwrap(),
+            [Amp::Off, Amp::Bf16],
+            "in the offered order"
+        );
+        let turing = [Amp::Off, Amp::Fp16];
+        assert_eq!(
+            precisions(Some(&[Amp::Fp16, Amp::Bf16]), &turing).unwrap(),
+            [Amp::Fp16]
+        );
+        let err = precisions(Some(&[Amp::Bf16]), &turing).unwrap_err();
+        assert_eq!(
+            err,
+            "--amp bf16: none of it can run here, where the precisions are off, fp16"
+        );
+    }
 
     fn cfg(json: serde_json::Value) -> Dict {
         match crate::config::dump::from_json(&json) {

@@ -67,3 +67,31 @@ pub use torch_version::{Switch, TorchVersion};
 pub fn host_cores() -> i32 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as i32)
 }
+
+#[cfg(test)]
+mod tests {
+    /// `meta_by_rule` looks an op's name up in one set before its rules:
+    /// a rule whose name is missing there would never run (its op would go
+    /// to CPU stand-ins).
+    #[test]
+    fn every_meta_shape_rule_is_in_the_lookup_set() {
+        let source = include_str!("shim_meta_rules.cpp");
+        let (set, rules) = source
+            .split_once("if (!kRuled.count(name)) return false;")
+            .expect("the lookup comes before the rules");
+        let listed: std::collections::BTreeSet<&str> = set
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|n| n.starts_with("aten::"))
+            .collect();
+        let ruled: std::collections::BTreeSet<&str> = rules
+            .split("name == \"")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap())
+            .collect();
+        assert!(!ruled.is_empty());
+        let missing: Vec<_> = ruled.difference(&listed).collect();
+        assert!(missing.is_empty(), "add to kRuled: {missing:?}");
+    }
+}

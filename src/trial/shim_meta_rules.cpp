@@ -6,6 +6,7 @@
 
 #include <array>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "segtune_ffi.h"
@@ -68,6 +69,47 @@ void push_outputs(torch::jit::Stack* stack, size_t first, const std::vector<at::
 }  // namespace
 
 bool segtune_shim::meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t first) {
+  // Every op passes here: one lookup instead of a comparison per rule.
+  // (A test in src/trial/mod.rs checks every name the rules compare with is here.)
+  static const std::unordered_set<std::string> kRuled = {
+      "aten::_adaptive_avg_pool2d",
+      "aten::_adaptive_avg_pool2d_backward",
+      "aten::_amp_foreach_non_finite_check_and_unscale_",
+      "aten::_prelu_kernel",
+      "aten::_prelu_kernel_backward",
+      "aten::abs",
+      "aten::binary_cross_entropy_with_logits",
+      "aten::col2im",
+      "aten::convolution",
+      "aten::convolution_backward",
+      "aten::flip",
+      "aten::floor_divide",
+      "aten::grid_sampler_2d",
+      "aten::grid_sampler_2d_backward",
+      "aten::hardswish_backward",
+      "aten::hardtanh_backward",
+      "aten::histc",
+      "aten::im2col",
+      "aten::index",
+      "aten::logical_and",
+      "aten::logical_and_",
+      "aten::logical_or",
+      "aten::logical_or_",
+      "aten::max",
+      "aten::min",
+      "aten::native_batch_norm",
+      "aten::native_batch_norm_backward",
+      "aten::native_group_norm",
+      "aten::native_group_norm_backward",
+      "aten::native_layer_norm",
+      "aten::native_layer_norm_backward",
+      "aten::nll_loss2d_backward",
+      "aten::nll_loss2d_forward",
+      "aten::nonzero",
+      "aten::relu",
+      "aten::roll",
+      "aten::where"};
+  if (!kRuled.count(name)) return false;
   auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[first + i]; };
   if (name == "aten::convolution") {
     at::Tensor input = arg(0).toTensor(), weight = arg(1).toTensor();

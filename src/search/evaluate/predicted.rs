@@ -12,7 +12,9 @@ use crate::predict::allocator::AllocatorSettings;
 use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::extrapolate::{extrapolate, extrapolate_aligned, ALIGNED_PAIR, TRACED_BATCHES};
 use crate::predict::kernels::cudnn::Figure;
-use crate::predict::replay::{replay_kernels, Kernels, ReplayInputs, ReplayResult};
+use crate::predict::replay::{
+    replay_kernels, replay_kernels_unless_out_of_memory, Kernels, ReplayInputs, ReplayResult,
+};
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
@@ -241,27 +243,29 @@ impl PredictedEvaluator {
         if !(self.known(ba, c) && self.known(bb, c)) {
             return None;
         }
-        let one = self.small(ba, c.crop, c.amp, c.knobs(), true).ok()?;
-        let one = (
-            one.events.clone(),
-            one.calls.clone(),
-            one.flops,
-            one.recompute_flops,
-            one.step_bytes,
-        );
-        let two = self.small(bb, c.crop, c.amp, c.knobs(), true).ok()?;
-        let Some((events, calls)) =
-            extrapolate_aligned((&one.0, &one.1), (&two.events, &two.calls), c.batch_size)
+        let knobs = c.knobs();
+        let key_one = (ba, c.crop, c.amp, knobs, true);
+        let key_two = (bb, c.crop, c.amp, knobs, true);
+        let (Some(Ok(one)), Some(Ok(two))) = (self.small.get(&key_one), self.small.get(&key_two))
         else {
+            return None;
+        };
+        let Some((events, calls)) = extrapolate_aligned(
+            (&one.events, &one.calls),
+            (&two.events, &two.calls),
+            c.batch_size,
+        ) else {
             self.unaligned.insert(key);
             return None;
         };
         let at = |values| lerp_between(ALIGNED_PAIR, values, c.batch_size);
-        let flops = (at((one.2, two.flops)), at((one.3, two.recompute_flops)));
-        let bytes = at((one.4, two.step_bytes));
-        let budget = self.budget.clone();
+        let flops = (
+            at((one.flops, two.flops)),
+            at((one.recompute_flops, two.recompute_flops)),
+        );
+        let bytes = at((one.step_bytes, two.step_bytes));
         Some(replay_against_budget(
-            &budget,
+            &self.budget,
             c,
             (&events, &calls),
             flops,
@@ -416,24 +420,22 @@ impl Evaluator for PredictedEvaluator {
             }
         }
         if c.batch_size < TRACED_BATCHES.0 || self.direct {
-            let (events, calls, flops, bytes) =
-                match self.small(c.batch_size, c.crop, c.amp, c.knobs(), accumulates) {
-                    Err(e) if e.reason.contains(ONE_VALUE_PER_CHANNEL) => {
-                        return TrialRecord::failed(
-                            CandidateStatus::Infeasible,
-                            format!("cannot train at batch {}: {}", c.batch_size, e.reason),
-                            Mode::Predicted,
-                        )
-                    }
-                    Err(e) => return e.record(),
-                    Ok(s) => (
-                        s.events.clone(),
-                        s.calls.clone(),
-                        (s.flops, s.recompute_flops),
-                        s.step_bytes,
-                    ),
-                };
-            return replay_against_budget(&budget, c, (&events, &calls), flops, bytes, mode);
+            return match self.small(c.batch_size, c.crop, c.amp, c.knobs(), accumulates) {
+                Err(e) if e.reason.contains(ONE_VALUE_PER_CHANNEL) => TrialRecord::failed(
+                    CandidateStatus::Infeasible,
+                    format!("cannot train at batch {}: {}", c.batch_size, e.reason),
+                    Mode::Predicted,
+                ),
+                Err(e) => e.record(),
+                Ok(s) => replay_against_budget(
+                    &budget,
+                    c,
+                    (&s.events, &s.calls),
+                    (s.flops, s.recompute_flops),
+                    s.step_bytes,
+                    mode,
+                ),
+            };
         }
         let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs(), accumulates) {
             Err(e) => return e.record(),
@@ -479,16 +481,28 @@ fn replay_against_budget(
     bytes: f64,
     cx: ReplayContext,
 ) -> TrialRecord {
-    let replay_with = |settings| replay_with(budget, c, traced, (flops, bytes), settings, cx);
-    let record = replay_with(AllocatorSettings::default());
-    if record.fits() || !cx.expandable_segments {
+    let replay_with = |settings, verdict_only| {
+        replay_with(
+            budget,
+            c,
+            traced,
+            (flops, bytes),
+            settings,
+            cx,
+            verdict_only,
+        )
+    };
+    let (record, least_demand) = replay_with(AllocatorSettings::default(), false);
+    // Beyond the capacity every setting runs out of memory.
+    let within_capacity = least_demand <= budget.allocator_capacity();
+    if record.fits() || !cx.expandable_segments || !within_capacity {
         return record;
     }
     let expandable = AllocatorSettings {
         expandable_segments: true,
         ..AllocatorSettings::default()
     };
-    let with_setting = replay_with(expandable);
+    let (with_setting, _) = replay_with(expandable, true);
     if with_setting.fits() {
         TrialRecord {
             alloc_conf: Some(expandable.env_value()),
@@ -503,7 +517,9 @@ fn replay_against_budget(
 /// the least the step needs decides whether it fits (cuDNN falls back to
 /// smaller workspaces where memory is short); the figures shown are the
 /// likeliest (the workspaces cuDNN takes on this card), and where the card
-/// forces slower convolutions the images/s says so.
+/// forces slower convolutions the images/s says so. With `verdict_only`, a
+/// step that does not fit has no figures. Also returns the least any
+/// allocator needs for the step ([`ReplayResult::least_demand`]).
 fn replay_with(
     budget: &Budget,
     c: &Candidate,
@@ -511,7 +527,8 @@ fn replay_with(
     (flops, bytes): ((f64, f64), f64),
     settings: AllocatorSettings,
     cx: ReplayContext,
-) -> TrialRecord {
+    verdict_only: bool,
+) -> (TrialRecord, u64) {
     let mode = cx.mode;
     let kernels = KernelSetup {
         amp: c.amp,
@@ -528,30 +545,49 @@ fn replay_with(
         capacity: Some(budget.allocator_capacity()),
         settings,
     };
-    let run = |figure: Figure| -> ReplayResult {
+    let run = |figure: Figure, verdict_only: bool| -> Option<ReplayResult> {
         let model = kernels.model(
             &budget.compute_capability,
             budget.cublas_workspace_bytes,
             budget.conv_math(),
             figure,
         );
-        replay_kernels(
-            events,
-            &inputs,
-            with_calls.then_some(Kernels {
-                calls,
-                model: &model,
-            }),
+        let kernels = with_calls.then_some(Kernels {
+            calls,
+            model: &model,
+        });
+        if verdict_only {
+            replay_kernels_unless_out_of_memory(events, &inputs, kernels)
+        } else {
+            Some(replay_kernels(events, &inputs, kernels))
+        }
+    };
+    let out_of_memory = || {
+        TrialRecord::failed(
+            CandidateStatus::Oom,
+            format!(
+                "predicted out of memory: needs more than the usable {:.2} GiB",
+                budget.usable_bytes as f64 / (1u64 << 30) as f64
+            ),
+            Mode::Predicted,
         )
     };
-    let least = run(Figure::Least);
-    let likely = if with_calls {
-        run(Figure::Likely)
+    let Some(least) = run(Figure::Least, verdict_only) else {
+        return (out_of_memory(), 0);
+    };
+    let device = least.peak_reserved + budget.cuda_context_bytes;
+    let fits = !least.out_of_memory && device <= budget.usable_bytes;
+    if verdict_only && !fits {
+        return (out_of_memory(), least.least_demand);
+    }
+    // Beyond the capacity the likeliest figures run out of memory too, and
+    // the least are shown.
+    let likely = if with_calls && least.least_demand <= budget.allocator_capacity() {
+        run(Figure::Likely, false).expect("a full replay has a result")
     } else {
         least
     };
     let shown = if likely.out_of_memory { least } else { likely };
-    let device = least.peak_reserved + budget.cuda_context_bytes;
     let passes = if mode == RunMode::Infer { 1.0 } else { 3.0 };
     let slowdown = shown
         .kernels
@@ -571,14 +607,11 @@ fn replay_with(
         alloc_conf: None,
         first_interval_allocated_bytes: None,
     };
-    if least.out_of_memory || device > budget.usable_bytes {
+    if !fits {
         record.status = CandidateStatus::Oom;
-        record.reason = Some(format!(
-            "predicted out of memory: needs more than the usable {:.2} GiB",
-            budget.usable_bytes as f64 / (1u64 << 30) as f64
-        ));
+        record.reason = out_of_memory().reason;
     }
-    record
+    (record, least.least_demand)
 }
 
 #[cfg(test)]
@@ -641,7 +674,9 @@ mod tests {
             (flops, 1.0),
             AllocatorSettings::default(),
             training,
-        );
+            false,
+        )
+        .0;
         assert!(!default.fits(), "{default:?}");
         let record = replay_against_budget(&budget, &c, (&events, &[]), flops, 1.0, training);
         assert!(record.fits(), "{record:?}");
@@ -690,7 +725,9 @@ mod tests {
                 ((1.0, 0.0), 1.0),
                 AllocatorSettings::default(),
                 cx,
-            );
+                false,
+            )
+            .0;
             (budget, r)
         };
         // On a roomy card the shown peak holds the fastest algorithm's workspace.
