@@ -114,7 +114,12 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<(String, Published)>, Strin
         out.push((
             name,
             Published {
-                dataset: result.and_then(|r| r["Dataset"].as_str().map(str::to_string)),
+                // Some MMSeg metafiles quote a YAML comment as the dataset
+                // (`Dataset: '# HRNet backbone'`): no dataset.
+                dataset: result
+                    .and_then(|r| r["Dataset"].as_str())
+                    .filter(|d| !d.trim_start().starts_with('#'))
+                    .map(str::to_string),
                 miou: result.and_then(|r| number(&r["Metrics"]["mIoU"])),
                 other_metric: result
                     .filter(|r| number(&r["Metrics"]["mIoU"]).is_none())
@@ -162,6 +167,11 @@ mod tests {
         let dice = "Models:\n- Name: unet\n  Results:\n    Dataset: HRF\n    Metrics:\n      mDice: 88.92\n      Dice: 79.45\n";
         let unet = parse(dice, "unet/metafile.yaml").unwrap();
         assert_eq!(unet[0].1.other_metric.as_deref(), Some("mDice 88.92"));
+        // OCRNet's metafile quotes a YAML comment as the dataset.
+        let comment = "Models:\n- Name: ocrnet\n  Results:\n    Dataset: '# HRNet backbone'\n    Metrics:\n      mIoU: 80.1\n";
+        let ocrnet = parse(comment, "ocrnet/metafile.yaml").unwrap();
+        assert_eq!(ocrnet[0].1.dataset, None);
+        assert_eq!(ocrnet[0].1.miou, Some(80.1));
     }
 
     #[test]

@@ -109,7 +109,9 @@ pub struct AtlasRow {
     /// Its method directory (`segformer`, `pspnet`, ...).
     pub family: String,
     /// The published result's dataset and single-scale mIoU (percent), from
-    /// the metafiles; `None`: none published.
+    /// the metafiles; `None`: none published. Without a published dataset,
+    /// the one the config evaluates on, named as the metafiles name the
+    /// other configs on it (else its MMSeg type without `Dataset`).
     pub dataset: Option<String>,
     pub miou: Option<f64>,
     /// Without an mIoU, the published metric there is (`mDice 88.92`).
@@ -482,6 +484,72 @@ struct ConfigRows {
     rows: Vec<Result<AtlasRow>>,
     reused: usize,
     with_result: bool,
+    /// The dataset it evaluates on ([`evaluated_on`]).
+    evaluated_on: Option<DatasetKey>,
+}
+
+/// A dataset as a config names it: its MMSeg type and `data_root`.
+type DatasetKey = (String, String);
+
+/// The dataset a config evaluates on: its `test_dataloader`'s (else
+/// `val_dataloader`'s) dataset, through wrappers (`ConcatDataset`'s
+/// first, `RepeatDataset`'s), as (type, `data_root`).
+fn evaluated_on(cfg: &crate::config::Dict) -> Option<DatasetKey> {
+    let loader = cfg
+        .get("test_dataloader")
+        .or_else(|| cfg.get("val_dataloader"))?
+        .as_dict()?;
+    let mut dataset = loader.get("dataset")?.as_dict()?;
+    while dataset.get("data_root").is_none() {
+        let inner = dataset.get("dataset").and_then(Value::as_dict).or_else(|| {
+            dataset
+                .get("datasets")
+                .and_then(Value::as_seq)
+                .and_then(|list| list.first())
+                .and_then(Value::as_dict)
+        });
+        match inner {
+            Some(inner) => dataset = inner,
+            None => break,
+        }
+    }
+    let kind = dataset.get("type")?.as_str()?.to_string();
+    let root = dataset
+        .get("data_root")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Some((kind, root))
+}
+
+/// Gives each row without a published dataset the one its config
+/// evaluates on (`keys`, per row): the name the metafiles give most often
+/// to the configs on that dataset, else its type without `Dataset`
+/// (`PascalContextDataset59`: `PascalContext59`).
+fn fill_datasets(rows: &mut [AtlasRow], keys: &[Option<DatasetKey>]) {
+    let mut names: HashMap<&DatasetKey, BTreeMap<&str, usize>> = HashMap::new();
+    for (row, key) in rows.iter().zip(keys) {
+        if let (Some(key), Some(name)) = (key, row.dataset.as_deref()) {
+            *names.entry(key).or_default().entry(name).or_default() += 1;
+        }
+    }
+    let chosen: HashMap<&DatasetKey, String> = keys
+        .iter()
+        .flatten()
+        .map(|key| {
+            let name = names
+                .get(key)
+                .and_then(|n| n.iter().max_by_key(|(_, count)| **count))
+                .map(|(name, _)| name.to_string())
+                .unwrap_or_else(|| key.0.replace("Dataset", ""));
+            (key, name)
+        })
+        .collect();
+    for (row, key) in rows.iter_mut().zip(keys) {
+        if row.dataset.is_none() {
+            row.dataset = key.as_ref().and_then(|k| chosen.get(k).cloned());
+        }
+    }
 }
 
 impl Shared<'_> {
@@ -490,13 +558,15 @@ impl Shared<'_> {
     fn rows_of(&self, root: &Path, config: &Path) -> ConfigRows {
         let names = names(root, config);
         let found = self.published.get(&names.1);
-        let model_key = crate::config::resolve(config, &self.search.cfg_options)
-            .ok()
-            .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg))));
+        let resolved = crate::config::resolve(config, &self.search.cfg_options).ok();
+        let model_key = resolved
+            .as_ref()
+            .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg.clone()))));
         let mut out = ConfigRows {
             rows: Vec::with_capacity(self.budgets.len()),
             reused: 0,
             with_result: found.and_then(|p| p.miou).is_some(),
+            evaluated_on: resolved.as_ref().and_then(evaluated_on),
         };
         for (gpu, budget) in self.budgets {
             let base = base_row(&names, found, gpu, budget);
@@ -636,6 +706,7 @@ pub fn atlas(
         }
     });
     let mut rows: Vec<AtlasRow> = Vec::with_capacity(total);
+    let mut datasets: Vec<Option<DatasetKey>> = Vec::with_capacity(total);
     let (mut reused, mut with_results) = (0usize, 0usize);
     for slot in per_config {
         let done = slot
@@ -645,8 +716,11 @@ pub fn atlas(
             .ok_or_else(|| Error::Trial("an atlas thread ended without its rows".into()))?;
         with_results += usize::from(done.with_result);
         reused += done.reused;
-        rows.extend(done.rows.into_iter().collect::<Result<Vec<_>>>()?);
+        let these = done.rows.into_iter().collect::<Result<Vec<_>>>()?;
+        datasets.extend(std::iter::repeat_n(done.evaluated_on, these.len()));
+        rows.extend(these);
     }
+    fill_datasets(&mut rows, &datasets);
     let (hits, misses) = cache.counts();
     Ok(Atlas {
         gpus: budgets
@@ -672,6 +746,76 @@ pub fn atlas(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_without_a_published_dataset_gets_the_one_its_config_evaluates_on() {
+        let cfg = |json: serde_json::Value| match dump::from_json(&json) {
+            Value::Dict(d) => d,
+            _ => unreachable!(),
+        };
+        // VOC with its augmented set: a ConcatDataset to train, VOC to validate.
+        let voc = cfg(serde_json::json!({
+            "val_dataloader": {"dataset": {"type": "PascalVOCDataset", "data_root": "data/VOCdevkit/VOC2012"}},
+        }));
+        let voc_key = (
+            "PascalVOCDataset".to_string(),
+            "data/VOCdevkit/VOC2012".to_string(),
+        );
+        assert_eq!(evaluated_on(&voc), Some(voc_key.clone()));
+        let repeated = cfg(serde_json::json!({
+            "test_dataloader": {"dataset": {"type": "RepeatDataset", "times": 2,
+                "dataset": {"type": "ConcatDataset", "datasets": [
+                    {"type": "CityscapesDataset", "data_root": "data/cityscapes/"}]}}},
+        }));
+        let city = (
+            "CityscapesDataset".to_string(),
+            "data/cityscapes/".to_string(),
+        );
+        assert_eq!(evaluated_on(&repeated), Some(city.clone()));
+
+        let row = |dataset: Option<&str>| AtlasRow {
+            dataset: dataset.map(str::to_string),
+            ..base_row(
+                &("a.py".into(), "a".into(), "f".into()),
+                None,
+                &AtlasGpu::preset("rtx3050ti"),
+                &AtlasGpu::preset("rtx3050ti").budget(None).unwrap(),
+            )
+        };
+        let dark = (
+            "DarkZurichDataset".to_string(),
+            "data/dark_zurich/".to_string(),
+        );
+        let mut rows = vec![
+            row(Some("Cityscapes")),
+            row(None),
+            row(Some("Pascal VOC 2012 + Aug")),
+            row(None),
+            row(None),
+            row(None),
+        ];
+        let keys = [
+            Some(city.clone()),
+            Some(city),
+            Some(voc_key.clone()),
+            Some(voc_key),
+            Some(dark),
+            None,
+        ];
+        fill_datasets(&mut rows, &keys);
+        let names: Vec<Option<&str>> = rows.iter().map(|r| r.dataset.as_deref()).collect();
+        assert_eq!(
+            names,
+            [
+                Some("Cityscapes"),
+                Some("Cityscapes"),
+                Some("Pascal VOC 2012 + Aug"),
+                Some("Pascal VOC 2012 + Aug"),
+                Some("DarkZurich"),
+                None
+            ]
+        );
+    }
 
     #[test]
     fn configs_are_found_below_the_directories_without_bases() {
