@@ -282,6 +282,68 @@ fn names(root: &Path, config: &Path) -> (String, String, String) {
     (relative, stem, family)
 }
 
+/// The least share of name parts a misnamed metafile entry and a config
+/// must have in common to be taken for each other.
+const MISNAMED_OVERLAP: f64 = 0.7;
+
+/// Gives a config that no metafile entry names the entry of its directory
+/// that names no config, where their names are the same but for a typo or
+/// the parts' order (MMSeg 1.2.2's `ddeeplabv3plus_r101-d16-mg124_...`,
+/// `eemanet_r50-d8_...`, `fpn_poolformer_s36_8xb4-40k_ade20k-512x512` for
+/// `fpn_poolformer_s36_8x4_512x512_40k_ade20k`): the config of the entry's
+/// directory sharing the most name parts (`_`/`-`-separated), at least
+/// [`MISNAMED_OVERLAP`] of them, and more than any other config there.
+/// `configs`: (name, family) of each config.
+fn match_misnamed_entries(
+    published: &mut BTreeMap<String, Published>,
+    configs: &[(String, String)],
+) {
+    fn parts(name: &str) -> std::collections::BTreeSet<&str> {
+        name.split(['_', '-']).filter(|p| !p.is_empty()).collect()
+    }
+    fn overlap(a: &str, b: &str) -> f64 {
+        let (a, b) = (parts(a), parts(b));
+        let shared = a.intersection(&b).count();
+        shared as f64 / a.union(&b).count().max(1) as f64
+    }
+    let named: std::collections::HashSet<&str> = configs.iter().map(|(n, _)| n.as_str()).collect();
+    let mut claims: BTreeMap<String, Vec<Published>> = BTreeMap::new();
+    for (entry, found) in published.iter() {
+        if named.contains(entry.as_str()) {
+            continue;
+        }
+        let directory = Path::new(&found.metafile)
+            .parent()
+            .and_then(Path::file_name)
+            .map(|d| d.to_string_lossy().into_owned());
+        let mut scored: Vec<(f64, &str)> = configs
+            .iter()
+            .filter(|(name, family)| {
+                Some(family) == directory.as_ref() && !published.contains_key(name)
+            })
+            .map(|(name, _)| (overlap(entry, name), name.as_str()))
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        match scored.as_slice() {
+            [(best, name), rest @ ..]
+                if *best >= MISNAMED_OVERLAP && rest.first().is_none_or(|r| r.0 < *best) =>
+            {
+                claims
+                    .entry(name.to_string())
+                    .or_default()
+                    .push(found.clone());
+            }
+            _ => {}
+        }
+    }
+    // A config two entries would claim gets neither.
+    for (name, mut found) in claims {
+        if found.len() == 1 {
+            published.insert(name, found.remove(0));
+        }
+    }
+}
+
 /// The first lines of an error, for a row (a whole rendered diagnostic is
 /// more than a table cell).
 fn short(e: &Error) -> String {
@@ -341,9 +403,14 @@ fn row_of(base: AtlasRow, result: &SearchResult) -> AtlasRow {
     row
 }
 
-/// The published results in the metafile trees `dirs` (the first of a
-/// config's name wins), and the metafiles that could not be read.
-fn published_results(dirs: &[PathBuf]) -> (BTreeMap<String, Published>, Vec<String>) {
+/// The published results in the metafile trees `dirs` by config name (the
+/// first of a name wins; misnamed entries matched to `configs`, as
+/// (root, path) pairs, by [`match_misnamed_entries`]), and the metafiles
+/// that could not be read.
+pub fn published_results(
+    dirs: &[PathBuf],
+    configs: &[(PathBuf, PathBuf)],
+) -> (BTreeMap<String, Published>, Vec<String>) {
     let mut published: BTreeMap<String, Published> = BTreeMap::new();
     let mut errors = Vec::new();
     for dir in dirs {
@@ -353,6 +420,14 @@ fn published_results(dirs: &[PathBuf]) -> (BTreeMap<String, Published>, Vec<Stri
         }
         errors.extend(unread.iter().map(|e| e.to_string()));
     }
+    let named: Vec<(String, String)> = configs
+        .iter()
+        .map(|(root, config)| {
+            let (_, name, family) = names(root, config);
+            (name, family)
+        })
+        .collect();
+    match_misnamed_entries(&mut published, &named);
     (published, errors)
 }
 
@@ -652,11 +727,14 @@ pub fn atlas(
                 .map(|b| (g.clone(), b))
         })
         .collect::<Result<_>>()?;
-    let (published, metafile_errors) = published_results(if request.results.is_empty() {
-        &request.dirs
-    } else {
-        &request.results
-    });
+    let (published, metafile_errors) = published_results(
+        if request.results.is_empty() {
+            &request.dirs
+        } else {
+            &request.results
+        },
+        &configs,
+    );
     let cache = request
         .search
         .trace_cache
@@ -746,6 +824,75 @@ pub fn atlas(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_misnamed_metafile_entry_is_matched_to_its_config_by_its_name_parts() {
+        let entry = |metafile: &str, miou: f64| Published {
+            dataset: Some("Cityscapes".into()),
+            miou: Some(miou),
+            other_metric: None,
+            memory_gb: None,
+            metafile: metafile.into(),
+        };
+        let mut published: BTreeMap<String, Published> = [
+            (
+                "eemanet_r50-d8_4xb2-80k_cityscapes-512x1024",
+                entry("x/emanet/metafile.yaml", 77.59),
+            ),
+            (
+                "emanet_r101-d8_4xb2-80k_cityscapes-512x1024",
+                entry("x/emanet/metafile.yaml", 78.0),
+            ),
+            (
+                "fpn_poolformer_s36_8xb4-40k_ade20k-512x512",
+                entry("x/poolformer/metafile.yaml", 41.61),
+            ),
+            (
+                "fpn_poolformer_s24_8xb4-40k_ade20k-512x512",
+                entry("x/poolformer/metafile.yaml", 40.0),
+            ),
+            // Far from every config of its directory: no match.
+            (
+                "pspnet_r18-d8_4xb2-80k_cityscapes-512x1024",
+                entry("x/pspnet/metafile.yaml", 1.0),
+            ),
+        ]
+        .into_iter()
+        .map(|(n, p)| (n.to_string(), p))
+        .collect();
+        let configs: Vec<(String, String)> = [
+            ("emanet_r50-d8_4xb2-80k_cityscapes-512x1024", "emanet"),
+            ("emanet_r101-d8_4xb2-80k_cityscapes-512x1024", "emanet"),
+            ("fpn_poolformer_s36_8x4_512x512_40k_ade20k", "poolformer"),
+            ("fpn_poolformer_s24_8xb4-40k_ade20k-512x512", "poolformer"),
+            ("pspnet_r50-d8_4xb4-80k_pascal-context-480x480", "pspnet"),
+            // Same parts, another directory.
+            ("eemanet_r50-d8_4xb2-80k_cityscapes-512x1024x", "other"),
+        ]
+        .into_iter()
+        .map(|(n, f)| (n.to_string(), f.to_string()))
+        .collect();
+        match_misnamed_entries(&mut published, &configs);
+        let miou = |name: &str| published.get(name).and_then(|p| p.miou);
+        assert_eq!(
+            miou("emanet_r50-d8_4xb2-80k_cityscapes-512x1024"),
+            Some(77.59)
+        );
+        assert_eq!(
+            miou("emanet_r101-d8_4xb2-80k_cityscapes-512x1024"),
+            Some(78.0)
+        );
+        assert_eq!(
+            miou("fpn_poolformer_s36_8x4_512x512_40k_ade20k"),
+            Some(41.61)
+        );
+        assert_eq!(
+            miou("fpn_poolformer_s24_8xb4-40k_ade20k-512x512"),
+            Some(40.0)
+        );
+        assert_eq!(miou("pspnet_r50-d8_4xb4-80k_pascal-context-480x480"), None);
+        assert_eq!(miou("eemanet_r50-d8_4xb2-80k_cityscapes-512x1024x"), None);
+    }
 
     #[test]
     fn a_row_without_a_published_dataset_gets_the_one_its_config_evaluates_on() {
