@@ -379,3 +379,44 @@ fn the_amp_filter_keeps_every_search_to_its_precisions() {
         "{stderr}"
     );
 }
+
+/// Two schedules of one model (ANN R-101 on VOC, 20k and 40k iterations)
+/// resolve to the same training step: the second config's row is the
+/// first's search, under its own name.
+#[test]
+fn a_row_reused_from_another_schedule_keeps_its_own_config() {
+    let Some(shared) = common::require_shared("atlas schedules") else {
+        return;
+    };
+    let ann = shared.join("mmseg-configs/configs/ann");
+    let dir = tempfile::tempdir().unwrap();
+    let result: Value = serde_json::from_slice(&run(Command::new(segtune())
+        .arg("atlas")
+        .arg(ann.join("ann_r101-d8_4xb4-20k_voc12aug-512x512.py"))
+        .arg(ann.join("ann_r101-d8_4xb4-40k_voc12aug-512x512.py"))
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--jobs",
+            "1",
+            "--json",
+            "--quiet",
+            "--out",
+        ])
+        .arg(dir.path())))
+    .unwrap();
+    let rows = result["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(result["rows_reused"], 1, "{result}");
+    for row in rows {
+        let stem = Path::new(row["config"].as_str().unwrap())
+            .file_stem()
+            .unwrap();
+        assert_eq!(
+            row["name"].as_str().unwrap(),
+            stem.to_str().unwrap(),
+            "{row}"
+        );
+    }
+    assert_eq!(row_settings(&rows[0]), row_settings(&rows[1]));
+}

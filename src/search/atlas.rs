@@ -658,12 +658,20 @@ impl Shared<'_> {
                 .and_then(|k| self.rows_cache.lock().ok().and_then(|c| c.get(k).cloned()));
             let was_cached = cached.is_some();
             let row = match cached {
-                // The published result may have changed (another --results).
+                // The row may be another config's of the same model (a
+                // schedule variant), and the published result may have
+                // changed (another --results): only the search's outcome
+                // is taken.
                 Some(cached) => Ok(AtlasRow {
-                    dataset: base.dataset.clone(),
+                    config: base.config,
+                    name: base.name,
+                    family: base.family,
+                    dataset: base.dataset,
                     miou: base.miou,
-                    other_metric: base.other_metric.clone(),
-                    config: base.config.clone(),
+                    other_metric: base.other_metric,
+                    gpu: base.gpu,
+                    vram_bytes: base.vram_bytes,
+                    usable_bytes: base.usable_bytes,
                     seconds: 0.0,
                     ..cached
                 }),
