@@ -12,7 +12,7 @@
 mod common;
 
 use common::scale::{
-    journal, most_at_once, processes_mentioning, search_json, spawn_search, table,
+    atlas_json, journal, most_at_once, processes_mentioning, search_json, spawn_search, table,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -323,27 +323,11 @@ fn an_atlas_on_slurm_spreads_its_configs_over_the_cluster() {
         configs.join("fcn/fcn_r18-d8_4xb2-80k_cityscapes-512x1024.py"),
     ];
     let dir = tempfile::tempdir().unwrap();
-    let atlas = |out: &Path, extra: &[&str]| -> serde_json::Value {
-        let output = Command::new(common::scale::segtune())
-            .arg("atlas")
-            .args(&files)
-            .args(["--preset", "rtx3050ti", "--quiet", "--json", "--out"])
-            .arg(out)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice(&output.stdout).unwrap()
-    };
-    let local = atlas(&dir.path().join("local"), &[]);
+    let local = atlas_json(&files, &dir.path().join("local"), &[]);
     let mut args = SLURM.to_vec();
     args.extend(["--max-parallel", "2"]);
     let on_slurm = dir.path().join("slurm");
-    let slurm = atlas(&on_slurm, &args);
+    let slurm = atlas_json(&files, &on_slurm, &args);
     let settings = |v: &serde_json::Value| -> Vec<serde_json::Value> {
         v["rows"]
             .as_array()

@@ -242,6 +242,26 @@ pub(super) fn prepare(
     })
 }
 
+/// The precisions a training search tries on the budget's GPU: `asked`
+/// (`--amp`; `None`: all) of fp32, fp16 and bf16 where the GPU has it.
+fn precisions_on(budget: &Budget, asked: Option<&[Amp]>) -> Result<Vec<Amp>> {
+    let mut offered = vec![Amp::Off, Amp::Fp16];
+    if budget.bf16 {
+        offered.push(Amp::Bf16);
+    }
+    space::precisions(asked, &offered).map_err(|e| {
+        let bf16 = if budget.bf16 {
+            String::new()
+        } else {
+            format!(
+                " (bf16 needs compute capability 8.0 or newer; the {} has {})",
+                budget.gpu, budget.compute_capability
+            )
+        };
+        Error::Input(format!("{e}{bf16}"))
+    })
+}
+
 /// A training search's grid and where it runs: the recipe, the budget, the
 /// batches, crops and precisions, the PyTorch release, the CUDA device for
 /// real trials (if any) and the journal's device keys.
@@ -286,22 +306,7 @@ impl TrainingPlan {
         if gpus < 1 {
             return Err(Error::Input(format!("gpus = {gpus}: give 1 or more")));
         }
-        let mut offered = vec![Amp::Off, Amp::Fp16];
-        if budget.bf16 {
-            offered.push(Amp::Bf16);
-        }
-        let precisions =
-            space::precisions(request.precisions.as_deref(), &offered).map_err(|e| {
-                let bf16 = if budget.bf16 {
-                    String::new()
-                } else {
-                    format!(
-                        " (bf16 needs compute capability 8.0 or newer; the {} has {})",
-                        budget.gpu, budget.compute_capability
-                    )
-                };
-                Error::Input(format!("{e}{bf16}"))
-            })?;
+        let precisions = precisions_on(&budget, request.precisions.as_deref())?;
         let (torch, torch_source) = request.torch(spec);
         let placement = &request.placement;
         // Asked only when a CUDA device may be used: on Slurm the count is

@@ -54,6 +54,24 @@ pub fn search_json(config: &Path, out: &Path, extra: &[&str]) -> (serde_json::Va
     )
 }
 
+/// `atlas FILES --preset rtx3050ti --quiet --json --out OUT EXTRA...`'s JSON.
+pub fn atlas_json(files: &[std::path::PathBuf], out: &Path, extra: &[&str]) -> serde_json::Value {
+    let output = Command::new(segtune())
+        .arg("atlas")
+        .args(files)
+        .args(["--preset", "rtx3050ti", "--quiet", "--json", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// The journal's rows.
 pub fn journal(out: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("trials.jsonl"))

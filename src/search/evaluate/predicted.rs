@@ -492,10 +492,8 @@ fn replay_against_budget(
             verdict_only,
         )
     };
-    let (record, least_demand) = replay_with(AllocatorSettings::default(), false);
-    // Beyond the capacity every setting runs out of memory.
-    let within_capacity = least_demand <= budget.allocator_capacity();
-    if record.fits() || !cx.expandable_segments || !within_capacity {
+    let (record, beyond_capacity) = replay_with(AllocatorSettings::default(), false);
+    if record.fits() || !cx.expandable_segments || beyond_capacity {
         return record;
     }
     let expandable = AllocatorSettings {
@@ -518,8 +516,9 @@ fn replay_against_budget(
 /// smaller workspaces where memory is short); the figures shown are the
 /// likeliest (the workspaces cuDNN takes on this card), and where the card
 /// forces slower convolutions the images/s says so. With `verdict_only`, a
-/// step that does not fit has no figures. Also returns the least any
-/// allocator needs for the step ([`ReplayResult::least_demand`]).
+/// step that does not fit has no figures. Also returns whether the step
+/// needs more than the allocator's capacity under any setting
+/// ([`ReplayResult::least_demand`]).
 fn replay_with(
     budget: &Budget,
     c: &Candidate,
@@ -528,7 +527,7 @@ fn replay_with(
     settings: AllocatorSettings,
     cx: ReplayContext,
     verdict_only: bool,
-) -> (TrialRecord, u64) {
+) -> (TrialRecord, bool) {
     let mode = cx.mode;
     let kernels = KernelSetup {
         amp: c.amp,
@@ -573,16 +572,18 @@ fn replay_with(
         )
     };
     let Some(least) = run(Figure::Least, verdict_only) else {
-        return (out_of_memory(), 0);
+        return (out_of_memory(), false);
     };
     let device = least.peak_reserved + budget.cuda_context_bytes;
     let fits = !least.out_of_memory && device <= budget.usable_bytes;
+    // Beyond the capacity every setting runs out of memory.
+    let beyond_capacity = least.least_demand > budget.allocator_capacity();
     if verdict_only && !fits {
-        return (out_of_memory(), least.least_demand);
+        return (out_of_memory(), beyond_capacity);
     }
     // Beyond the capacity the likeliest figures run out of memory too, and
     // the least are shown.
-    let likely = if with_calls && least.least_demand <= budget.allocator_capacity() {
+    let likely = if with_calls && !beyond_capacity {
         run(Figure::Likely, false).expect("a full replay has a result")
     } else {
         least
@@ -611,7 +612,7 @@ fn replay_with(
         record.status = CandidateStatus::Oom;
         record.reason = out_of_memory().reason;
     }
-    (record, least.least_demand)
+    (record, beyond_capacity)
 }
 
 #[cfg(test)]

@@ -13,16 +13,22 @@
 //! worker binary, so a re-run with nothing changed replays no search. A
 //! config that fails gets a row saying why; the atlas never stops on one.
 
+mod published;
+mod row_cache;
+
+pub use published::published_results;
+use published::{evaluated_on, fill_datasets, DatasetKey};
+use row_cache::RowCache;
+
 use super::record::{Mode, SearchResult};
 use super::run::{search, SearchRequest};
 use super::spec::SearchSpec;
-use crate::config::metafile::{self, Published};
+use crate::config::metafile::Published;
 use crate::config::{dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::{Budget, Gpu, TraceCache};
 use crate::trial::worker::Worker;
-use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -217,52 +223,6 @@ pub fn configs_under(dirs: &[PathBuf]) -> Vec<(PathBuf, PathBuf)> {
     out
 }
 
-/// The row cache: `OUT/rows.jsonl`, one `{key, row}` per line, appended as
-/// rows finish (a killed atlas keeps what it finished).
-struct RowCache {
-    path: PathBuf,
-    rows: HashMap<String, AtlasRow>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct CachedRow {
-    key: String,
-    row: AtlasRow,
-}
-
-impl RowCache {
-    fn open(out: &Path) -> RowCache {
-        let path = out.join("rows.jsonl");
-        let rows = std::fs::read_to_string(&path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<CachedRow>(l).ok())
-            .map(|c| (c.key, c.row))
-            .collect();
-        RowCache { path, rows }
-    }
-
-    fn get(&self, key: &str) -> Option<&AtlasRow> {
-        self.rows.get(key)
-    }
-
-    fn put(&mut self, key: String, row: &AtlasRow) -> Result<()> {
-        let line = serde_json::to_string(&CachedRow {
-            key: key.clone(),
-            row: row.clone(),
-        })
-        .expect("rows serialise");
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .and_then(|mut f| writeln!(f, "{line}"))
-            .map_err(|e| Error::io(format!("cannot write {}", self.path.display()), e))?;
-        self.rows.insert(key, row.clone());
-        Ok(())
-    }
-}
-
 /// A config's name parts: its path under `root`, stem and method directory.
 fn names(root: &Path, config: &Path) -> (String, String, String) {
     let relative = config
@@ -280,68 +240,6 @@ fn names(root: &Path, config: &Path) -> (String, String, String) {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     (relative, stem, family)
-}
-
-/// The least share of name parts a misnamed metafile entry and a config
-/// must have in common to be taken for each other.
-const MISNAMED_OVERLAP: f64 = 0.7;
-
-/// Gives a config that no metafile entry names the entry of its directory
-/// that names no config, where their names are the same but for a typo or
-/// the parts' order (MMSeg 1.2.2's `ddeeplabv3plus_r101-d16-mg124_...`,
-/// `eemanet_r50-d8_...`, `fpn_poolformer_s36_8xb4-40k_ade20k-512x512` for
-/// `fpn_poolformer_s36_8x4_512x512_40k_ade20k`): the config of the entry's
-/// directory sharing the most name parts (`_`/`-`-separated), at least
-/// [`MISNAMED_OVERLAP`] of them, and more than any other config there.
-/// `configs`: (name, family) of each config.
-fn match_misnamed_entries(
-    published: &mut BTreeMap<String, Published>,
-    configs: &[(String, String)],
-) {
-    fn parts(name: &str) -> std::collections::BTreeSet<&str> {
-        name.split(['_', '-']).filter(|p| !p.is_empty()).collect()
-    }
-    fn overlap(a: &str, b: &str) -> f64 {
-        let (a, b) = (parts(a), parts(b));
-        let shared = a.intersection(&b).count();
-        shared as f64 / a.union(&b).count().max(1) as f64
-    }
-    let named: std::collections::HashSet<&str> = configs.iter().map(|(n, _)| n.as_str()).collect();
-    let mut claims: BTreeMap<String, Vec<Published>> = BTreeMap::new();
-    for (entry, found) in published.iter() {
-        if named.contains(entry.as_str()) {
-            continue;
-        }
-        let directory = Path::new(&found.metafile)
-            .parent()
-            .and_then(Path::file_name)
-            .map(|d| d.to_string_lossy().into_owned());
-        let mut scored: Vec<(f64, &str)> = configs
-            .iter()
-            .filter(|(name, family)| {
-                Some(family) == directory.as_ref() && !published.contains_key(name)
-            })
-            .map(|(name, _)| (overlap(entry, name), name.as_str()))
-            .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        match scored.as_slice() {
-            [(best, name), rest @ ..]
-                if *best >= MISNAMED_OVERLAP && rest.first().is_none_or(|r| r.0 < *best) =>
-            {
-                claims
-                    .entry(name.to_string())
-                    .or_default()
-                    .push(found.clone());
-            }
-            _ => {}
-        }
-    }
-    // A config two entries would claim gets neither.
-    for (name, mut found) in claims {
-        if found.len() == 1 {
-            published.insert(name, found.remove(0));
-        }
-    }
 }
 
 /// The first lines of an error, for a row (a whole rendered diagnostic is
@@ -401,34 +299,6 @@ fn row_of(base: AtlasRow, result: &SearchResult) -> AtlasRow {
         }
     }
     row
-}
-
-/// The published results in the metafile trees `dirs` by config name (the
-/// first of a name wins; misnamed entries matched to `configs`, as
-/// (root, path) pairs, by [`match_misnamed_entries`]), and the metafiles
-/// that could not be read.
-pub fn published_results(
-    dirs: &[PathBuf],
-    configs: &[(PathBuf, PathBuf)],
-) -> (BTreeMap<String, Published>, Vec<String>) {
-    let mut published: BTreeMap<String, Published> = BTreeMap::new();
-    let mut errors = Vec::new();
-    for dir in dirs {
-        let (found, unread) = metafile::read_tree(dir);
-        for (k, v) in found {
-            published.entry(k).or_insert(v);
-        }
-        errors.extend(unread.iter().map(|e| e.to_string()));
-    }
-    let named: Vec<(String, String)> = configs
-        .iter()
-        .map(|(root, config)| {
-            let (_, name, family) = names(root, config);
-            (name, family)
-        })
-        .collect();
-    match_misnamed_entries(&mut published, &named);
-    (published, errors)
 }
 
 /// The part of a row's key every row of one atlas shares: the search
@@ -563,85 +433,46 @@ struct ConfigRows {
     evaluated_on: Option<DatasetKey>,
 }
 
-/// A dataset as a config names it: its MMSeg type and `data_root`.
-type DatasetKey = (String, String);
-
-/// The dataset a config evaluates on: its `test_dataloader`'s (else
-/// `val_dataloader`'s) dataset, through wrappers (`ConcatDataset`'s
-/// first, `RepeatDataset`'s), as (type, `data_root`).
-fn evaluated_on(cfg: &crate::config::Dict) -> Option<DatasetKey> {
-    let loader = cfg
-        .get("test_dataloader")
-        .or_else(|| cfg.get("val_dataloader"))?
-        .as_dict()?;
-    let mut dataset = loader.get("dataset")?.as_dict()?;
-    while dataset.get("data_root").is_none() {
-        let inner = dataset.get("dataset").and_then(Value::as_dict).or_else(|| {
-            dataset
-                .get("datasets")
-                .and_then(Value::as_seq)
-                .and_then(|list| list.first())
-                .and_then(Value::as_dict)
-        });
-        match inner {
-            Some(inner) => dataset = inner,
-            None => break,
-        }
-    }
-    let kind = dataset.get("type")?.as_str()?.to_string();
-    let root = dataset
-        .get("data_root")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    Some((kind, root))
-}
-
-/// Gives each row without a published dataset the one its config
-/// evaluates on (`keys`, per row): the name the metafiles give most often
-/// to the configs on that dataset, else its type without `Dataset`
-/// (`PascalContextDataset59`: `PascalContext59`).
-fn fill_datasets(rows: &mut [AtlasRow], keys: &[Option<DatasetKey>]) {
-    let mut names: HashMap<&DatasetKey, BTreeMap<&str, usize>> = HashMap::new();
-    for (row, key) in rows.iter().zip(keys) {
-        if let (Some(key), Some(name)) = (key, row.dataset.as_deref()) {
-            *names.entry(key).or_default().entry(name).or_default() += 1;
-        }
-    }
-    let chosen: HashMap<&DatasetKey, String> = keys
-        .iter()
-        .flatten()
-        .map(|key| {
-            let name = names
-                .get(key)
-                .and_then(|n| n.iter().max_by_key(|(_, count)| **count))
-                .map(|(name, _)| name.to_string())
-                .unwrap_or_else(|| key.0.replace("Dataset", ""));
-            (key, name)
-        })
-        .collect();
-    for (row, key) in rows.iter_mut().zip(keys) {
-        if row.dataset.is_none() {
-            row.dataset = key.as_ref().and_then(|k| chosen.get(k).cloned());
-        }
-    }
-}
-
 impl Shared<'_> {
+    /// Every config's rows, `jobs` configs at once, each in its slot.
+    fn search_all(
+        &self,
+        configs: &[(PathBuf, PathBuf)],
+        jobs: usize,
+    ) -> Vec<Mutex<Option<ConfigRows>>> {
+        let next = AtomicUsize::new(0);
+        let per_config: Vec<Mutex<Option<ConfigRows>>> =
+            configs.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((root, config)) = configs.get(i) else {
+                        return;
+                    };
+                    let rows = self.rows_of(root, config);
+                    if let Ok(mut slot) = per_config[i].lock() {
+                        *slot = Some(rows);
+                    }
+                });
+            }
+        });
+        per_config
+    }
+
     /// `config` on every GPU, in turn (its later GPUs replay the traces the
     /// first one took), each row from the row cache where nothing changed.
     fn rows_of(&self, root: &Path, config: &Path) -> ConfigRows {
         let names = names(root, config);
         let found = self.published.get(&names.1);
         let resolved = crate::config::resolve(config, &self.search.cfg_options).ok();
-        let model_key = resolved
-            .as_ref()
-            .map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg.clone()))));
+        let evaluated_on = resolved.as_ref().and_then(evaluated_on);
+        let model_key = resolved.map(|cfg| dump::hash_text(&dump::to_json(&Value::Dict(cfg))));
         let mut out = ConfigRows {
             rows: Vec::with_capacity(self.budgets.len()),
             reused: 0,
             with_result: found.and_then(|p| p.miou).is_some(),
-            evaluated_on: resolved.as_ref().and_then(evaluated_on),
+            evaluated_on,
         };
         for (gpu, budget) in self.budgets {
             let base = base_row(&names, found, gpu, budget);
@@ -711,6 +542,57 @@ impl Shared<'_> {
     }
 }
 
+/// Each GPU's budget.
+fn budgets_of(request: &AtlasRequest) -> Result<Vec<(AtlasGpu, Budget)>> {
+    request
+        .gpus
+        .iter()
+        .map(|g| {
+            g.budget(request.search.settings.margin)
+                .map(|b| (g.clone(), b))
+        })
+        .collect()
+}
+
+/// The searches' settings when `jobs` configs are searched at once: each
+/// search of a parallel atlas traces one step at a time (the atlas's own
+/// threads fill the cores).
+fn searches_for(settings: &SearchRequest, jobs: usize) -> SearchRequest {
+    let mut search = settings.clone();
+    if jobs > 1 {
+        search.placement.local_traces = Some(1);
+        if let Some(slurm) = &mut search.placement.slurm {
+            slurm.max_parallel = 1;
+        }
+    }
+    search
+}
+
+/// Every config's rows in the configs' order, datasets filled in, with
+/// the rows reused and the configs with a published mIoU.
+fn gathered(
+    per_config: Vec<Mutex<Option<ConfigRows>>>,
+    total: usize,
+) -> Result<(Vec<AtlasRow>, usize, usize)> {
+    let mut rows: Vec<AtlasRow> = Vec::with_capacity(total);
+    let mut datasets: Vec<Option<DatasetKey>> = Vec::with_capacity(total);
+    let (mut reused, mut with_results) = (0usize, 0usize);
+    for slot in per_config {
+        let done = slot
+            .into_inner()
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::Trial("an atlas thread ended without its rows".into()))?;
+        with_results += usize::from(done.with_result);
+        reused += done.reused;
+        let these = done.rows.into_iter().collect::<Result<Vec<_>>>()?;
+        datasets.extend(std::iter::repeat_n(done.evaluated_on, these.len()));
+        rows.extend(these);
+    }
+    fill_datasets(&mut rows, &datasets);
+    Ok((rows, reused, with_results))
+}
+
 /// Runs the atlas: every config on every GPU, rows reused where nothing
 /// changed; `progress` hears of each row. Writes nothing but the searches'
 /// directories and the row cache; the caller writes the outputs.
@@ -727,14 +609,7 @@ pub fn atlas(
     }
     super::journal::create_out_dir(&request.out)?;
     let configs = configs_of(request)?;
-    let budgets: Vec<(AtlasGpu, Budget)> = request
-        .gpus
-        .iter()
-        .map(|g| {
-            g.budget(request.search.settings.margin)
-                .map(|b| (g.clone(), b))
-        })
-        .collect::<Result<_>>()?;
+    let budgets = budgets_of(request)?;
     let (published, metafile_errors) = published_results(
         if request.results.is_empty() {
             &request.dirs
@@ -752,15 +627,7 @@ pub fn atlas(
     let settings_key = settings_key(&request.search, worker);
     let total = configs.len() * budgets.len();
     let jobs = request.jobs.clamp(1, configs.len().max(1));
-    // Each search of a parallel atlas traces one step at a time: the
-    // atlas's own threads fill the cores.
-    let mut search = request.search.clone();
-    if jobs > 1 {
-        search.placement.local_traces = Some(1);
-        if let Some(slurm) = &mut search.placement.slurm {
-            slurm.max_parallel = 1;
-        }
-    }
+    let search = searches_for(&request.search, jobs);
     let shared = Shared {
         request,
         search: &search,
@@ -774,39 +641,8 @@ pub fn atlas(
         total,
         progress,
     };
-    let next = AtomicUsize::new(0);
-    let per_config: Vec<Mutex<Option<ConfigRows>>> =
-        configs.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..jobs {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some((root, config)) = configs.get(i) else {
-                    return;
-                };
-                let rows = shared.rows_of(root, config);
-                if let Ok(mut slot) = per_config[i].lock() {
-                    *slot = Some(rows);
-                }
-            });
-        }
-    });
-    let mut rows: Vec<AtlasRow> = Vec::with_capacity(total);
-    let mut datasets: Vec<Option<DatasetKey>> = Vec::with_capacity(total);
-    let (mut reused, mut with_results) = (0usize, 0usize);
-    for slot in per_config {
-        let done = slot
-            .into_inner()
-            .ok()
-            .flatten()
-            .ok_or_else(|| Error::Trial("an atlas thread ended without its rows".into()))?;
-        with_results += usize::from(done.with_result);
-        reused += done.reused;
-        let these = done.rows.into_iter().collect::<Result<Vec<_>>>()?;
-        datasets.extend(std::iter::repeat_n(done.evaluated_on, these.len()));
-        rows.extend(these);
-    }
-    fill_datasets(&mut rows, &datasets);
+    let per_config = shared.search_all(&configs, jobs);
+    let (rows, reused, with_results) = gathered(per_config, total)?;
     let (hits, misses) = cache.counts();
     Ok(Atlas {
         gpus: budgets
@@ -832,145 +668,6 @@ pub fn atlas(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_misnamed_metafile_entry_is_matched_to_its_config_by_its_name_parts() {
-        let entry = |metafile: &str, miou: f64| Published {
-            dataset: Some("Cityscapes".into()),
-            miou: Some(miou),
-            other_metric: None,
-            memory_gb: None,
-            metafile: metafile.into(),
-        };
-        let mut published: BTreeMap<String, Published> = [
-            (
-                "eemanet_r50-d8_4xb2-80k_cityscapes-512x1024",
-                entry("x/emanet/metafile.yaml", 77.59),
-            ),
-            (
-                "emanet_r101-d8_4xb2-80k_cityscapes-512x1024",
-                entry("x/emanet/metafile.yaml", 78.0),
-            ),
-            (
-                "fpn_poolformer_s36_8xb4-40k_ade20k-512x512",
-                entry("x/poolformer/metafile.yaml", 41.61),
-            ),
-            (
-                "fpn_poolformer_s24_8xb4-40k_ade20k-512x512",
-                entry("x/poolformer/metafile.yaml", 40.0),
-            ),
-            // Far from every config of its directory: no match.
-            (
-                "pspnet_r18-d8_4xb2-80k_cityscapes-512x1024",
-                entry("x/pspnet/metafile.yaml", 1.0),
-            ),
-        ]
-        .into_iter()
-        .map(|(n, p)| (n.to_string(), p))
-        .collect();
-        let configs: Vec<(String, String)> = [
-            ("emanet_r50-d8_4xb2-80k_cityscapes-512x1024", "emanet"),
-            ("emanet_r101-d8_4xb2-80k_cityscapes-512x1024", "emanet"),
-            ("fpn_poolformer_s36_8x4_512x512_40k_ade20k", "poolformer"),
-            ("fpn_poolformer_s24_8xb4-40k_ade20k-512x512", "poolformer"),
-            ("pspnet_r50-d8_4xb4-80k_pascal-context-480x480", "pspnet"),
-            // Same parts, another directory.
-            ("eemanet_r50-d8_4xb2-80k_cityscapes-512x1024x", "other"),
-        ]
-        .into_iter()
-        .map(|(n, f)| (n.to_string(), f.to_string()))
-        .collect();
-        match_misnamed_entries(&mut published, &configs);
-        let miou = |name: &str| published.get(name).and_then(|p| p.miou);
-        assert_eq!(
-            miou("emanet_r50-d8_4xb2-80k_cityscapes-512x1024"),
-            Some(77.59)
-        );
-        assert_eq!(
-            miou("emanet_r101-d8_4xb2-80k_cityscapes-512x1024"),
-            Some(78.0)
-        );
-        assert_eq!(
-            miou("fpn_poolformer_s36_8x4_512x512_40k_ade20k"),
-            Some(41.61)
-        );
-        assert_eq!(
-            miou("fpn_poolformer_s24_8xb4-40k_ade20k-512x512"),
-            Some(40.0)
-        );
-        assert_eq!(miou("pspnet_r50-d8_4xb4-80k_pascal-context-480x480"), None);
-        assert_eq!(miou("eemanet_r50-d8_4xb2-80k_cityscapes-512x1024x"), None);
-    }
-
-    #[test]
-    fn a_row_without_a_published_dataset_gets_the_one_its_config_evaluates_on() {
-        let cfg = |json: serde_json::Value| match dump::from_json(&json) {
-            Value::Dict(d) => d,
-            _ => unreachable!(),
-        };
-        // VOC with its augmented set: a ConcatDataset to train, VOC to validate.
-        let voc = cfg(serde_json::json!({
-            "val_dataloader": {"dataset": {"type": "PascalVOCDataset", "data_root": "data/VOCdevkit/VOC2012"}},
-        }));
-        let voc_key = (
-            "PascalVOCDataset".to_string(),
-            "data/VOCdevkit/VOC2012".to_string(),
-        );
-        assert_eq!(evaluated_on(&voc), Some(voc_key.clone()));
-        let repeated = cfg(serde_json::json!({
-            "test_dataloader": {"dataset": {"type": "RepeatDataset", "times": 2,
-                "dataset": {"type": "ConcatDataset", "datasets": [
-                    {"type": "CityscapesDataset", "data_root": "data/cityscapes/"}]}}},
-        }));
-        let city = (
-            "CityscapesDataset".to_string(),
-            "data/cityscapes/".to_string(),
-        );
-        assert_eq!(evaluated_on(&repeated), Some(city.clone()));
-
-        let row = |dataset: Option<&str>| AtlasRow {
-            dataset: dataset.map(str::to_string),
-            ..base_row(
-                &("a.py".into(), "a".into(), "f".into()),
-                None,
-                &AtlasGpu::preset("rtx3050ti"),
-                &AtlasGpu::preset("rtx3050ti").budget(None).unwrap(),
-            )
-        };
-        let dark = (
-            "DarkZurichDataset".to_string(),
-            "data/dark_zurich/".to_string(),
-        );
-        let mut rows = vec![
-            row(Some("Cityscapes")),
-            row(None),
-            row(Some("Pascal VOC 2012 + Aug")),
-            row(None),
-            row(None),
-            row(None),
-        ];
-        let keys = [
-            Some(city.clone()),
-            Some(city),
-            Some(voc_key.clone()),
-            Some(voc_key),
-            Some(dark),
-            None,
-        ];
-        fill_datasets(&mut rows, &keys);
-        let names: Vec<Option<&str>> = rows.iter().map(|r| r.dataset.as_deref()).collect();
-        assert_eq!(
-            names,
-            [
-                Some("Cityscapes"),
-                Some("Cityscapes"),
-                Some("Pascal VOC 2012 + Aug"),
-                Some("Pascal VOC 2012 + Aug"),
-                Some("DarkZurich"),
-                None
-            ]
-        );
-    }
 
     #[test]
     fn configs_are_found_below_the_directories_without_bases() {
