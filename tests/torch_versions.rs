@@ -191,7 +191,7 @@ fn without_torch_the_release_is_the_one_in_the_users_python() {
     let out = estimate(&[], &[("SEGTUNE_PYTHON", "/nonexistent/python")]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
-        torch_note(&report).starts_with("predicted for PyTorch 2.11 (no Python with torch found"),
+        torch_note(&report).starts_with("predicted for PyTorch 2.11 (the release segtune links"),
         "{}",
         torch_note(&report)
     );

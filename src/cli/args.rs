@@ -609,6 +609,18 @@ pub struct SearchArgs {
     /// each GPU also holds DDP's gradient buckets.
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..=MAX_GPUS))]
     pub gpus: Option<i64>,
+    /// The effective batch to keep, GPUs x batch x accumulation (default:
+    /// `segtune.effective_batch`, else `auto_scale_lr.base_batch_size`,
+    /// else the file name's NxbB where its B is the config's batch, else
+    /// the config's batch x --gpus x accumulation).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub effective_batch: Option<i64>,
+    /// keep-updates (default: iteration-counted settings such as
+    /// train_cfg.max_iters scaled so the recipe's optimizer updates are
+    /// kept when the batch per iteration changes) or keep-iters (left as
+    /// they are: more accumulation, fewer updates).
+    #[arg(long, value_parser = named::<crate::search::recipe::Schedule>())]
+    pub schedule: Option<crate::search::recipe::Schedule>,
     /// The PyTorch release to predict for, MAJOR.MINOR from 1.8 to 2.11
     /// (default: `segtune.torch` in the config, else the torch of your
     /// Python, else 2.11). Older than 2.11: predicted only.
@@ -640,6 +652,8 @@ impl SearchArgs {
                 compute_capability: self.gpu.compute_capability.clone(),
                 gpus: self.gpus,
                 torch: self.torch,
+                effective_batch: self.effective_batch,
+                schedule: self.schedule,
             },
             out: self.out.clone(),
             exhaustive: self.exhaustive,

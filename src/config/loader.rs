@@ -301,6 +301,15 @@ fn base_file(abs: &Path, rel: &str) -> Result<PathBuf, ConfigError> {
             } else {
                 "is not a config file"
             };
+            let help = match mmseg_own_base(rel) {
+                Some(own) if problem.missing => format!(
+                    "`_base_` paths are relative to the file that names them; `{own}` is one of \
+                     MMSeg's own configs: point `_base_` at it in an MMSeg checkout or wheel \
+                     (`mmseg/.mim/configs/{own}`), e.g. `_base_ = '/path/to/mmsegmentation/configs/{own}'`, \
+                     or copy it and the bases it names next to your config"
+                ),
+                _ => "`_base_` paths are relative to the file that names them".to_string(),
+            };
             Err(ConfigError::new(
                 ErrorKind::MissingBase,
                 format!(
@@ -308,9 +317,23 @@ fn base_file(abs: &Path, rel: &str) -> Result<PathBuf, ConfigError> {
                     base_path.display()
                 ),
             )
-            .with_help("`_base_` paths are relative to the file that names them"))
+            .with_help(help))
         }
     }
+}
+
+/// The path under MMSeg's `configs/` that a relative `_base_` names, where
+/// it has the shape of one of MMSeg's own (`../_base_/models/...`,
+/// `../pspnet/pspnet_r50-d8_4xb2-40k_cityscapes-512x1024.py`).
+fn mmseg_own_base(rel: &str) -> Option<String> {
+    let tail: Vec<&str> = rel
+        .split('/')
+        .skip_while(|part| *part == ".." || *part == ".")
+        .collect();
+    let own = tail.join("/");
+    let shaped = own.starts_with("_base_/")
+        || (tail.len() == 2 && tail[1].ends_with(".py") && tail[1].contains("xb"));
+    (rel.starts_with("..") && shaped).then_some(own)
 }
 
 /// If adding edge `from -> to` (a `link`) closes a cycle, the error that

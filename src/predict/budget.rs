@@ -235,6 +235,22 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// Whether half precision runs faster than fp32 on this card: tensor
+    /// cores (compute capability 7.0 and newer) or the P100's double-rate
+    /// fp16 (6.0). Pascal's consumer chips (6.1) run fp16 at 1/64 the rate.
+    pub fn fast_half(&self) -> bool {
+        let mut parts = self.compute_capability.split('.');
+        let major: u32 = parts
+            .next()
+            .and_then(|m| m.trim().parse().ok())
+            .unwrap_or(0);
+        let minor: u32 = parts
+            .next()
+            .and_then(|m| m.trim().parse().ok())
+            .unwrap_or(0);
+        major >= 7 || (major, minor) == (6, 0)
+    }
+
     /// The rates cuDNN's algorithm choice depends on (see [`Gpu::conv_math`]).
     pub fn conv_math(&self) -> GpuMath {
         card_math(
@@ -328,6 +344,13 @@ pub fn parse_vram(text: &str) -> std::result::Result<u64, VramError> {
     if bytes < 1.0 {
         return Err(VramError::NotPositive { text: text() });
     }
+    // No GPU has under a mebibyte: `--vram 8` means 8 GiB, not 8 bytes.
+    if bytes < (1u64 << 20) as f64 {
+        return Err(VramError::TooSmall {
+            text: text(),
+            guess: format!("{}G", number.trim()),
+        });
+    }
     Ok(bytes as u64)
 }
 
@@ -340,6 +363,8 @@ pub enum VramError {
     UnknownUnit { text: String, unit: String },
     #[error("`{text}` must be a positive size")]
     NotPositive { text: String },
+    #[error("`{text}` is under 1 MiB, smaller than any GPU's memory: did you mean {guess}? (a size without a unit is in bytes)")]
+    TooSmall { text: String, guess: String },
     #[error("`{text}` is beyond any memory size (the largest is 16 EiB); write e.g. 24G")]
     TooLarge { text: String },
 }

@@ -138,6 +138,10 @@ pub struct Estimate {
     pub notes: Vec<String>,
     /// The predicted peak split into what it holds (`segtune explain`).
     pub breakdown: PeakBreakdown,
+    /// The least needed peak split the same way: what decides an OOM, and
+    /// so what `search --why` sets beside the budget.
+    #[serde(skip)]
+    pub least_breakdown: PeakBreakdown,
 }
 
 /// A traced step to predict from.
@@ -242,11 +246,18 @@ pub fn estimate(
     let on_card = |r: &ReplayResult| if r.out_of_memory { least } else { *r };
     let likely = on_card(&card.likely);
     let (low, high) = (on_card(&card.low), on_card(&card.high));
-    let breakdown = breakdown(
+    let likely_breakdown = breakdown(
         traced.events,
         traced.model_scopes,
         &replayer.inputs(Some(capacity), alloc_conf),
         &likely,
+        context,
+    );
+    let least_breakdown = breakdown(
+        traced.events,
+        traced.model_scopes,
+        &replayer.inputs(Some(capacity), alloc_conf),
+        &on_card(&least_on_card),
         context,
     );
     let cublas_kept = if with_calls {
@@ -303,7 +314,8 @@ pub fn estimate(
                 .peak_reserved
         }),
         notes,
-        breakdown,
+        breakdown: likely_breakdown,
+        least_breakdown,
     }
 }
 
@@ -483,20 +495,51 @@ pub fn recipe_batch_size(cfg: &Dict) -> Option<i64> {
         .and_then(Value::as_i64)
 }
 
-/// The recipe's training crop: `crop_size`, else the `RandomCrop` of the
-/// train pipeline, else `data_preprocessor.size`.
+/// The recipe's network input: the training crop (`crop_size`, else the
+/// `RandomCrop` of the train pipeline, else `data_preprocessor.size`),
+/// padded to `model.data_preprocessor.size` where that is larger on a side
+/// (MMSeg's `SegDataPreProcessor` pads every batch to it).
 pub fn recipe_crop(cfg: &Dict) -> Option<(i64, i64)> {
-    let pair = |v: &Value| match v.as_seq() {
+    let padded = cfg
+        .get("model")
+        .and_then(|m| m.get_path("data_preprocessor.size"))
+        .and_then(pair);
+    let crop = training_crop(cfg).or(padded)?;
+    Some(match padded {
+        Some((h, w)) => (crop.0.max(h), crop.1.max(w)),
+        None => crop,
+    })
+}
+
+fn pair(v: &Value) -> Option<(i64, i64)> {
+    match v.as_seq() {
         Some([h, w]) => h.as_i64().zip(w.as_i64()),
         _ => None,
-    };
+    }
+}
+
+/// A dataloader's pipeline, under `dataset` or the `dataset` of wrappers.
+fn wrapped_pipeline(loader: &Value) -> Option<&Value> {
+    let mut node = loader.get_path("dataset")?;
+    for _ in 0..4 {
+        if let Some(p) = node.get_path("pipeline") {
+            return Some(p);
+        }
+        node = node.get_path("dataset")?;
+    }
+    None
+}
+
+/// The recipe's training crop as the data pipeline cuts it: `crop_size`,
+/// else the `RandomCrop` of the train pipeline (under dataset wrappers such
+/// as `RepeatDataset` too).
+pub fn training_crop(cfg: &Dict) -> Option<(i64, i64)> {
     if let Some(c) = cfg.get("crop_size").and_then(pair) {
         return Some(c);
     }
-    let pipeline = cfg.get("train_pipeline").or_else(|| {
-        cfg.get("train_dataloader")
-            .and_then(|d| d.get_path("dataset.pipeline"))
-    });
+    let pipeline = cfg
+        .get("train_pipeline")
+        .or_else(|| cfg.get("train_dataloader").and_then(wrapped_pipeline));
     if let Some(steps) = pipeline.and_then(Value::as_seq) {
         for step in steps {
             if step.get_path("type").and_then(Value::as_str) == Some("RandomCrop") {
@@ -506,9 +549,7 @@ pub fn recipe_crop(cfg: &Dict) -> Option<(i64, i64)> {
             }
         }
     }
-    cfg.get("model")
-        .and_then(|m| m.get_path("data_preprocessor.size"))
-        .and_then(pair)
+    None
 }
 
 pub use crate::trial::setup::{cudnn_benchmark, cudnn_deterministic};

@@ -35,22 +35,29 @@ fn series_label(row: &JournalRow) -> String {
     label
 }
 
-/// One chart over the rows: `y` picks the figure.
+/// One chart over the rows: `y` picks the figure. With `above`, a row
+/// that does not fit is drawn above that line even where its figure (a
+/// replay stopped at the budget) is below it; its title keeps the figure.
 fn chart(
     saved: &SavedSearch,
     rows: &[JournalRow],
     (title, y_label): (&str, &str),
     y: &dyn Fn(&JournalRow) -> Option<f64>,
     lines: Vec<Line>,
+    above: Option<f64>,
 ) -> Scatter {
     let winner = saved.result.winner.as_ref();
     let mut series: Vec<Series> = Vec::new();
     for row in rows {
         let c = &row.candidate;
         let label = series_label(row);
+        let drawn = match (y(row), above) {
+            (Some(v), Some(line)) if !row.record.fits() && v <= line => Some(line * 1.04),
+            (v, _) => v,
+        };
         let point = Point {
             x: c.batch_size as f64,
-            y: y(row),
+            y: drawn,
             title: format!(
                 "batch {}, {}x{}, {}, accumulation {}: {} ({}){}",
                 c.batch_size,
@@ -98,8 +105,9 @@ pub fn page(
         let id = name.trim_end_matches(".svg");
         html.push_str(&format!("<h2>{id}</h2><div id=\"{id}\">{svg}</div>\n"));
     }
+    html.push_str(&tables(r));
     html.push_str(&format!(
-        "<h2>table</h2><pre>{}</pre>\n",
+        "<details><summary>the search's text output</summary><pre>{}</pre></details>\n",
         escape(&super::search(r, true))
     ));
     // Lets a headless browser report what it rendered.
@@ -108,6 +116,97 @@ pub fn page(
          document.querySelectorAll('#memory .point').length;</script>\n</body></html>\n",
     );
     ReportPage { html, svgs }
+}
+
+/// A cell's text, escaped.
+fn cell(text: &str) -> String {
+    format!("<td>{}</td>", escape(text))
+}
+
+fn gib_cell(bytes: Option<u64>) -> String {
+    cell(&bytes.map_or("-".to_string(), |b| format!("{:.2}", b as f64 / GIB)))
+}
+
+/// The changes from the recipe, the feasible candidates ranked and the
+/// infeasible ones with their reason, as HTML tables.
+fn tables(r: &crate::search::SearchResult) -> String {
+    let mut html = String::from("<h2>changes from your recipe</h2>\n");
+    if r.changes.is_empty() {
+        html.push_str("<p>None: the recipe fits as it is.</p>\n");
+    } else {
+        html.push_str("<table class=\"changes\"><tr><th>key</th><th>recipe</th><th>written</th><th>why</th></tr>");
+        for c in &r.changes {
+            html.push_str(&format!(
+                "<tr>{}{}{}{}</tr>",
+                cell(&c.key),
+                cell(&c.old),
+                cell(&c.new),
+                cell(&c.why)
+            ));
+        }
+        html.push_str("</table>\n");
+    }
+    if let Some(schedule) = &r.schedule {
+        html.push_str(&format!("<p>Schedule: {}</p>\n", escape(schedule)));
+    }
+    html.push_str(
+        "<h2>table</h2><table class=\"feasible\"><tr><th>rank</th><th>batch</th><th>crop</th>\
+         <th>accum</th><th>eff. batch</th><th>amp</th><th>with_cp</th><th>points</th>\
+         <th>device GiB</th><th>% budget</th><th>images/s</th><th>how</th></tr>",
+    );
+    for (i, o) in r.feasible.iter().enumerate() {
+        let c = o.candidate;
+        html.push_str(&format!(
+            "<tr>{}{}{}{}{}{}{}{}{}{}{}{}</tr>",
+            cell(&(i + 1).to_string()),
+            cell(&c.batch_size.to_string()),
+            cell(&format!("{}x{}", c.crop.0, c.crop.1)),
+            cell(&c.accumulation.to_string()),
+            cell(&c.effective_batch(r.gpus).to_string()),
+            cell(c.amp.precision_name()),
+            cell(if c.checkpoint { "yes" } else { "-" }),
+            cell(
+                &c.num_points
+                    .map_or("config's".to_string(), |k| k.to_string())
+            ),
+            gib_cell(o.record.device_bytes),
+            cell(&format!(
+                "{:.0}%",
+                100.0 * o.record.device_bytes.unwrap_or(0) as f64 / r.budget.usable_bytes as f64
+            )),
+            cell(
+                &o.record
+                    .images_per_s
+                    .map_or("-".into(), |v| format!("{v:.2}"))
+            ),
+            cell(&match &o.record.alloc_conf {
+                Some(conf) => format!("{}, with {conf}", o.record.mode.name()),
+                None => o.record.mode.name().to_string(),
+            }),
+        ));
+    }
+    html.push_str("</table>\n");
+    if !r.infeasible.is_empty() {
+        html.push_str(
+            "<h2>infeasible</h2><table class=\"infeasible\"><tr><th>batch</th><th>crop</th>\
+             <th>amp</th><th>accum</th><th>status</th><th>reason</th><th>how</th></tr>",
+        );
+        for o in &r.infeasible {
+            let c = o.candidate;
+            html.push_str(&format!(
+                "<tr>{}{}{}{}{}{}{}</tr>",
+                cell(&c.batch_size.to_string()),
+                cell(&format!("{}x{}", c.crop.0, c.crop.1)),
+                cell(c.amp.precision_name()),
+                cell(&c.accumulation.to_string()),
+                cell(o.record.status.name()),
+                cell(o.record.reason.as_deref().unwrap_or("")),
+                cell(o.record.mode.name()),
+            ));
+        }
+        html.push_str("</table>\n");
+    }
+    html
 }
 
 /// The page's charts: memory and throughput against batch (the budget
@@ -135,6 +234,7 @@ fn charts(
                 color: "#7f7f7f",
             },
         ],
+        Some(b.usable_bytes as f64 / GIB),
     ));
     let throughput = svg::scatter(&chart(
         saved,
@@ -142,6 +242,7 @@ fn charts(
         ("Throughput", "images/s"),
         &|row| row.record.images_per_s,
         Vec::new(),
+        None,
     ));
     let mut svgs = vec![("memory.svg", memory), ("throughput.svg", throughput)];
     if let Some(parts) = breakdown {
@@ -174,6 +275,8 @@ fn heading(saved: &SavedSearch, shown_rows: usize) -> String {
         "<style>body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}\
          h1{font-size:22px}h2{font-size:17px;margin-top:28px}\
          pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px}\
+         table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}\
+         th{background:#f0f0f0}\
          .figures{color:#555}</style></head>\n<body>\n",
     );
     html.push_str(&format!(

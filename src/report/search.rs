@@ -141,6 +141,7 @@ pub fn search(r: &SearchResult, all: bool) -> String {
         return super::infer::inference(r, all);
     }
     let mut out = heading(r);
+    out.push_str(&recipe_row(r));
     out.push_str(&feasible_table(r, all));
     out.push_str(&infeasible_table(r, all));
     out.push_str(&counts_and_notes(r));
@@ -171,16 +172,65 @@ fn heading(r: &SearchResult) -> String {
     );
     out.push_str(&super::torch_line(r));
     out.push_str(&format!(
-        "recipe: batch {}, crop {}x{}, effective batch {} (from {}); objective {}; {} trials\n",
+        "recipe: batch {}, crop {}x{}, {}{}, effective batch {} (from {}); objective {}; {} trials\n",
         r.recipe.batch_size,
         r.recipe.crop.0,
         r.recipe.crop.1,
+        r.recipe.amp.precision_name(),
+        if r.recipe.accumulation > 1 {
+            format!(", accumulation {}", r.recipe.accumulation)
+        } else {
+            String::new()
+        },
         r.recipe.effective_batch,
         r.recipe.effective_batch_source,
         r.objective.name(),
         r.mode.name()
     ));
+    if let Some(note) = &r.recipe.name_note {
+        out.push_str(&format!("note: {note}\n"));
+    }
     out
+}
+
+/// The user's own recipe as a row: fits or not, and why.
+fn recipe_row(r: &SearchResult) -> String {
+    let Some(o) = &r.recipe_outcome else {
+        return String::new();
+    };
+    let c = o.candidate;
+    let verdict = match o.record.status {
+        crate::search::CandidateStatus::Fits => format!(
+            "fits, {} GiB on the device ({:.0}% of the usable {} GiB)",
+            gib_or_dash(o.record.device_bytes),
+            100.0 * o.record.device_bytes.unwrap_or(0) as f64 / r.budget.usable_bytes as f64,
+            gib(r.budget.usable_bytes)
+        ),
+        status => format!(
+            "{}{}",
+            if status == crate::search::CandidateStatus::Oom {
+                "does not fit".to_string()
+            } else {
+                status.name().to_string()
+            },
+            o.record
+                .reason
+                .as_deref()
+                .map(|why| format!(": {why}"))
+                .unwrap_or_default()
+        ),
+    };
+    format!(
+        "your recipe: batch {} x crop {}x{}, {}, accumulation {} (effective batch {}): {} ({})\n",
+        c.batch_size,
+        c.crop.0,
+        c.crop.1,
+        c.amp.precision_name(),
+        c.accumulation,
+        c.effective_batch(r.gpus),
+        verdict,
+        o.record.mode.name()
+    )
 }
 
 /// The ranked feasible candidates (the device total only, without `all`),
@@ -365,6 +415,13 @@ fn winner_lines(r: &SearchResult) -> String {
                 .unwrap_or_default(),
             w.record.mode.name()
         ));
+        if !r.emitted.iter().any(|p| p.ends_with("training_args.json")) {
+            out.push_str(&crate::search::changes_words(&r.changes));
+            out.push('\n');
+            if let Some(schedule) = &r.schedule {
+                out.push_str(&format!("schedule: {schedule}\n"));
+            }
+        }
         for p in &r.emitted {
             out.push_str(&format!("wrote {p}\n"));
         }

@@ -150,7 +150,7 @@ pub fn scatter(chart: &Scatter) -> String {
     let ly = TOP + 14.0 + 18.0 * chart.series.len() as f64 + 8.0;
     let _ = write!(
         out,
-        r##"<text x="{}" y="{ly}" fill="#555">filled: fits; hollow: does not;</text><text x="{}" y="{}" fill="#555">cross on top: no figure</text></svg>"##,
+        r##"<text x="{}" y="{ly}" fill="#555">filled: fits; hollow: does not;</text><text x="{}" y="{}" fill="#555">cross on top: no figure; circle fp32, square fp16, diamond bf16</text></svg>"##,
         WIDTH - RIGHT + 14.0,
         WIDTH - RIGHT + 14.0,
         ly + 16.0
@@ -213,8 +213,12 @@ fn scatter_axes(out: &mut String, chart: &Scatter, frame: &Frame, y_ticks: &[f64
 /// figure crossed at the top) and its legend entry.
 fn scatter_series(out: &mut String, series: &Series, i: usize, count: usize, frame: &Frame) {
     let color = PALETTE[i % PALETTE.len()];
-    // Series at the same batch are spread a little, to be seen apart.
-    let dx = (i as f64 - count as f64 / 2.0) * 2.5;
+    // Series at the same batch are spread apart, and each precision has its
+    // own marker (fp32 circle, fp16 square, bf16 diamond): points of equal
+    // memory stay visible side by side.
+    let spread = (42.0 / count.max(1) as f64).clamp(1.5, 7.0);
+    let dx = (i as f64 - (count as f64 - 1.0) / 2.0) * spread;
+    let shape = Marker::of(&series.label);
     for p in &series.points {
         let x = frame.sx(p.x) + dx;
         let title = format!("<title>{}</title>", escape(&p.title));
@@ -223,8 +227,14 @@ fn scatter_series(out: &mut String, series: &Series, i: usize, count: usize, fra
                 let fill = if p.fits { color } else { "white" };
                 let _ = write!(
                     out,
-                    r#"<circle class="point" cx="{x:.1}" cy="{:.1}" r="5" fill="{fill}" stroke="{color}" stroke-width="2">{title}</circle>"#,
-                    frame.sy(y)
+                    "{}",
+                    shape.element(
+                        &format!(
+                            r#"class="point" fill="{fill}" stroke="{color}" stroke-width="2""#
+                        ),
+                        (x, frame.sy(y)),
+                        &title
+                    )
                 );
                 if p.winner {
                     let _ = write!(
@@ -250,12 +260,54 @@ fn scatter_series(out: &mut String, series: &Series, i: usize, count: usize, fra
     let ly = TOP + 14.0 + 18.0 * i as f64;
     let _ = write!(
         out,
-        r#"<circle cx="{}" cy="{ly}" r="5" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
-        WIDTH - RIGHT + 20.0,
+        r#"{}<text x="{}" y="{}">{}</text>"#,
+        shape.element(
+            &format!(r#"fill="{color}""#),
+            (WIDTH - RIGHT + 20.0, ly),
+            ""
+        ),
         WIDTH - RIGHT + 30.0,
         ly + 4.0,
         escape(&series.label)
     );
+}
+
+/// A point's marker, by the precision its series names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Marker {
+    Circle,
+    Square,
+    Diamond,
+}
+
+impl Marker {
+    fn of(label: &str) -> Marker {
+        if label.split(' ').any(|w| w == "bf16") {
+            Marker::Diamond
+        } else if label.split(' ').any(|w| w == "fp16") {
+            Marker::Square
+        } else {
+            Marker::Circle
+        }
+    }
+
+    /// The marker at `(x, y)` with `attributes` and `inner` (a title).
+    fn element(self, attributes: &str, (x, y): (f64, f64), inner: &str) -> String {
+        match self {
+            Marker::Circle => {
+                format!(r#"<circle {attributes} cx="{x:.1}" cy="{y:.1}" r="5">{inner}</circle>"#)
+            }
+            Marker::Square => format!(
+                r#"<rect {attributes} x="{:.1}" y="{:.1}" width="9" height="9">{inner}</rect>"#,
+                x - 4.5,
+                y - 4.5
+            ),
+            Marker::Diamond => format!(
+                r#"<path {attributes} d="M{x:.1} {:.1} l6 6 l-6 6 l-6 -6 z">{inner}</path>"#,
+                y - 6.0
+            ),
+        }
+    }
 }
 
 /// A horizontal bar per `(label, value)`, largest first as given, with

@@ -11,9 +11,8 @@ use super::evaluate::{evaluate_retrying, Evaluator};
 use super::journal::Journal;
 use super::record::{CandidateStatus, Outcome, Prediction, TrialRecord};
 use super::space::Candidate;
-use super::spec::Objective;
 use super::strategy::{evaluate_all, Slot};
-use super::strategy::{order, rank, Progress, SearchSpace, Step};
+use super::strategy::{order, rank, Progress, Ranking, SearchSpace, Step};
 use crate::error::Result;
 
 /// What the confirmation did.
@@ -76,7 +75,7 @@ fn speed_ratio(measured: &[Outcome]) -> f64 {
 
 /// The evaluators and the journal a confirmation uses.
 pub struct Confirmation<'a> {
-    pub objective: Objective,
+    pub ranking: Ranking,
     /// The batch sizes and accumulation of the search space.
     pub space: &'a SearchSpace<'a>,
     /// Predicts a batch the predicted search skipped (below a measured
@@ -172,7 +171,7 @@ impl Confirmation<'_> {
 /// Confirms `predicted` (feasible predictions) with real trials, best
 /// prediction first.
 pub fn confirm(predicted: Vec<Outcome>, cx: &mut Confirmation) -> Result<Confirmed> {
-    let objective = cx.objective;
+    let objective = cx.ranking;
     let mut queue = rank(predicted, objective);
     let mut known: Vec<Candidate> = queue.iter().map(|o| o.candidate).collect();
     let mut done = Confirmed {
@@ -275,6 +274,7 @@ mod tests {
     use super::*;
     use crate::search::record::Mode;
     use crate::search::space::Amp;
+    use crate::search::spec::Objective;
     use crate::search::strategy::run_search;
 
     const AREA: f64 = 512.0 * 512.0;
@@ -344,7 +344,7 @@ mod tests {
         let fits = explored.outcomes.into_iter().filter(|o| o.record.fits());
         let measurers: Vec<Slot> = measured.into_iter().map(|m| m as Slot).collect();
         let mut cx = Confirmation {
-            objective: Objective::KeepCrop,
+            ranking: Objective::KeepCrop.into(),
             space: &space,
             predictor: predicted,
             measurers,

@@ -145,8 +145,12 @@ pub fn search_inference(
             effective_batch: test_batch,
             effective_batch_source:
                 "test_dataloader.batch_size; the image size from the test pipeline's Resize".into(),
+            accumulation: 1,
+            amp: Amp::Off,
+            name_note: None,
         },
         objective: Objective::Throughput,
+        ranking: Objective::Throughput.into(),
         grid_size: TEST_BATCHES.len() * precisions.len() * 2,
     };
     let mut result = assemble(request, head, found, &journal)?;

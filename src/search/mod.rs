@@ -9,7 +9,9 @@
 //! once; a re-run redoes none.
 //!
 //! - `spec.rs`: the settings (command line over the config's `segtune` dict).
-//! - `space.rs`: the recipe and the candidates' axes; `knobs.rs`: every
+//! - `recipe.rs`: the recipe as the user runs it (effective batch,
+//!   precision, schedule) and the changes a search makes to it.
+//! - `space.rs`: the candidates' axes; `knobs.rs`: every
 //!   knob as data (where it applies, its config keys, cost, stage, column).
 //! - `evaluate/`: measured and predicted evaluators behind one trait.
 //! - `strategy.rs`: the binary search and the ranking, on one evaluator or
@@ -37,6 +39,7 @@ pub mod journal;
 pub mod knobs;
 pub mod placement;
 pub mod predictor;
+pub mod recipe;
 pub mod record;
 pub mod run;
 pub mod saved;
@@ -46,6 +49,6 @@ pub mod strategy;
 
 pub use placement::{Devices, Placement, SlurmOptions};
 pub use record::{CandidateStatus, Mode, Outcome, SearchResult, TrialRecord};
-pub use run::{search, search_with, RealTrials, SearchRequest};
+pub use run::{changes_words, search, search_with, RealTrials, SearchRequest};
 pub use spec::{DeviceSetting, Objective, SearchSpec};
 pub use strategy::{Progress, Step};

@@ -206,6 +206,17 @@ pub struct SearchResult {
     pub cfg_options: Option<String>,
     /// Set when no batch size keeps the recipe's effective batch.
     pub auto_scale_lr: bool,
+    /// Every change the written config makes to the recipe, with its reason.
+    #[serde(default)]
+    pub changes: Vec<super::recipe::Change>,
+    /// The schedule as the written config runs it (iterations, optimizer
+    /// updates, images seen), for an iteration-based loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// The user's own recipe as a candidate (its batch, crop, precision and
+    /// the accumulation keeping its effective batch), judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe_outcome: Option<Outcome>,
     pub journal: String,
     /// Lines of the journal that were not trial records (a torn last line
     /// of a killed run, foreign text): skipped, not lost silently.

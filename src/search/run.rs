@@ -12,8 +12,9 @@ pub(super) use super::predictor::trace_slots;
 use super::record::{Mode, Outcome, SearchResult};
 use super::saved;
 use super::space::{self, Amp, Recipe};
+use super::spec::Objective;
 use super::spec::{DeviceSetting, SearchSpec};
-use super::strategy::{rank, run_search_on, slots, Explored, Progress, SearchSpace};
+use super::strategy::{rank, run_search_on, slots, Explored, Progress, Ranking, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::estimate::BatchLayout;
@@ -200,9 +201,11 @@ pub fn search_with(
         torch: (plan.setup.torch, plan.torch_source.clone()),
         recipe: plan.recipe.clone(),
         objective: plan.objective,
+        ranking: plan.ranking,
         grid_size: plan.batches.len() * plan.crops.len() * plan.precisions.len(),
     };
     let mut result = assemble(request, head, found, &journal)?;
+    result.recipe_outcome = recipe_outcome(&plan, &result, &mut predictors, &mut journal);
     emit_training_winner(request, &prepared, &plan, &mut result)?;
     saved::save_result(request, &result, prepared.config_hash)?;
     Ok(result)
@@ -229,6 +232,9 @@ pub(super) fn prepare(
     suffix: &str,
 ) -> Result<Prepared> {
     let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    if let Some(why) = super::recipe::mmseg_0x_layout(&cfg) {
+        return Err(Error::Input(format!("{}: {why}", request.config.display())));
+    }
     let spec = request.settings.clone().or(SearchSpec::from_config(&cfg)?);
     let layout = BatchLayout::of(&cfg);
     check_outputs(request, written_as.unwrap_or(layout), suffix)?;
@@ -269,6 +275,10 @@ struct TrainingPlan {
     recipe: Recipe,
     budget: Budget,
     objective: super::spec::Objective,
+    /// How the feasible candidates are ordered (the recipe's precision and
+    /// effective batch before speed).
+    ranking: Ranking,
+    schedule: super::recipe::Schedule,
     setup: TrainingSetup,
     torch_source: String,
     batches: Vec<i64>,
@@ -300,12 +310,13 @@ impl TrainingPlan {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("");
-        let recipe = Recipe::of(cfg, file_name).map_err(|e| Error::Input(e.to_string()))?;
-        let budget = budget_of(spec)?;
         let gpus = spec.gpus.unwrap_or(1);
         if gpus < 1 {
             return Err(Error::Input(format!("gpus = {gpus}: give 1 or more")));
         }
+        let recipe =
+            Recipe::of(cfg, file_name, gpus, spec.effective_batch).map_err(Error::Input)?;
+        let budget = budget_of(spec)?;
         let precisions = precisions_on(&budget, request.precisions.as_deref())?;
         let (torch, torch_source) = request.torch(spec);
         let placement = &request.placement;
@@ -353,6 +364,16 @@ impl TrainingPlan {
             budget.gpu, budget.vram_bytes, budget.margin, request.trace
         );
         let effective = recipe.effective_batch;
+        let objective = spec.objective.unwrap_or_default();
+        // Half precision for speed only where the user allows it and the
+        // card runs it fast; else the recipe's precision wherever it fits.
+        let amp_for_speed = (request.precisions.is_some() || objective == Objective::Throughput)
+            && budget.fast_half();
+        let ranking = Ranking {
+            objective,
+            keep_precision: (!amp_for_speed).then_some(recipe.amp),
+            effective_batch: Some((effective, gpus)),
+        };
         Ok(TrainingPlan {
             batches: space::batch_sizes(&recipe, gpus),
             crops: space::crops(recipe.crop),
@@ -369,7 +390,9 @@ impl TrainingPlan {
             ),
             recipe,
             budget,
-            objective: spec.objective.unwrap_or_default(),
+            objective,
+            ranking,
+            schedule: spec.schedule.unwrap_or_default(),
             setup: TrainingSetup { gpus, torch },
             torch_source: torch_source.to_string(),
             precisions,
@@ -440,7 +463,7 @@ fn explore(
             }
             journal.set_device(&cuda_device(i));
             let mut cx = Confirmation {
-                objective: plan.objective,
+                ranking: plan.ranking,
                 space,
                 predictor: predictor.as_mut(),
                 measurers: slots(&mut measurers),
@@ -469,6 +492,7 @@ pub(super) struct ResultHead {
     pub(super) torch: (TorchVersion, String),
     pub(super) recipe: Recipe,
     pub(super) objective: super::spec::Objective,
+    pub(super) ranking: Ranking,
     pub(super) grid_size: usize,
 }
 
@@ -484,6 +508,7 @@ pub(super) fn assemble(
     journal: &Journal,
 ) -> Result<SearchResult> {
     some_verdict(&found.explored.outcomes)?;
+    some_memory_verdict(&request.config, &found.explored.outcomes)?;
     let (feasible, infeasible): (Vec<Outcome>, Vec<Outcome>) = found
         .explored
         .outcomes
@@ -492,9 +517,9 @@ pub(super) fn assemble(
     let (measured, predicted): (Vec<Outcome>, Vec<Outcome>) = feasible
         .into_iter()
         .partition(|o| o.record.mode == found.mode);
-    let mut feasible = rank(measured, head.objective);
+    let mut feasible = rank(measured, head.ranking);
     let winner = feasible.first().cloned();
-    feasible.extend(rank(predicted, head.objective));
+    feasible.extend(rank(predicted, head.ranking));
     Ok(SearchResult {
         config: request.config.display().to_string(),
         run_mode: head.run_mode,
@@ -516,14 +541,68 @@ pub(super) fn assemble(
         emitted: Vec::new(),
         cfg_options: None,
         auto_scale_lr: false,
+        changes: Vec::new(),
+        schedule: None,
+        recipe_outcome: None,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),
         stale_report: saved::stale_report(&request.out),
     })
 }
 
+/// The user's own recipe as a candidate (its batch, crop and precision,
+/// the accumulation that keeps its effective batch), judged: from the
+/// search, else the journal, else predicted now (not journaled). `None` where the card
+/// cannot run the recipe's precision.
+fn recipe_outcome(
+    plan: &TrainingPlan,
+    result: &SearchResult,
+    predictors: &mut [Box<dyn Evaluator>],
+    journal: &mut Journal,
+) -> Option<Outcome> {
+    let recipe = &plan.recipe;
+    if !plan.precisions.contains(&recipe.amp) {
+        return None;
+    }
+    let c = space::Candidate {
+        batch_size: recipe.batch_size,
+        crop: recipe.crop,
+        amp: recipe.amp,
+        accumulation: (plan.accumulation)(recipe.batch_size).0,
+        checkpoint: false,
+        num_points: None,
+        test_mode: None,
+    };
+    if let Some(o) = result
+        .feasible
+        .iter()
+        .chain(&result.infeasible)
+        .find(|o| o.candidate == c)
+    {
+        return Some(o.clone());
+    }
+    journal.set_device(&plan.predicted_device);
+    if let Some(record) = journal.get(&c) {
+        return Some(Outcome {
+            candidate: c,
+            record: record.clone(),
+            ran_now: false,
+        });
+    }
+    // Predicted apart from the search: the journal holds the search's own
+    // candidates only (a re-run, or another search's journal, is unchanged).
+    let predictor = predictors.first_mut()?;
+    let record = super::evaluate::evaluate_retrying(predictor.as_mut(), &c);
+    Some(Outcome {
+        candidate: c,
+        record,
+        ran_now: true,
+    })
+}
+
 /// Writes a training winner: an MMSeg child config and its `--cfg-options`
-/// line, or for a model fed transformers' batch, transformers' files.
+/// line, or for a model fed transformers' batch, transformers' files; with
+/// every change from the recipe listed, in the result and the header.
 fn emit_training_winner(
     request: &SearchRequest,
     prepared: &Prepared,
@@ -538,7 +617,37 @@ fn emit_training_winner(
     let keeps = space::accumulation_for(c.batch_size, gpus, effective).is_some();
     let auto = (!keeps).then_some(effective);
     result.auto_scale_lr = !keeps;
-    let header = format!(
+    // A model fed transformers' batch trains under transformers' Trainer.
+    if prepared.layout == BatchLayout::PixelValues {
+        let written = super::emit_hf::emit_hf(&request.config, &c, &request.out)?;
+        result.emitted = written.iter().map(|p| p.display().to_string()).collect();
+        return Ok(());
+    }
+    let cfg = &prepared.cfg;
+    let winner = emit::Winner {
+        candidate: c,
+        recipe: &plan.recipe,
+        gpus,
+        auto_scale_lr: auto,
+        cfg_options: &request.cfg_options,
+        schedule: plan.schedule,
+        reasons: reasons_for(plan, result, &w),
+    };
+    let mut changes = emit::changes(cfg, &winner);
+    if let Some(conf) = &w.record.alloc_conf {
+        changes.push(super::recipe::Change::new(
+            "PYTORCH_CUDA_ALLOC_CONF (environment)",
+            "unset",
+            conf.clone(),
+            format!(
+                "the winner fits only with PyTorch's caching allocator set so ({})",
+                w.record.mode.name()
+            ),
+        ));
+    }
+    result.changes = changes;
+    result.schedule = schedule_words(cfg, plan, &c);
+    let mut header = format!(
         "Generated by segtune search for {}{} ({:.2} GiB, margin {:.0}%): batch {}, crop {}x{}, amp {}, accumulation {}{} ({}).",
         if gpus > 1 { format!("{gpus} x ") } else { String::new() },
         result.budget.gpu,
@@ -552,16 +661,175 @@ fn emit_training_winner(
         knobs_note(&c, w.record.alloc_conf.as_deref()),
         w.record.mode.name()
     );
-    // A model fed transformers' batch trains under transformers' Trainer.
-    let written = if prepared.layout == BatchLayout::PixelValues {
-        super::emit_hf::emit_hf(&request.config, &c, &request.out)?
-    } else {
-        let cfg = &prepared.cfg;
-        result.cfg_options = Some(emit::cfg_options_line(cfg, &c, auto));
-        emit::emit(&request.config, cfg, &c, auto, &request.out, &header)?
-    };
+    header.push_str(&format!("\n{}", changes_words(&result.changes)));
+    if let Some(schedule) = &result.schedule {
+        header.push_str(&format!("\nSchedule: {schedule}"));
+    }
+    let line = emit::cfg_options_line(cfg, &winner);
+    result.cfg_options = (!line.is_empty()).then_some(line);
+    let written = emit::emit(&request.config, cfg, &winner, &request.out, &header)?;
     result.emitted = written.iter().map(|p| p.display().to_string()).collect();
     Ok(())
+}
+
+/// The changes as lines: "Changes from your recipe:" and one line each
+/// (key: old -> new, why), or that there are none.
+pub fn changes_words(changes: &[super::recipe::Change]) -> String {
+    if changes.is_empty() {
+        return "Changes from your recipe: none (it fits as it is).".to_string();
+    }
+    let mut out = "Changes from your recipe:".to_string();
+    for (i, c) in changes.iter().enumerate() {
+        out.push_str(&format!("\n  {}: {} -> {}", c.key, c.old, c.new));
+        // A reason shared by the changes after it is said once, after them.
+        if changes.get(i + 1).is_none_or(|next| next.why != c.why) {
+            out.push_str(&format!("\n      why: {}", c.why));
+        }
+    }
+    out
+}
+
+/// The schedule as the written config runs it, in words: iterations,
+/// optimizer updates and images seen against the recipe's.
+fn schedule_words(
+    cfg: &crate::config::Dict,
+    plan: &TrainingPlan,
+    c: &space::Candidate,
+) -> Option<String> {
+    use super::recipe::{iterations_words, max_iters, Schedule};
+    let iters = max_iters(cfg)?;
+    let recipe = &plan.recipe;
+    let recipe_updates = iters / recipe.accumulation;
+    let per_update = c.effective_batch(plan.setup.gpus);
+    let (new_iters, new_updates) = match plan.schedule {
+        Schedule::KeepUpdates => (
+            (iters as f64 * c.accumulation as f64 / recipe.accumulation as f64).round() as i64,
+            recipe_updates,
+        ),
+        Schedule::KeepIters => (iters, iters / c.accumulation),
+    };
+    let samples = new_updates * per_update;
+    let recipe_samples = recipe_updates * recipe.effective_batch;
+    let mut words = format!(
+        "{} iterations = {} optimizer updates of {} images ({} images seen)",
+        iterations_words(new_iters),
+        iterations_words(new_updates),
+        per_update,
+        samples
+    );
+    if new_updates == recipe_updates && samples == recipe_samples {
+        words.push_str(", as the recipe");
+    } else {
+        words.push_str(&format!(
+            "; the recipe: {} updates of {} images ({} images seen){}",
+            iterations_words(recipe_updates),
+            recipe.effective_batch,
+            recipe_samples,
+            if plan.schedule == Schedule::KeepIters && new_updates != recipe_updates {
+                " (--schedule keep-updates keeps its updates)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Some(words)
+}
+
+/// Why the winner's batch, crop, precision and model knobs are what they
+/// are, from what the search found.
+fn reasons_for(plan: &TrainingPlan, result: &SearchResult, w: &Outcome) -> emit::Reasons {
+    let c = &w.candidate;
+    let recipe = &plan.recipe;
+    let usable = format!(
+        "{:.2} GiB usable on the {}",
+        result.budget.usable_bytes as f64 / (1u64 << 30) as f64,
+        result.budget.gpu
+    );
+    let mode = w.record.mode.name();
+    let same_setting =
+        |o: &&Outcome| o.candidate.crop == c.crop && o.candidate.knobs() == c.knobs();
+    let keeps_batch =
+        |o: &Outcome| o.candidate.effective_batch(plan.setup.gpus) == recipe.effective_batch;
+    let recipe_precision_fits = result
+        .feasible
+        .iter()
+        .filter(same_setting)
+        .any(|o| o.candidate.amp == recipe.amp && keeps_batch(o));
+    let ips = |o: Option<&Outcome>| {
+        o.and_then(|o| o.record.images_per_s)
+            .map_or("-".to_string(), |v| format!("{v:.1}"))
+    };
+    let precision = if recipe_precision_fits {
+        let best_at_recipe = result
+            .feasible
+            .iter()
+            .filter(same_setting)
+            .find(|o| o.candidate.amp == recipe.amp);
+        format!(
+            "faster than the recipe's {} here ({} against {} images/s, {mode}), as --amp or --objective throughput allows",
+            recipe.amp.precision_name(),
+            ips(Some(w)),
+            ips(best_at_recipe)
+        )
+    } else {
+        format!(
+            "the recipe's {} does not fit at {}x{} with the effective batch {} in the {usable} ({mode}); {} holds activations in half precision",
+            recipe.amp.precision_name(),
+            c.crop.0,
+            c.crop.1,
+            recipe.effective_batch,
+            c.amp.precision_name()
+        )
+    };
+    let crop = match plan.objective {
+        super::spec::Objective::KeepCrop => format!(
+            "nothing fits at the recipe's input {}x{} in the {usable}, with every precision and model knob tried ({mode})",
+            recipe.crop.0, recipe.crop.1
+        ),
+        super::spec::Objective::Throughput => format!(
+            "faster (--objective throughput; {} images/s, {mode})",
+            ips(Some(w))
+        ),
+    };
+    let recipe_batch_fits = result
+        .feasible
+        .iter()
+        .filter(same_setting)
+        .any(|o| o.candidate.amp == c.amp && o.candidate.batch_size >= recipe.batch_size);
+    let batch = if c.batch_size < recipe.batch_size && !recipe_batch_fits {
+        format!(
+            "batch {} does not fit at {}x{} {} in the {usable} ({mode}); accumulation keeps the effective batch",
+            recipe.batch_size, c.crop.0, c.crop.1, c.amp
+        )
+    } else if c.batch_size < recipe.batch_size {
+        format!(
+            "faster than batch {} here ({} images/s, {mode})",
+            recipe.batch_size,
+            ips(Some(w))
+        )
+    } else {
+        format!(
+            "the recipe's effective batch {} on {} GPU{} (batch {} fits, {mode})",
+            recipe.effective_batch,
+            plan.setup.gpus,
+            if plan.setup.gpus == 1 { "" } else { "s" },
+            c.batch_size
+        )
+    };
+    let knobs = format!(
+        "nothing keeps the recipe's crop and effective batch without it in the {usable} ({mode}); {}",
+        knobs::settings(c.knobs())
+            .into_iter()
+            .map(|s| knobs::spec(s.knob()).cost)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    emit::Reasons {
+        precision,
+        crop,
+        batch,
+        knobs,
+    }
 }
 
 /// Refuses, before any trial, an `--out` that cannot take the winner: a
@@ -597,6 +865,38 @@ pub(super) fn some_verdict(outcomes: &[super::record::Outcome]) -> Result<()> {
         outcomes.len(),
         first.status.name(),
         first.reason.as_deref().unwrap_or("no reason given")
+    )))
+}
+
+/// Refuses a search where no candidate was judged on memory (none fits,
+/// none is out of memory): each failed for a reason of the config, so
+/// "nothing fits" would be a verdict nobody made.
+pub(super) fn some_memory_verdict(
+    config: &std::path::Path,
+    outcomes: &[super::record::Outcome],
+) -> Result<()> {
+    use super::record::CandidateStatus;
+    if outcomes.is_empty()
+        || outcomes.iter().any(|o| {
+            matches!(
+                o.record.status,
+                CandidateStatus::Fits | CandidateStatus::Oom
+            )
+        })
+    {
+        return Ok(());
+    }
+    let first = &outcomes[0];
+    Err(Error::Input(format!(
+        "no candidate could be judged on memory: the {} tried all failed for a reason of the config {}          (the first, batch {} x {}x{} {}: {}: {}); fix the config and search again",
+        outcomes.len(),
+        config.display(),
+        first.candidate.batch_size,
+        first.candidate.crop.0,
+        first.candidate.crop.1,
+        first.candidate.amp,
+        first.record.status.name(),
+        first.record.reason.as_deref().unwrap_or("no reason given")
     )))
 }
 
@@ -710,7 +1010,7 @@ fn confirm_predictions(predicted: Explored, cx: &mut Confirmation) -> Result<Exp
     if !outcomes.iter().any(|o| o.record.fits()) {
         let searched = run_search_on(
             cx.space,
-            cx.objective,
+            cx.ranking.objective,
             false,
             &mut cx.measurers,
             cx.journal,

@@ -31,12 +31,34 @@ pub struct SavedSearch {
     pub gt_segments: Option<i64>,
 }
 
+/// The mode a new file gets from the process's umask, as `open(2)` with
+/// 0666 gives it (0644 under the usual umask 022).
+pub fn file_mode() -> u32 {
+    static MODE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        // umask can only be read by setting it: set and restore at once,
+        // before any file is created.
+        // SAFETY: umask has no preconditions; it only swaps the mask.
+        let mask = unsafe {
+            let mask = libc::umask(0o022);
+            libc::umask(mask);
+            mask
+        };
+        0o666 & !(mask as u32)
+    })
+}
+
 /// Writes `bytes` to `path` whole: into a temporary file beside it, synced,
-/// then renamed over it.
+/// then renamed over it; with the mode the umask gives a new file (a
+/// temporary file alone would be 0600).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let fail = |e: std::io::Error| Error::io(format!("cannot write {}", path.display()), e);
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
+    let mut tmp = tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(file_mode()))
+        .tempfile_in(dir)
+        .map_err(fail)?;
     tmp.write_all(bytes).map_err(fail)?;
     tmp.as_file().sync_data().map_err(fail)?;
     tmp.persist(path).map_err(|e| fail(e.error))?;
@@ -129,7 +151,7 @@ pub fn winner_breakdown(saved: &SavedSearch, worker: &Worker) -> Result<Option<P
     }
 }
 
-/// A candidate's predicted peak split into parts (a meta trace of its step)
+/// A candidate's least needed peak (what decides an OOM) split into parts (a meta trace of its step)
 /// under the allocator settings `alloc_conf`.
 pub fn breakdown_of(
     saved: &SavedSearch,
@@ -138,14 +160,31 @@ pub fn breakdown_of(
     worker: &Worker,
 ) -> Result<PeakBreakdown> {
     let r = &saved.result;
-    let request = EstimateRequest {
-        config: saved.config.clone(),
-        cfg_options: super::space::options_with_knobs(&saved.cfg_options, c.knobs()),
-        gpu: Gpu::choose(
+    let mut cfg_options = super::space::options_with_knobs(&saved.cfg_options, c.knobs());
+    // The step as the search traced it: its accumulation changes what the
+    // step holds (gradients accumulated across micro-steps).
+    cfg_options.push(format!(
+        "optim_wrapper.accumulative_counts={}",
+        c.accumulation
+    ));
+    // The search's card where it was a preset (its rates choose cuDNN's
+    // algorithms and their workspaces), else the same memory and capability.
+    let mut gpu = match Gpu::choose(Some(&r.budget.gpu), None, None) {
+        Ok(gpu) if r.budget.gpu != "custom" => gpu,
+        _ => Gpu::choose(
             None,
             Some(&r.budget.vram_bytes.to_string()),
             Some(&r.budget.compute_capability),
         )?,
+    };
+    // The search replays each step within the usable memory (the margin
+    // kept free): where memory is tight the allocator frees its cache and
+    // retries, as PyTorch's does, so the figure depends on that capacity.
+    gpu.vram_bytes = r.budget.usable_bytes;
+    let request = EstimateRequest {
+        config: saved.config.clone(),
+        cfg_options,
+        gpu,
         batch_size: Some(c.batch_size),
         crop: Some(c.crop),
         amp: Some(c.amp),
@@ -163,7 +202,7 @@ pub fn breakdown_of(
         trace_timeout: None,
         python: None,
     };
-    Ok(estimate_config(&request, worker)?.breakdown)
+    Ok(estimate_config(&request, worker)?.least_breakdown)
 }
 
 /// The smallest candidate above the winner (same crop, precision and

@@ -5,8 +5,8 @@ use crate::config::{Dict, Value};
 use crate::models::backbones::BACKBONE_FACTS;
 use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::registry::facts_of;
-use regex::Regex;
 
+pub use super::recipe::Recipe;
 pub use crate::models::segmentors::inference::TestMode;
 pub use crate::trial::Amp;
 
@@ -81,60 +81,6 @@ impl Candidate {
     }
     pub fn effective_batch(&self, gpus: i64) -> i64 {
         self.batch_size * self.accumulation * gpus
-    }
-}
-
-/// What the recipe trains with.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct Recipe {
-    pub batch_size: i64,
-    pub crop: (i64, i64),
-    /// GPUs x batch per GPU (x accumulation) of the recipe.
-    pub effective_batch: i64,
-    /// Where the effective batch comes from.
-    pub effective_batch_source: String,
-}
-
-impl Recipe {
-    /// Reads the recipe from a resolved config and its file name (`NxbB`).
-    pub fn of(cfg: &Dict, file_name: &str) -> Result<Recipe, &'static str> {
-        let batch_size = crate::predict::estimate::recipe_batch_size(cfg)
-            .ok_or("the config has no train_dataloader.batch_size")?;
-        let crop = crate::predict::estimate::recipe_crop(cfg).ok_or(
-            "the config has no crop size (crop_size, RandomCrop or data_preprocessor.size)",
-        )?;
-        let accumulation = cfg
-            .get("optim_wrapper")
-            .and_then(|o| o.get_path("accumulative_counts"))
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        let from_name = Regex::new(r"_(\d+)xb(\d+)[-_]")
-            .expect("static regex")
-            .captures(file_name)
-            .and_then(|c| Some(c[1].parse::<i64>().ok()? * c[2].parse::<i64>().ok()?));
-        let (effective_batch, source) = match from_name {
-            Some(n) => (
-                n * accumulation,
-                format!("the config name ({n} = GPUs x batch, x accumulation {accumulation})"),
-            ),
-            None => match cfg
-                .get("auto_scale_lr")
-                .and_then(|a| a.get_path("base_batch_size"))
-                .and_then(Value::as_i64)
-            {
-                Some(n) => (n, "auto_scale_lr.base_batch_size".to_string()),
-                None => (
-                    batch_size * accumulation,
-                    "train_dataloader.batch_size x accumulation (one GPU)".to_string(),
-                ),
-            },
-        };
-        Ok(Recipe {
-            batch_size,
-            crop,
-            effective_batch,
-            effective_batch_source: source,
-        })
     }
 }
 
@@ -325,6 +271,9 @@ mod tests {
             crop: (512, 512),
             effective_batch: 16,
             effective_batch_source: String::new(),
+            accumulation: 1,
+            amp: Amp::Off,
+            name_note: None,
         };
         assert_eq!(batch_sizes(&r, 1), vec![1, 2, 4, 8, 16]);
         assert_eq!(accumulation_for(4, 1, 16), Some(4));

@@ -89,12 +89,24 @@ pub struct SearchSpec {
     /// The PyTorch release to predict for (`"1.13"`; default: the torch of
     /// the Python environment, else the newest segtune knows).
     pub torch: Option<crate::trial::TorchVersion>,
+    /// The effective batch to keep (GPUs x batch x accumulation), where the
+    /// config and its file name do not say it as the user trains (default:
+    /// `auto_scale_lr.base_batch_size`, else the name's `NxbB` where it
+    /// agrees with the config, else batch x GPUs x accumulation).
+    #[serde(default)]
+    pub effective_batch: Option<i64>,
+    /// `keep-updates` (default: iteration-counted settings scaled so the
+    /// recipe's optimizer updates are kept) or `keep-iters`.
+    #[serde(default)]
+    pub schedule: Option<super::recipe::Schedule>,
 }
 
 impl SearchSpec {
     /// The `segtune` dict of a resolved config.
     pub fn from_config(cfg: &config::Dict) -> Result<SearchSpec> {
-        const KEYS: [&str; 8] = [
+        const KEYS: [&str; 10] = [
+            "effective_batch",
+            "schedule",
             "vram",
             "preset",
             "margin",
@@ -167,6 +179,22 @@ impl SearchSpec {
                 }
             },
         };
+        let effective_batch = match get("effective_batch") {
+            None | Some(Value::None) => None,
+            Some(v) => match v.as_i64() {
+                Some(n) if n >= 1 && !matches!(v, Value::Bool(_)) => Some(n),
+                _ => {
+                    return Err(bad(format!(
+                        "`segtune.effective_batch` must be a whole number of 1 or more, not {}",
+                        config::value::python_repr(v)
+                    )))
+                }
+            },
+        };
+        let schedule = s("schedule")?
+            .map(|o| o.parse::<super::recipe::Schedule>())
+            .transpose()
+            .map_err(|e| bad(format!("`segtune.schedule`: {e}")))?;
         if let Some(v @ (Value::Float(_) | Value::Int(_))) = get("torch") {
             return Err(bad(format!(
                 "`segtune.torch` must be a string such as '1.13', not the number {} (a number loses 1.10's trailing 0)",
@@ -186,6 +214,8 @@ impl SearchSpec {
             device: s("device")?,
             compute_capability: s("compute_capability")?,
             gpus,
+            effective_batch,
+            schedule,
         })
     }
 
@@ -204,6 +234,8 @@ impl SearchSpec {
             compute_capability: self.compute_capability.or(fallback.compute_capability),
             gpus: self.gpus.or(fallback.gpus),
             torch: self.torch.or(fallback.torch),
+            effective_batch: self.effective_batch.or(fallback.effective_batch),
+            schedule: self.schedule.or(fallback.schedule),
         }
     }
 

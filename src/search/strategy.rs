@@ -677,22 +677,61 @@ fn decided(
 /// Ranks feasible outcomes: keep-crop puts the largest crop first, then the
 /// knobs that keep most of the recipe's training (`knobs::recipe_fidelity`),
 /// then throughput; throughput ranks by images/s alone.
-pub fn rank(mut feasible: Vec<Outcome>, objective: Objective) -> Vec<Outcome> {
-    feasible.sort_by(|a, b| order(a, b, objective));
+pub fn rank(mut feasible: Vec<Outcome>, ranking: impl Into<Ranking>) -> Vec<Outcome> {
+    let ranking = ranking.into();
+    feasible.sort_by(|a, b| order(a, b, ranking));
     feasible
 }
 
+/// How feasible candidates are ordered: the objective, and what of the
+/// recipe a candidate keeps (its effective batch, its precision) before
+/// its speed, so the winner changes only what must change to fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ranking {
+    pub objective: Objective,
+    /// The recipe's precision, preferred over a faster one (`None`: speed
+    /// decides between precisions, as `--amp` or `--objective throughput`
+    /// on a card with fast half precision allow).
+    pub keep_precision: Option<Amp>,
+    /// The recipe's effective batch and the GPUs: a candidate that keeps
+    /// it ranks above one that needs `auto_scale_lr` (`None`: not ranked).
+    pub effective_batch: Option<(i64, i64)>,
+}
+
+impl From<Objective> for Ranking {
+    fn from(objective: Objective) -> Ranking {
+        Ranking {
+            objective,
+            keep_precision: None,
+            effective_batch: None,
+        }
+    }
+}
+
 /// The ranking's order of two feasible outcomes ([`rank`]).
-pub fn order(a: &Outcome, b: &Outcome, objective: Objective) -> std::cmp::Ordering {
+pub fn order(a: &Outcome, b: &Outcome, ranking: impl Into<Ranking>) -> std::cmp::Ordering {
+    let ranking = ranking.into();
     let ips = |o: &Outcome| o.record.images_per_s.unwrap_or(0.0);
     let fidelity = |o: &Outcome| recipe_fidelity(o.candidate.knobs());
+    let keeps_batch = |o: &Outcome| {
+        ranking
+            .effective_batch
+            .is_some_and(|(n, gpus)| o.candidate.effective_batch(gpus) == n)
+    };
+    let keeps_precision = |o: &Outcome| ranking.keep_precision == Some(o.candidate.amp);
     let by_crop =
         (b.candidate.crop.0 * b.candidate.crop.1).cmp(&(a.candidate.crop.0 * a.candidate.crop.1));
     let by_speed = ips(b).total_cmp(&ips(a));
     let by_fidelity = fidelity(b).cmp(&fidelity(a));
-    match objective {
-        Objective::KeepCrop => by_crop.then(by_fidelity).then(by_speed),
-        Objective::Throughput => by_speed.then(by_crop),
+    let by_batch = keeps_batch(b).cmp(&keeps_batch(a));
+    let by_precision = keeps_precision(b).cmp(&keeps_precision(a));
+    match ranking.objective {
+        Objective::KeepCrop => by_crop
+            .then(by_fidelity)
+            .then(by_batch)
+            .then(by_precision)
+            .then(by_speed),
+        Objective::Throughput => by_precision.then(by_speed).then(by_crop),
     }
 }
 

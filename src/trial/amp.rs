@@ -25,6 +25,15 @@ pub enum Amp {
 }
 
 impl Amp {
+    /// The precision as a recipe says it: fp32, fp16 or bf16.
+    pub fn precision_name(self) -> &'static str {
+        match self {
+            Amp::Off => "fp32",
+            Amp::Fp16 => "fp16",
+            Amp::Bf16 => "bf16",
+        }
+    }
+
     pub fn kind(self) -> Option<Kind> {
         match self {
             Amp::Off => None,

@@ -236,9 +236,11 @@ impl fmt::Display for VersionSource {
         match self {
             VersionSource::Given => f.write_str("as given"),
             VersionSource::Python(p) => write!(f, "the torch installed for {p}"),
-            VersionSource::Newest => f.write_str(
-                "no Python with torch found: the newest release segtune knows; pass --torch X.Y",
-            ),
+            // segtune's own libtorch is this release: nothing is missing,
+            // and --torch predicts for another.
+            VersionSource::Newest => {
+                f.write_str("the release segtune links; --torch X.Y for another")
+            }
         }
     }
 }

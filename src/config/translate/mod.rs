@@ -362,7 +362,9 @@ impl<'a> Translator<'a> {
                 target,
                 "assignment to an attribute or item",
                 "segtune evaluates configs with value semantics; write the dict with its final \
-                 values, or override the key in a child config with `key=dict(...)`",
+                 values, or override the key in a child config with `key=dict(...)`; or let \
+                 MMEngine write the config resolved and search that: `python -c \"from \
+                 mmengine.config import Config; Config.fromfile('CONFIG').dump('resolved.py')\"`",
             )),
             _ => Err(self.unsupported(target, "this assignment target", "assign to a plain name")),
         }
