@@ -246,20 +246,11 @@ pub fn estimate(
     let on_card = |r: &ReplayResult| if r.out_of_memory { least } else { *r };
     let likely = on_card(&card.likely);
     let (low, high) = (on_card(&card.low), on_card(&card.high));
-    let likely_breakdown = breakdown(
-        traced.events,
-        traced.model_scopes,
-        &replayer.inputs(Some(capacity), alloc_conf),
-        &likely,
-        context,
-    );
-    let least_breakdown = breakdown(
-        traced.events,
-        traced.model_scopes,
-        &replayer.inputs(Some(capacity), alloc_conf),
-        &on_card(&least_on_card),
-        context,
-    );
+    let inputs = replayer.inputs(Some(capacity), alloc_conf);
+    let split = |figure: &ReplayResult| {
+        breakdown(traced.events, traced.model_scopes, &inputs, figure, context)
+    };
+    let (likely_breakdown, least_breakdown) = (split(&likely), split(&on_card(&least_on_card)));
     let cublas_kept = if with_calls {
         likely.cublas_at_peak
     } else {

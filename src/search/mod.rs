@@ -21,7 +21,9 @@
 //! - `infer.rs`: `--mode infer`, the inference settings (test batch, whole
 //!   or slide, fp16) for the test images.
 //! - `journal.rs`: the append-only record of trials.
-//! - `emit.rs`: the winner as an MMSeg config and a `--cfg-options` line;
+//! - `edits.rs`: what a written config sets (each edit with its reason),
+//!   the child's overrides, the `--cfg-options` line and the changes list;
+//! - `emit.rs`: the winner written as an MMSeg config;
 //!   `emit_hf.rs`: for a Hugging Face model, as `training_args.json` and
 //!   `preprocessor_config.json`.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
@@ -31,6 +33,7 @@
 
 pub mod atlas;
 pub mod confirm;
+pub mod edits;
 pub mod emit;
 pub mod emit_hf;
 pub mod evaluate;
@@ -46,9 +49,11 @@ pub mod saved;
 pub mod space;
 pub mod spec;
 pub mod strategy;
+pub mod winner;
 
 pub use placement::{Devices, Placement, SlurmOptions};
 pub use record::{CandidateStatus, Mode, Outcome, SearchResult, TrialRecord};
-pub use run::{changes_words, search, search_with, RealTrials, SearchRequest};
+pub use run::{search, search_with, RealTrials, SearchRequest};
 pub use spec::{DeviceSetting, Objective, SearchSpec};
 pub use strategy::{Progress, Step};
+pub use winner::changes_words;

@@ -205,8 +205,9 @@ pub fn search_with(
         grid_size: plan.batches.len() * plan.crops.len() * plan.precisions.len(),
     };
     let mut result = assemble(request, head, found, &journal)?;
-    result.recipe_outcome = recipe_outcome(&plan, &result, &mut predictors, &mut journal);
-    emit_training_winner(request, &prepared, &plan, &mut result)?;
+    result.recipe_outcome =
+        super::winner::recipe_outcome(&plan, &result, &mut predictors, &mut journal);
+    super::winner::emit_training_winner(request, &prepared, &plan, &mut result)?;
     saved::save_result(request, &result, prepared.config_hash)?;
     Ok(result)
 }
@@ -271,35 +272,35 @@ fn precisions_on(budget: &Budget, asked: Option<&[Amp]>) -> Result<Vec<Amp>> {
 /// A training search's grid and where it runs: the recipe, the budget, the
 /// batches, crops and precisions, the PyTorch release, the CUDA device for
 /// real trials (if any) and the journal's device keys.
-struct TrainingPlan {
-    recipe: Recipe,
-    budget: Budget,
-    objective: super::spec::Objective,
+pub(super) struct TrainingPlan {
+    pub(super) recipe: Recipe,
+    pub(super) budget: Budget,
+    pub(super) objective: super::spec::Objective,
     /// How the feasible candidates are ordered (the recipe's precision and
     /// effective batch before speed).
-    ranking: Ranking,
-    schedule: super::recipe::Schedule,
-    setup: TrainingSetup,
-    torch_source: String,
-    batches: Vec<i64>,
-    crops: Vec<(i64, i64)>,
-    precisions: Vec<Amp>,
+    pub(super) ranking: Ranking,
+    pub(super) schedule: super::recipe::Schedule,
+    pub(super) setup: TrainingSetup,
+    pub(super) torch_source: String,
+    pub(super) batches: Vec<i64>,
+    pub(super) crops: Vec<(i64, i64)>,
+    pub(super) precisions: Vec<Amp>,
     /// The accumulation that keeps the recipe's effective batch at a batch
     /// size, and whether one does.
-    accumulation: Box<dyn Fn(i64) -> (i64, bool)>,
+    pub(super) accumulation: Box<dyn Fn(i64) -> (i64, bool)>,
     /// The model knobs tried after the grid, in turn (`knobs::fallback_passes`).
-    fallbacks: Vec<space::ModelKnobs>,
-    cuda: Option<usize>,
+    pub(super) fallbacks: Vec<space::ModelKnobs>,
+    pub(super) cuda: Option<usize>,
     /// The CUDA devices real trials run on at once (`cuda` first; on
     /// Slurm, device 0 of each job's node, `--max-parallel` times).
-    measure_on: Vec<usize>,
+    pub(super) measure_on: Vec<usize>,
     /// Evaluators at once (`--devices`, `--max-parallel`; else 1).
-    slots: usize,
+    pub(super) slots: usize,
     /// The journal's device key of predictions, and the suffix of real
     /// trials' (`cuda:N<suffix>`): trials for another number of GPUs,
     /// segments or PyTorch are not reusable.
-    predicted_device: String,
-    trial_suffix: String,
+    pub(super) predicted_device: String,
+    pub(super) trial_suffix: String,
 }
 
 impl TrainingPlan {
@@ -550,288 +551,6 @@ pub(super) fn assemble(
     })
 }
 
-/// The user's own recipe as a candidate (its batch, crop and precision,
-/// the accumulation that keeps its effective batch), judged: from the
-/// search, else the journal, else predicted now (not journaled). `None` where the card
-/// cannot run the recipe's precision.
-fn recipe_outcome(
-    plan: &TrainingPlan,
-    result: &SearchResult,
-    predictors: &mut [Box<dyn Evaluator>],
-    journal: &mut Journal,
-) -> Option<Outcome> {
-    let recipe = &plan.recipe;
-    if !plan.precisions.contains(&recipe.amp) {
-        return None;
-    }
-    let c = space::Candidate {
-        batch_size: recipe.batch_size,
-        crop: recipe.crop,
-        amp: recipe.amp,
-        accumulation: (plan.accumulation)(recipe.batch_size).0,
-        checkpoint: false,
-        num_points: None,
-        test_mode: None,
-    };
-    if let Some(o) = result
-        .feasible
-        .iter()
-        .chain(&result.infeasible)
-        .find(|o| o.candidate == c)
-    {
-        return Some(o.clone());
-    }
-    journal.set_device(&plan.predicted_device);
-    if let Some(record) = journal.get(&c) {
-        return Some(Outcome {
-            candidate: c,
-            record: record.clone(),
-            ran_now: false,
-        });
-    }
-    // Predicted apart from the search: the journal holds the search's own
-    // candidates only (a re-run, or another search's journal, is unchanged).
-    let predictor = predictors.first_mut()?;
-    let record = super::evaluate::evaluate_retrying(predictor.as_mut(), &c);
-    Some(Outcome {
-        candidate: c,
-        record,
-        ran_now: true,
-    })
-}
-
-/// Writes a training winner: an MMSeg child config and its `--cfg-options`
-/// line, or for a model fed transformers' batch, transformers' files; with
-/// every change from the recipe listed, in the result and the header.
-fn emit_training_winner(
-    request: &SearchRequest,
-    prepared: &Prepared,
-    plan: &TrainingPlan,
-    result: &mut SearchResult,
-) -> Result<()> {
-    let Some(w) = result.winner.clone() else {
-        return Ok(());
-    };
-    let c = w.candidate;
-    let (gpus, effective) = (plan.setup.gpus, plan.recipe.effective_batch);
-    let keeps = space::accumulation_for(c.batch_size, gpus, effective).is_some();
-    let auto = (!keeps).then_some(effective);
-    result.auto_scale_lr = !keeps;
-    // A model fed transformers' batch trains under transformers' Trainer.
-    if prepared.layout == BatchLayout::PixelValues {
-        let written = super::emit_hf::emit_hf(&request.config, &c, &request.out)?;
-        result.emitted = written.iter().map(|p| p.display().to_string()).collect();
-        return Ok(());
-    }
-    let cfg = &prepared.cfg;
-    let winner = emit::Winner {
-        candidate: c,
-        recipe: &plan.recipe,
-        gpus,
-        auto_scale_lr: auto,
-        cfg_options: &request.cfg_options,
-        schedule: plan.schedule,
-        reasons: reasons_for(plan, result, &w),
-    };
-    let mut changes = emit::changes(cfg, &winner);
-    if let Some(conf) = &w.record.alloc_conf {
-        changes.push(super::recipe::Change::new(
-            "PYTORCH_CUDA_ALLOC_CONF (environment)",
-            "unset",
-            conf.clone(),
-            format!(
-                "the winner fits only with PyTorch's caching allocator set so ({})",
-                w.record.mode.name()
-            ),
-        ));
-    }
-    result.changes = changes;
-    result.schedule = schedule_words(cfg, plan, &c);
-    let mut header = format!(
-        "Generated by segtune search for {}{} ({:.2} GiB, margin {:.0}%): batch {}, crop {}x{}, amp {}, accumulation {}{} ({}).",
-        if gpus > 1 { format!("{gpus} x ") } else { String::new() },
-        result.budget.gpu,
-        result.budget.vram_bytes as f64 / (1u64 << 30) as f64,
-        result.budget.margin * 100.0,
-        c.batch_size,
-        c.crop.0,
-        c.crop.1,
-        c.amp,
-        c.accumulation,
-        knobs_note(&c, w.record.alloc_conf.as_deref()),
-        w.record.mode.name()
-    );
-    header.push_str(&format!("\n{}", changes_words(&result.changes)));
-    if let Some(schedule) = &result.schedule {
-        header.push_str(&format!("\nSchedule: {schedule}"));
-    }
-    let line = emit::cfg_options_line(cfg, &winner);
-    result.cfg_options = (!line.is_empty()).then_some(line);
-    let written = emit::emit(&request.config, cfg, &winner, &request.out, &header)?;
-    result.emitted = written.iter().map(|p| p.display().to_string()).collect();
-    Ok(())
-}
-
-/// The changes as lines: "Changes from your recipe:" and one line each
-/// (key: old -> new, why), or that there are none.
-pub fn changes_words(changes: &[super::recipe::Change]) -> String {
-    if changes.is_empty() {
-        return "Changes from your recipe: none (it fits as it is).".to_string();
-    }
-    let mut out = "Changes from your recipe:".to_string();
-    for (i, c) in changes.iter().enumerate() {
-        out.push_str(&format!("\n  {}: {} -> {}", c.key, c.old, c.new));
-        // A reason shared by the changes after it is said once, after them.
-        if changes.get(i + 1).is_none_or(|next| next.why != c.why) {
-            out.push_str(&format!("\n      why: {}", c.why));
-        }
-    }
-    out
-}
-
-/// The schedule as the written config runs it, in words: iterations,
-/// optimizer updates and images seen against the recipe's.
-fn schedule_words(
-    cfg: &crate::config::Dict,
-    plan: &TrainingPlan,
-    c: &space::Candidate,
-) -> Option<String> {
-    use super::recipe::{iterations_words, max_iters, Schedule};
-    let iters = max_iters(cfg)?;
-    let recipe = &plan.recipe;
-    let recipe_updates = iters / recipe.accumulation;
-    let per_update = c.effective_batch(plan.setup.gpus);
-    let (new_iters, new_updates) = match plan.schedule {
-        Schedule::KeepUpdates => (
-            (iters as f64 * c.accumulation as f64 / recipe.accumulation as f64).round() as i64,
-            recipe_updates,
-        ),
-        Schedule::KeepIters => (iters, iters / c.accumulation),
-    };
-    let samples = new_updates * per_update;
-    let recipe_samples = recipe_updates * recipe.effective_batch;
-    let mut words = format!(
-        "{} iterations = {} optimizer updates of {} images ({} images seen)",
-        iterations_words(new_iters),
-        iterations_words(new_updates),
-        per_update,
-        samples
-    );
-    if new_updates == recipe_updates && samples == recipe_samples {
-        words.push_str(", as the recipe");
-    } else {
-        words.push_str(&format!(
-            "; the recipe: {} updates of {} images ({} images seen){}",
-            iterations_words(recipe_updates),
-            recipe.effective_batch,
-            recipe_samples,
-            if plan.schedule == Schedule::KeepIters && new_updates != recipe_updates {
-                " (--schedule keep-updates keeps its updates)"
-            } else {
-                ""
-            }
-        ));
-    }
-    Some(words)
-}
-
-/// Why the winner's batch, crop, precision and model knobs are what they
-/// are, from what the search found.
-fn reasons_for(plan: &TrainingPlan, result: &SearchResult, w: &Outcome) -> emit::Reasons {
-    let c = &w.candidate;
-    let recipe = &plan.recipe;
-    let usable = format!(
-        "{:.2} GiB usable on the {}",
-        result.budget.usable_bytes as f64 / (1u64 << 30) as f64,
-        result.budget.gpu
-    );
-    let mode = w.record.mode.name();
-    let same_setting =
-        |o: &&Outcome| o.candidate.crop == c.crop && o.candidate.knobs() == c.knobs();
-    let keeps_batch =
-        |o: &Outcome| o.candidate.effective_batch(plan.setup.gpus) == recipe.effective_batch;
-    let recipe_precision_fits = result
-        .feasible
-        .iter()
-        .filter(same_setting)
-        .any(|o| o.candidate.amp == recipe.amp && keeps_batch(o));
-    let ips = |o: Option<&Outcome>| {
-        o.and_then(|o| o.record.images_per_s)
-            .map_or("-".to_string(), |v| format!("{v:.1}"))
-    };
-    let precision = if recipe_precision_fits {
-        let best_at_recipe = result
-            .feasible
-            .iter()
-            .filter(same_setting)
-            .find(|o| o.candidate.amp == recipe.amp);
-        format!(
-            "faster than the recipe's {} here ({} against {} images/s, {mode}), as --amp or --objective throughput allows",
-            recipe.amp.precision_name(),
-            ips(Some(w)),
-            ips(best_at_recipe)
-        )
-    } else {
-        format!(
-            "the recipe's {} does not fit at {}x{} with the effective batch {} in the {usable} ({mode}); {} holds activations in half precision",
-            recipe.amp.precision_name(),
-            c.crop.0,
-            c.crop.1,
-            recipe.effective_batch,
-            c.amp.precision_name()
-        )
-    };
-    let crop = match plan.objective {
-        super::spec::Objective::KeepCrop => format!(
-            "nothing fits at the recipe's input {}x{} in the {usable}, with every precision and model knob tried ({mode})",
-            recipe.crop.0, recipe.crop.1
-        ),
-        super::spec::Objective::Throughput => format!(
-            "faster (--objective throughput; {} images/s, {mode})",
-            ips(Some(w))
-        ),
-    };
-    let recipe_batch_fits = result
-        .feasible
-        .iter()
-        .filter(same_setting)
-        .any(|o| o.candidate.amp == c.amp && o.candidate.batch_size >= recipe.batch_size);
-    let batch = if c.batch_size < recipe.batch_size && !recipe_batch_fits {
-        format!(
-            "batch {} does not fit at {}x{} {} in the {usable} ({mode}); accumulation keeps the effective batch",
-            recipe.batch_size, c.crop.0, c.crop.1, c.amp
-        )
-    } else if c.batch_size < recipe.batch_size {
-        format!(
-            "faster than batch {} here ({} images/s, {mode})",
-            recipe.batch_size,
-            ips(Some(w))
-        )
-    } else {
-        format!(
-            "the recipe's effective batch {} on {} GPU{} (batch {} fits, {mode})",
-            recipe.effective_batch,
-            plan.setup.gpus,
-            if plan.setup.gpus == 1 { "" } else { "s" },
-            c.batch_size
-        )
-    };
-    let knobs = format!(
-        "nothing keeps the recipe's crop and effective batch without it in the {usable} ({mode}); {}",
-        knobs::settings(c.knobs())
-            .into_iter()
-            .map(|s| knobs::spec(s.knob()).cost)
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    emit::Reasons {
-        precision,
-        crop,
-        batch,
-        knobs,
-    }
-}
-
 /// Refuses, before any trial, an `--out` that cannot take the winner: a
 /// file where the directory should be, the input itself, or a file of the
 /// user's where segtune would write its config.
@@ -939,20 +658,6 @@ pub(super) fn check_buildable(
             summary.reason.as_deref().unwrap_or("no reason given")
         ))),
     }
-}
-
-/// How the winner's run differs from the config's, for the emitted header.
-fn knobs_note(c: &space::Candidate, alloc_conf: Option<&str>) -> String {
-    let mut note = String::new();
-    if let Some(conf) = alloc_conf {
-        note.push_str(&format!(
-            ", only with the environment PYTORCH_CUDA_ALLOC_CONF={conf}"
-        ));
-    }
-    for setting in knobs::settings(c.knobs()) {
-        note.push_str(&format!(", {}", setting.note()));
-    }
-    note
 }
 
 /// The CUDA device the settings choose among `visible` ones (`None`:

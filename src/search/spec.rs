@@ -167,30 +167,20 @@ impl SearchSpec {
                 }
             },
         };
-        let gpus = match get("gpus") {
-            None | Some(Value::None) => None,
-            Some(v) => match v.as_i64() {
-                Some(g) if (1..=MAX_GPUS).contains(&g) => Some(g),
-                _ => {
-                    return Err(bad(format!(
-                        "`segtune.gpus` must be a whole number from 1 to {MAX_GPUS}, not {}",
+        let whole = |key: &str, max: i64| -> Result<Option<i64>> {
+            match get(key) {
+                None | Some(Value::None) => Ok(None),
+                Some(v) => match v.as_i64() {
+                    Some(n) if (1..=max).contains(&n) => Ok(Some(n)),
+                    _ => Err(bad(format!(
+                        "`segtune.{key}` must be a whole number from 1 to {max}, not {}",
                         config::value::python_repr(v)
-                    )))
-                }
-            },
+                    ))),
+                },
+            }
         };
-        let effective_batch = match get("effective_batch") {
-            None | Some(Value::None) => None,
-            Some(v) => match v.as_i64() {
-                Some(n) if n >= 1 && !matches!(v, Value::Bool(_)) => Some(n),
-                _ => {
-                    return Err(bad(format!(
-                        "`segtune.effective_batch` must be a whole number of 1 or more, not {}",
-                        config::value::python_repr(v)
-                    )))
-                }
-            },
-        };
+        let gpus = whole("gpus", MAX_GPUS)?;
+        let effective_batch = whole("effective_batch", 1_000_000)?;
         let schedule = s("schedule")?
             .map(|o| o.parse::<super::recipe::Schedule>())
             .transpose()
