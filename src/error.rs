@@ -72,6 +72,15 @@ impl Error {
         let mut text = match self {
             Error::Config(e) => e.to_string(),
             Error::Rendered(text) => text.clone(),
+            Error::Model { source, config } => {
+                let modules = crate::config::resolve(config, &[])
+                    .map(|cfg| crate::config::custom_imports(&cfg))
+                    .unwrap_or_default();
+                match source.unknown_type_help(&modules, config) {
+                    Some(help) => format!("error: {self}\n  = help: {help}"),
+                    None => format!("error: {self}"),
+                }
+            }
             other => format!("error: {other}"),
         };
         if !text.ends_with('\n') {

@@ -1,8 +1,8 @@
-//! The Python worker: `segtune trial --python-worker`, and the fallback of
-//! `segtune trial` for a config with component types segtune does not build
+//! The Python worker: `--python-worker` of `trial`, `estimate`, `search`
+//! and `inspect` for a config with component types segtune does not build
 //! (a backbone of the user's own, registered through `custom_imports`). It
 //! runs MMSeg's own `train_step` in the user's Python and reports as the
-//! native worker does.
+//! native worker does; without the flag segtune never runs the user's code.
 //!
 //! The tests need two interpreters that `scripts/env.sh` names:
 //! `SEGTUNE_MMSEG_PYTHON` (MMSegmentation 1.2.2 over the torch venv,
@@ -97,9 +97,26 @@ fn custom_backbone_config(dir: &tempfile::TempDir, shared: &Path) -> PathBuf {
     )
 }
 
+/// A marker the user's module writes when it is imported: proof that
+/// segtune ran (or did not run) the user's code.
+fn with_import_marker(dir: &tempfile::TempDir) -> PathBuf {
+    let marker = dir.path().join("my_backbone_was_imported");
+    let module = dir.path().join("my_backbone.py");
+    let text = std::fs::read_to_string(&module).unwrap();
+    std::fs::write(
+        &module,
+        format!(
+            "import pathlib\npathlib.Path({:?}).touch()\n{text}",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    marker
+}
+
 #[test]
-fn a_custom_backbone_falls_back_to_the_python_worker() {
-    let test = "a_custom_backbone_falls_back_to_the_python_worker";
+fn a_custom_backbone_runs_through_the_python_worker_only_when_asked() {
+    let test = "a_custom_backbone_runs_through_the_python_worker_only_when_asked";
     let Some(shared) = common::require_shared(test) else {
         return;
     };
@@ -108,19 +125,43 @@ fn a_custom_backbone_falls_back_to_the_python_worker() {
     };
     let dir = tempfile::tempdir().unwrap();
     let config = custom_backbone_config(&dir, &shared);
-    // No --python: the fallback takes the Python segtune asks for torch.
+    let marker = with_import_marker(&dir);
+    // Unasked: refused by name, the module named with the way to opt in,
+    // and none of the user's code run.
+    for command in ["trial", "estimate", "search", "inspect"] {
+        let mut segtune = Command::new(env!("CARGO_BIN_EXE_segtune"));
+        segtune.arg(command).arg(&config);
+        if command == "estimate" || command == "search" {
+            segtune.args(["--vram", "8G"]);
+        }
+        if command == "search" {
+            segtune.arg("--out").arg(dir.path().join("unasked"));
+        }
+        let (out, _) = run(segtune
+            .env("SEGTUNE_PYTHON", &python)
+            .env("PYTHONPATH", dir.path()));
+        // `inspect` answers "supported: no" (exit 0); the others refuse.
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        let code = if command == "inspect" { 0 } else { 2 };
+        assert_eq!(out.status.code(), Some(code), "{command}: {said}");
+        assert!(
+            said.contains("unknown backbone type `MyResNet`")
+                && said.contains("custom_imports, `my_backbone`")
+                && said.contains("--python-worker"),
+            "{command}: {said}"
+        );
+        assert!(!marker.exists(), "{command} ran the user's module unasked");
+    }
+    // Asked: MMSeg's own step, in that Python.
     let (out, seconds) = run(Command::new(env!("CARGO_BIN_EXE_segtune"))
         .args(["trial"])
         .arg(&config)
-        .args(["--batch-size", "2", "--crop", "128x128", "--threads", "1"])
+        .args(["--python-worker", "--batch-size", "2", "--crop", "128x128", "--threads", "1"])
         .env("SEGTUNE_PYTHON", &python)
         .env("PYTHONPATH", dir.path()));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stderr.contains("backbone `MyResNet`") && stderr.contains("(the Python worker)"),
-        "{stderr}"
-    );
+    assert!(marker.exists(), "the Python worker did not import the module");
     assert!(
         stdout.starts_with("status: ok (Python worker)\n"),
         "{stdout}"
@@ -135,6 +176,113 @@ fn a_custom_backbone_falls_back_to_the_python_worker() {
         .unwrap_or_else(|| panic!("a peak in: {stdout}"));
     assert!(peak > 100 << 20, "{peak}");
     eprintln!("{test}: peak {peak} bytes, {seconds:.1} s");
+}
+
+/// `segtune inspect --python-worker`: MMSeg's own model, counted.
+#[test]
+fn a_custom_backbone_is_inspected_by_mmseg_itself() {
+    let test = "a_custom_backbone_is_inspected_by_mmseg_itself";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = custom_backbone_config(&dir, &shared);
+    let (out, _) = run(Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .arg("inspect")
+        .arg(&config)
+        .args(["--python-worker", "--json"])
+        .arg("--python")
+        .arg(&python)
+        .env("PYTHONPATH", dir.path()));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["backbone_type"], "MyResNet", "{summary}");
+    assert_eq!(summary["supported"], true, "{summary}");
+    // MMSeg's PSPNet R-18 count (params_all.json), as segtune's own build.
+    assert_eq!(summary["params_total"], 12790086, "{summary}");
+}
+
+/// `segtune search --python-worker` of a config with the user's own
+/// backbone: a winner, predicted from MMSeg's own steps, written as a
+/// config that mmengine loads (the module importable) and MMSeg builds.
+/// A recipe in mixed precision is not switched to fp32 unasked.
+#[test]
+fn a_custom_backbone_is_searched_through_the_python_worker() {
+    let test = "a_custom_backbone_is_searched_through_the_python_worker";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = custom_backbone_config(&dir, &shared);
+    let out_dir = dir.path().join("out");
+    let search = |extra: &[&str]| {
+        run(Command::new(env!("CARGO_BIN_EXE_segtune"))
+            .arg("search")
+            .arg(&config)
+            .args(["--python-worker", "--vram", "8G", "--threads", "1", "--json"])
+            .arg("--python")
+            .arg(&python)
+            .arg("--out")
+            .arg(&out_dir)
+            .args(extra)
+            .env("PYTHONPATH", dir.path()))
+    };
+    let (out, seconds) = search(&[]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    let winner = &result["winner"]["candidate"];
+    assert!(winner["batch_size"].as_i64().unwrap() >= 1, "{result}");
+    assert_eq!(winner["amp"], "off", "{result}");
+    assert!(
+        result["torch_source"]
+            .as_str()
+            .is_some_and(|s| s.contains("Python worker")),
+        "{result}"
+    );
+    let written = result["emitted"][0].as_str().expect("a written config");
+    let check = format!(
+        "import importlib.util, sys\n\
+         spec = importlib.util.spec_from_file_location('w', {worker:?})\n\
+         w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n\
+         w.stub_mmcv_ext()\n\
+         from mmengine.config import Config\n\
+         cfg = Config.fromfile({written:?})\n\
+         from mmseg.utils import register_all_modules; register_all_modules()\n\
+         from mmseg.registry import MODELS\n\
+         model = MODELS.build(cfg.model)\n\
+         print(type(model.backbone).__name__, cfg.train_dataloader.batch_size)\n",
+        worker = concat!(env!("CARGO_MANIFEST_DIR"), "/src/trial/python_worker.py"),
+    );
+    let loaded = Command::new(&python)
+        .args(["-c", &check])
+        .env("PYTHONPATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        loaded.status.success(),
+        "mmengine/MMSeg could not load {written}: {}",
+        text(&loaded.stderr)
+    );
+    assert_eq!(
+        text(&loaded.stdout).trim(),
+        format!("MyResNet {}", winner["batch_size"]),
+        "{written}"
+    );
+    eprintln!("{test}: winner {winner} in {seconds:.1} s");
+
+    // An fp16 recipe: refused, with the way to allow fp32.
+    let (out, _) = search(&["--cfg-options", "optim_wrapper.type=AmpOptimWrapper"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--amp off"), "{stderr}");
 }
 
 /// The CPU's class for oneDNN, as `tests/oracle_cpu.rs` tells it.
@@ -359,8 +507,8 @@ fn pspnet_r18_python_traces_replay_as_the_native_ones() {
     }
 }
 
-/// `segtune estimate` of a config with the user's own backbone falls back
-/// to the Python worker, says so, and predicts.
+/// `segtune estimate --python-worker` of a config with the user's own
+/// backbone predicts from MMSeg's own step.
 #[test]
 fn a_custom_backbone_is_estimated_through_the_python_worker() {
     let test = "a_custom_backbone_is_estimated_through_the_python_worker";
@@ -372,18 +520,16 @@ fn a_custom_backbone_is_estimated_through_the_python_worker() {
     };
     let dir = tempfile::tempdir().unwrap();
     let config = custom_backbone_config(&dir, &shared);
-    let (e, seconds, stderr) = estimate(
+    let (e, seconds, _) = estimate(
         &config,
-        &[],
+        &["--python-worker"],
         &[
             ("SEGTUNE_PYTHON", python.as_path()),
             ("PYTHONPATH", dir.path()),
         ],
     );
-    assert!(
-        stderr.contains("backbone `MyResNet`") && stderr.contains("tracing the step"),
-        "{stderr}"
-    );
+    let notes = e["notes"].to_string();
+    assert!(notes.contains("Python worker"), "{notes}");
     let peak = predicted(&e, "predicted_peak_allocated_bytes");
     assert!(peak > 100 << 20 && e["fits"] == true, "{e}");
     eprintln!("{test}: predicted {peak} bytes in {seconds:.1} s");

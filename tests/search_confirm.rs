@@ -102,6 +102,7 @@ fn request(out: &Path) -> SearchRequest {
         placement: Default::default(),
         trace_cache: None,
         precisions: None,
+        python: None,
     }
 }
 

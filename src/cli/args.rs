@@ -296,8 +296,9 @@ pub struct TrialCommandArgs {
 pub struct PythonWorkerArgs {
     /// Run the step with MMSeg itself in Python (the Python worker: your
     /// MMSeg, your custom_imports modules, MMSeg's own train_step) instead
-    /// of segtune's libtorch rebuild. Without it, segtune falls back to the
-    /// Python worker when the config has component types it does not build.
+    /// of segtune's libtorch rebuild: for component types segtune does not
+    /// build. This runs your Python code (custom_imports); without this
+    /// flag segtune never does.
     #[arg(long)]
     pub python_worker: bool,
     /// The Python interpreter of the Python worker (with torch and
@@ -635,6 +636,8 @@ pub struct SearchArgs {
     #[arg(long, value_name = "DIR")]
     pub trace_cache: Option<PathBuf>,
     #[command(flatten)]
+    pub python: PythonWorkerArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
 }
 
@@ -665,7 +668,8 @@ impl SearchArgs {
             mode: self.step.mode,
             // `--torch` and the config's `segtune.torch` come before the
             // environment's, which is asked only without them.
-            ask_python_torch: self.torch.is_none(),
+            // The Python worker's trace is of the PyTorch segtune links.
+            ask_python_torch: self.torch.is_none() && !self.python.python_worker,
             cudnn_benchmark: self.step.cudnn_benchmark,
             placement: self.scale.placement(),
             trace_cache: self
@@ -673,7 +677,19 @@ impl SearchArgs {
                 .as_ref()
                 .map(|d| std::sync::Arc::new(crate::predict::TraceCache::new(d))),
             precisions: (!self.amp.is_empty()).then(|| self.amp.clone()),
+            python: self.python.worker(),
         }
+    }
+}
+
+impl PythonWorkerArgs {
+    /// The Python worker asked for (`--python-worker`); `None`: segtune's
+    /// own worker. Never chosen by itself: the Python worker runs the
+    /// config's `custom_imports`, the user's code, which segtune runs only
+    /// when asked (a type segtune does not build says how to ask).
+    pub fn worker(&self) -> Option<PythonWorker> {
+        self.python_worker
+            .then(|| PythonWorker::locate(self.python.as_deref()))
     }
 }
 
@@ -681,6 +697,8 @@ impl SearchArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct InspectArgs {
     pub config: PathBuf,
+    #[command(flatten)]
+    pub python: PythonWorkerArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }

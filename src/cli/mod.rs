@@ -136,7 +136,10 @@ fn run(cli: Cli) -> Result<Output> {
         }
         Command::Trial(args) => trial_command(&args),
         Command::Inspect(args) => {
-            let summary = Worker::locate()?.inspect(&args.config, &args.common.cfg_options)?;
+            let summary = match args.python.worker() {
+                Some(python) => python.inspect(&args.config, &args.common.cfg_options)?,
+                None => Worker::locate()?.inspect(&args.config, &args.common.cfg_options)?,
+            };
             Ok(Output::ok(if args.common.json {
                 json(&summary)
             } else {
@@ -209,8 +212,7 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
 /// `segtune trial`: a measurement that says "does not fit" or "cannot
 /// train" is an answer (exit 1 with its report); a trial that broke is not
 /// (one line on stderr, exit 2). The native worker runs it, or the Python
-/// worker when asked (`--python-worker`) or when the config has component
-/// types segtune does not build (said on stderr).
+/// worker when asked (`--python-worker`).
 fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
     use trial::python_worker;
     let request = args.trial.request();
@@ -219,12 +221,7 @@ fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
         .timeout
         .map(std::time::Duration::from_secs)
         .unwrap_or_else(|| trial_deadline(&request));
-    let python = python_worker_for(
-        &args.python,
-        &request.config,
-        &request.cfg_options,
-        "running the trial",
-    );
+    let python = args.python.worker();
     let report = if let Some(worker) = python {
         let deadline = args
             .trial
@@ -237,40 +234,10 @@ fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
     trial_output(&report, args.trial.common.json)
 }
 
-/// The Python worker, when asked for (`--python-worker`) or when the
-/// config has component types segtune does not build (said on stderr,
-/// with `doing` what it does then); `None`: segtune's own worker.
-fn python_worker_for(
-    args: &args::PythonWorkerArgs,
-    config: &std::path::Path,
-    cfg_options: &[String],
-    doing: &str,
-) -> Option<trial::python_worker::PythonWorker> {
-    use trial::python_worker::{self, PythonWorker};
-    if args.python_worker {
-        return Some(PythonWorker::locate(args.python.as_deref()));
-    }
-    let unknown = python_worker::unknown_types(config, cfg_options)?;
-    let worker = PythonWorker::locate(args.python.as_deref());
-    eprintln!(
-        "segtune: {} has component types segtune does not build ({}); {doing} with MMSeg \
-         itself in {} (the Python worker)",
-        config.display(),
-        python_worker::unknown_type_names(&unknown).join(", "),
-        worker.python().display()
-    );
-    Some(worker)
-}
-
 /// `segtune estimate` and `explain`: traced by segtune's worker, or by the
-/// Python worker (see [`python_worker_for`]).
+/// Python worker when asked (`--python-worker`).
 fn estimate_command(args: &args::EstimateArgs) -> Result<crate::predict::Estimate> {
-    let python = python_worker_for(
-        &args.python,
-        &args.config,
-        &args.common.cfg_options,
-        "tracing the step",
-    );
+    let python = args.python.worker();
     estimate_config(&args.request(python)?, &Worker::locate()?)
 }
 
@@ -360,6 +327,11 @@ fn atlas_command(args: &args::AtlasArgs) -> Result<Output> {
             }
         );
     };
+    // Before any search: the tables replace only what segtune wrote.
+    crate::search::owned::check_replaceable(
+        &args.out,
+        &crate::search::owned::atlas_outputs(&args.out),
+    )?;
     let atlas = crate::search::atlas::atlas(&request, &worker, &progress)?;
     let text = json(&atlas);
     write_atomically(&args.out.join("atlas.json"), text.as_bytes())?;
@@ -384,6 +356,11 @@ fn write_report(dir: &std::path::Path) -> Result<Output> {
     let (search, rows) = saved::load(dir)?;
     let breakdown = saved::winner_breakdown(&search, &Worker::locate()?)?;
     let page = report::page(&search, &rows, breakdown.as_ref());
+    let charts: Vec<&str> = page.svgs.iter().map(|(name, _)| *name).collect();
+    crate::search::owned::check_replaceable(
+        dir,
+        &crate::search::owned::report_outputs(dir, &charts),
+    )?;
     let out = dir.join("report");
     std::fs::create_dir_all(&out)
         .map_err(|e| crate::error::Error::io(format!("cannot create {}", out.display()), e))?;

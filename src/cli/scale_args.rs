@@ -159,6 +159,8 @@ pub struct AtlasArgs {
     #[arg(long)]
     pub quiet: bool,
     #[command(flatten)]
+    pub python: super::args::PythonWorkerArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
 }
 
@@ -226,6 +228,7 @@ impl AtlasArgs {
                     cache_dir,
                 ))),
                 precisions: (!self.amp.is_empty()).then(|| self.amp.clone()),
+                python: self.python.worker(),
             },
             jobs: self.jobs(),
         }

@@ -52,6 +52,55 @@ use eval::Limits;
 use prepare::{FileKind, Prepared};
 use std::path::Path;
 
+/// The modules a config's `custom_imports` names (`imports`, a string or a
+/// list), in order: the user's Python that MMEngine imports before building
+/// anything, and that segtune reads as text and never runs.
+pub fn custom_imports(cfg: &Dict) -> Vec<String> {
+    let imports = match cfg.get("custom_imports") {
+        Some(Value::Dict(d)) => d.get("imports"),
+        _ => None,
+    };
+    match imports {
+        Some(Value::Str(one)) => vec![one.clone()],
+        Some(Value::List(many) | Value::Tuple(many)) => many
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What segtune says of a config's `custom_imports` when it builds the
+/// model itself: the modules were read as names, never imported, although
+/// MMEngine imports them before building (and may stop there, or they may
+/// register types that replace MMSeg's). `None` without `custom_imports`.
+pub fn custom_imports_note(cfg: &Dict) -> Option<String> {
+    let modules = custom_imports(cfg);
+    if modules.is_empty() {
+        return None;
+    }
+    let strict = !matches!(
+        cfg.get("custom_imports"),
+        Some(Value::Dict(d)) if matches!(d.get("allow_failed_imports"), Some(Value::Bool(true)))
+    );
+    Some(format!(
+        "custom_imports ({}) not imported: segtune never runs your Python unasked, so it built \
+         MMSeg's own types from the config's text; MMEngine imports them first{} and a module \
+         may register a type that replaces MMSeg's. --python-worker runs the step with your \
+         modules imported",
+        modules
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        if strict {
+            " (and stops with ImportError where one cannot be imported: allow_failed_imports=False)"
+        } else {
+            ""
+        }
+    ))
+}
+
 /// Loads `path` and applies `--cfg-options` items: the whole of
 /// `Config.fromfile(path)` + `merge_from_dict`.
 /// Answered from [`memo`] when this process resolved the same file and

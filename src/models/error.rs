@@ -47,6 +47,55 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// `backbone \`MyResNet\``, once per unknown component: the types
+    /// segtune does not build (empty for any other error).
+    pub fn unknown_type_names(&self) -> Vec<String> {
+        match self {
+            ModelError::UnknownType { role, name, .. } => vec![format!("{role} `{name}`")],
+            ModelError::UnknownTypes { components } => {
+                let mut names: Vec<String> = Vec::new();
+                for name in components.iter().flat_map(ModelError::unknown_type_names) {
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+                names
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// What to do about types segtune does not build, for a config whose
+    /// `custom_imports` are `modules`: the module that would define them,
+    /// and how to let segtune run that code (`--python-worker`), which it
+    /// never does unasked. `None` for any other error.
+    pub fn unknown_type_help(&self, modules: &[String], config: &std::path::Path) -> Option<String> {
+        let names = self.unknown_type_names();
+        if names.is_empty() {
+            return None;
+        }
+        let from = match modules {
+            [] => "a module of yours (the config has no custom_imports naming one)".to_string(),
+            [one] => format!("the config's custom_imports, `{one}`"),
+            many => format!(
+                "one of the config's custom_imports ({})",
+                many.iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        Some(format!(
+            "{} {} not one of MMSeg's own types; it would come from {from}. segtune reads \
+             configs as text and never runs your Python unless asked: add --python-worker to \
+             run the step with MMSeg itself in your Python (which imports your modules), e.g. \
+             `segtune search {} --python-worker ...`",
+            names.join(", "),
+            if names.len() == 1 { "is" } else { "are" },
+            config.display()
+        ))
+    }
+
     /// `Unsupported` without a source file.
     pub fn unsupported(
         component: impl Into<String>,
@@ -172,6 +221,35 @@ impl std::error::Error for ModelError {}
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn unknown_components_are_named_once_each() {
+        let unknown = |role: &str, name: &str| ModelError::UnknownType {
+            role: role.into(),
+            name: name.into(),
+            supported: vec!["ResNet".into()],
+        };
+        let error = ModelError::UnknownTypes {
+            components: vec![
+                unknown("backbone", "MyResNet"),
+                unknown("auxiliary head", "MyHead"),
+                unknown("auxiliary head", "MyHead"),
+            ],
+        };
+        assert_eq!(
+            error.unknown_type_names(),
+            ["backbone `MyResNet`", "auxiliary head `MyHead`"]
+        );
+        let help = error
+            .unknown_type_help(&["my_mods".into()], std::path::Path::new("c.py"))
+            .unwrap();
+        assert!(
+            help.contains("are not one of MMSeg's own types")
+                && help.contains("custom_imports, `my_mods`")
+                && help.contains("--python-worker"),
+            "{help}"
+        );
+    }
+
     use super::*;
 
     #[test]

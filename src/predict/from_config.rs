@@ -269,6 +269,9 @@ fn add_notes(
         (TraceKind::Cpu, None) => "activations, gradients and optimizer state come from an op-level trace of the same step on CPU kernels (the storages every ATen op returns), replayed through a model of PyTorch's CUDA caching allocator".into(),
         (TraceKind::CpuAllocator, None) => "activations, gradients and optimizer state come from a trace of every CPU allocation of the same step (CPU kernels' scratch included), replayed through a model of PyTorch's CUDA caching allocator".into(),
     };
+    if request.python.is_none() {
+        e.notes.extend(config::custom_imports_note(cfg));
+    }
     if request.setup.gpus > 1 {
         e.notes.push(format!(
             "per GPU of {} training data-parallel: includes DDP's gradient buckets (one more copy of the trainable parameters)",

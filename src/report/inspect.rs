@@ -19,9 +19,15 @@ pub fn inspect(s: &ModelSummary) -> String {
             "supported: no ({})\n",
             s.reason.as_deref().unwrap_or("")
         ));
+        if let Some(note) = &s.note {
+            out.push_str(&format!("help: {note}\n"));
+        }
         return out;
     }
     out.push_str("supported: yes\n");
+    if let Some(note) = &s.note {
+        out.push_str(&format!("note: {note}\n"));
+    }
     out.push_str(&format!(
         "parameters: {} total, {} trainable\n",
         s.params_total.unwrap_or(0),

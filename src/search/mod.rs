@@ -27,7 +27,8 @@
 //!   `emit_hf.rs`: for a Hugging Face model, as `training_args.json` and
 //!   `preprocessor_config.json`.
 //! - `record.rs`: the records and the result; `run.rs`: the whole search.
-//! - `saved.rs`: `search.json`, the finished search for `segtune report`.
+//! - `saved.rs`: `search.json`, the finished search for `segtune report`;
+//!   `owned.rs`: which files in `--out` are segtune's to replace.
 //! - `atlas.rs`: `segtune atlas`, a search per config and GPU, with the
 //!   published results beside them and the traces shared.
 
@@ -40,6 +41,7 @@ pub mod evaluate;
 pub mod infer;
 pub mod journal;
 pub mod knobs;
+pub mod owned;
 pub mod placement;
 pub mod predictor;
 pub mod recipe;

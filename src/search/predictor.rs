@@ -36,14 +36,32 @@ pub fn predictor(
         kind: request.trace,
         mode: request.mode,
         timeout: request.trace_timeout,
+        python: request.python.clone(),
     };
     let mode = request.mode;
     let traced = (steps.clone(), worker.clone(), request.trace_cache.clone());
     let tracer: Tracer = Box::new(move |batch, crop, amp, knobs, accumulates| {
         let (steps, worker, cache) = &traced;
-        steps.with(batch, crop, amp, knobs, accumulates, |step| {
+        let traced = steps.with(batch, crop, amp, knobs, accumulates, |step| {
             trace_step_cached(worker, step, cache.as_deref())
-        })
+        });
+        match traced {
+            // Values that decide shapes (mask heads' matching, a custom
+            // op) are unknown on meta kernels: MMSeg's step then runs on
+            // the CPU, every allocation counted (as `estimate` does).
+            Err(crate::error::Error::Trial(_))
+                if steps.python.is_some() && steps.kind == TraceKind::Meta =>
+            {
+                let on_cpu = CandidateSteps {
+                    kind: TraceKind::CpuAllocator,
+                    ..steps.clone()
+                };
+                on_cpu.with(batch, crop, amp, knobs, accumulates, |step| {
+                    trace_step_cached(worker, step, cache.as_deref())
+                })
+            }
+            traced => traced,
+        }
     });
     // Steps another search traced (an atlas's other GPUs): what the
     // prediction from an aligned pair may use without tracing.
@@ -104,6 +122,8 @@ struct CandidateSteps {
     kind: TraceKind,
     mode: RunMode,
     timeout: Option<Duration>,
+    /// `--python-worker`: MMSeg's own step traced in this Python.
+    python: Option<crate::trial::python_worker::PythonWorker>,
 }
 
 impl CandidateSteps {
@@ -141,7 +161,7 @@ impl CandidateSteps {
             deadline: self
                 .timeout
                 .unwrap_or_else(|| trace_deadline(self.kind, batch_size, crop)),
-            python: None,
+            python: self.python.as_ref(),
         })
     }
 }

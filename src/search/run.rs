@@ -65,6 +65,10 @@ pub struct SearchRequest {
     /// `--amp`: the precisions the search may choose (`None`: fp32, fp16,
     /// and bf16 where the GPU has it).
     pub precisions: Option<Vec<Amp>>,
+    /// `--python-worker`: every step traced by MMSeg itself in this Python
+    /// (the config's `custom_imports` imported, the user's code run), for
+    /// models with types segtune does not build. Predicted, fp32, one GPU.
+    pub python: Option<crate::trial::python_worker::PythonWorker>,
 }
 
 impl SearchRequest {
@@ -269,6 +273,59 @@ fn precisions_on(budget: &Budget, asked: Option<&[Amp]>) -> Result<Vec<Amp>> {
     })
 }
 
+/// What a search through the Python worker can predict: MMSeg's step
+/// traced on the CPU, for one GPU, the PyTorch segtune links, in fp32 (the
+/// CPU's autocast is not CUDA's). A recipe in mixed precision is not
+/// switched to fp32 unless `--amp off` allows it.
+fn python_worker_limits(
+    recipe: &Recipe,
+    precisions: &[Amp],
+    gpus: i64,
+    torch: TorchVersion,
+    spec: &SearchSpec,
+) -> Result<Vec<Amp>> {
+    let refuse = |what: String| {
+        Err(Error::Input(format!(
+            "--python-worker traces MMSeg's own training step on the CPU, for one GPU, in fp32, \
+             with PyTorch {}: {what}",
+            TorchVersion::NEWEST
+        )))
+    };
+    if gpus != 1 {
+        return refuse(format!("--gpus {gpus} is not predicted that way (DDP's buckets)"));
+    }
+    if torch != TorchVersion::NEWEST {
+        return refuse(format!("--torch {torch} is not"));
+    }
+    if matches!(spec.device.as_deref(), Some(d) if d.starts_with("cuda")) {
+        return refuse(
+            "it predicts, it does not measure on a GPU (leave out --device; `segtune trial \
+             --python-worker --device cuda:N` measures one setting)"
+                .into(),
+        );
+    }
+    if !precisions.contains(&Amp::Off) {
+        return refuse(format!(
+            "fp16 and bf16 are not predicted that way (--amp {})",
+            precisions
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
+    }
+    if recipe.amp != Amp::Off && !precisions.iter().all(|a| *a == Amp::Off) {
+        return refuse(format!(
+            "the recipe trains in {} (AmpOptimWrapper); `--amp off` lets the search predict \
+             and write it in fp32 (a change listed with the others), or `segtune trial \
+             --python-worker --device cuda:N --amp {}` measures the recipe on a GPU",
+            recipe.amp.precision_name(),
+            recipe.amp
+        ));
+    }
+    Ok(vec![Amp::Off])
+}
+
 /// A training search's grid and where it runs: the recipe, the budget, the
 /// batches, crops and precisions, the PyTorch release, the CUDA device for
 /// real trials (if any) and the journal's device keys.
@@ -318,13 +375,18 @@ impl TrainingPlan {
         let recipe =
             Recipe::of(cfg, file_name, gpus, spec.effective_batch).map_err(Error::Input)?;
         let budget = budget_of(spec)?;
-        let precisions = precisions_on(&budget, request.precisions.as_deref())?;
+        let mut precisions = precisions_on(&budget, request.precisions.as_deref())?;
         let (torch, torch_source) = request.torch(spec);
+        if request.python.is_some() {
+            precisions = python_worker_limits(&recipe, &precisions, gpus, torch, spec)?;
+        }
         let placement = &request.placement;
         // Asked only when a CUDA device may be used: on Slurm the count is
         // a job of its own.
         let cpu_only = spec.device_setting()? == DeviceSetting::Cpu
             || placement.devices.as_ref().is_some_and(|d| d.cpu_only());
+        // MMSeg's own step is traced on the CPU and predicted, never measured.
+        let cpu_only = cpu_only || request.python.is_some();
         let visible = if cpu_only { 0 } else { real.devices() };
         placement.check(visible)?;
         let slots = placement.slots(visible);
@@ -360,8 +422,13 @@ impl TrainingPlan {
         if let Some(n) = request.gt_segments {
             trial_suffix.push_str(&format!(":segments{n}"));
         }
+        // MMSeg's own step is another answer than segtune's rebuild.
+        let python = request
+            .python
+            .as_ref()
+            .map_or(String::new(), |p| format!(":python={}", p.python().display()));
         let predicted_device = format!(
-            "predicted:{}:{}:{:.3}:{}{trial_suffix}",
+            "predicted:{}:{}:{:.3}:{}{trial_suffix}{python}",
             budget.gpu, budget.vram_bytes, budget.margin, request.trace
         );
         let effective = recipe.effective_batch;
@@ -395,7 +462,13 @@ impl TrainingPlan {
             ranking,
             schedule: spec.schedule.unwrap_or_default(),
             setup: TrainingSetup { gpus, torch },
-            torch_source: torch_source.to_string(),
+            torch_source: match &request.python {
+                Some(p) => format!(
+                    "{torch_source}; each step MMSeg's own, traced by the Python worker in {}",
+                    p.python().display()
+                ),
+                None => torch_source.to_string(),
+            },
             precisions,
             cuda,
             measure_on,
@@ -560,6 +633,7 @@ pub(super) fn check_outputs(
     suffix: &str,
 ) -> Result<()> {
     super::journal::check_out_dir(&request.out)?;
+    super::owned::check_replaceable(&request.out, &super::owned::search_outputs(&request.out))?;
     if layout == BatchLayout::PixelValues {
         return super::emit_hf::check_out(&request.config, &request.out);
     }
@@ -631,6 +705,10 @@ pub(super) fn check_buildable(
         source,
         config: request.config.clone(),
     };
+    // MMSeg itself builds the model: its first trace says what it refuses.
+    if request.python.is_some() {
+        return Ok(());
+    }
     crate::models::check_supported(cfg).map_err(unbuildable)?;
     // An atlas searches one config for several GPUs: its model is built
     // once per process.

@@ -70,6 +70,12 @@ pub struct ModelSummary {
     /// takes the error's kind from here.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<ModelError>,
+    /// For a model segtune builds, that the config's `custom_imports` were
+    /// read and not imported ([`config::custom_imports_note`]); for types
+    /// it does not build, where they would come from and how to let
+    /// segtune run that code ([`ModelError::unknown_type_help`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub note: Option<String>,
 }
 
 /// Builds the config's model on the CPU (if segtune supports it) and
@@ -93,6 +99,7 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
         params_by_prefix: None,
         reason: None,
         error: None,
+        note: config::custom_imports_note(&cfg),
     };
     // Built on meta kernels: only the shapes are counted, and filling every
     // weight (its initialisation, on the CPU) was most of an inspection.
@@ -116,6 +123,7 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
         }
         Err(e) => {
             summary.reason = Some(e.to_string());
+            summary.note = e.unknown_type_help(&config::custom_imports(&cfg), config_path);
             summary.error = Some(e);
         }
     }

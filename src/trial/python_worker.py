@@ -179,6 +179,8 @@ def parse_args(argv):
     ap.add_argument('--foreach', action='store_true')
     ap.add_argument('--op-trace', choices=['off', 'meta'], default='off')
     ap.add_argument('--record-ops', default='')
+    ap.add_argument('--inspect', action='store_true',
+                    help='build the model only; print its types and parameter counts')
     args = ap.parse_args(argv)
     h, w = args.crop.lower().split('x')
     args.crop = (int(h), int(w))
@@ -936,6 +938,42 @@ def run_trial(args, alloc, device):
     return report
 
 
+def inspect(args):
+    """`segtune inspect --python-worker`: the model MMSeg builds (with the
+    config's custom_imports), its types and parameters per top-level module,
+    as segtune's ModelSummary."""
+    from mmseg.registry import MODELS
+    cfg = load_config(args)
+    model_cfg = cfg.model
+
+    def type_of(node):
+        return node.get('type') if isinstance(node, dict) else None
+    summary = {
+        'config': args.config,
+        'model_type': type_of(model_cfg),
+        'backbone_type': type_of(model_cfg.get('backbone')),
+        'decode_head_type': type_of(model_cfg.get('decode_head')),
+        'supported': False,
+    }
+    try:
+        model = MODELS.build(model_cfg)
+    except Exception as e:
+        summary['reason'] = f'MMSeg cannot build the model: {one_line(e)}'
+        return summary
+    by_prefix = {}
+    for name, p in model.named_parameters():
+        entry = by_prefix.setdefault(name.split('.')[0], {'total': 0, 'trainable': 0})
+        entry['total'] += p.numel()
+        entry['trainable'] += p.numel() if p.requires_grad else 0
+    summary.update(
+        supported=True,
+        params_total=sum(e['total'] for e in by_prefix.values()),
+        params_trainable=sum(e['trainable'] for e in by_prefix.values()),
+        params_by_prefix=by_prefix,
+    )
+    return summary
+
+
 def main(argv):
     args = parse_args(argv)
     # This file runs from a temporary directory: the user's working directory
@@ -954,7 +992,9 @@ def main(argv):
             device = torch.device('meta')
             alloc = op_tracer_class()(args.record_ops.split(',') if args.record_ops else [])
         else:
-            alloc = counting_allocator(args.ext_dir) if device.type == 'cpu' else None
+            # An inspection builds the model only: nothing to count.
+            counted = device.type == 'cpu' and not args.inspect
+            alloc = counting_allocator(args.ext_dir) if counted else None
         stub_mmcv_ext()
         try:
             import_mmseg(unused_packages(args))
@@ -962,6 +1002,8 @@ def main(argv):
             raise StartError('missing_mmseg', f'{sys.executable} cannot import MMSegmentation: '
                              f'{one_line(e)}; install it with `{sys.executable} -m {PIP_LINE}`',
                              python=sys.executable, install=PIP_LINE)
+        if args.inspect:
+            emit(inspect(args), 0)
         report = run_trial(args, alloc, device)
     except StartError as e:
         emit({'python_worker_error': dict(kind=e.kind, message=str(e), **e.extra)}, 2)

@@ -12,9 +12,8 @@
 
 use super::report::TrialReport;
 use super::worker::{run_child, LiveTempDir, WorkerDeath, EXIT_INPUT_ERROR};
-use super::{OpTrace, RunMode, TorchVersion, TrialRequest, TrialStatus};
+use super::{ModelSummary, OpTrace, RunMode, TorchVersion, TrialRequest, TrialStatus};
 use crate::error::{Error, Result};
-use crate::models::ModelError;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +24,10 @@ pub const SCRIPT: &str = include_str!("python_worker.py");
 
 /// What the Python worker needs besides torch (as `pip install` takes it).
 pub const MMSEG_PIP: &str = "pip install mmengine==0.10.7 mmcv-lite==2.1.0 mmsegmentation==1.2.2";
+
+/// How long building the model for `inspect --python-worker` may take
+/// (MMSeg's imports and the model's initialisation on the CPU).
+const INSPECT_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Time allowed beyond the trial's own: the interpreter's start, MMSeg's
 /// imports and, the first time, the counting allocator's C++ build.
@@ -152,6 +155,39 @@ impl PythonWorker {
                 )))
             }
         }
+    }
+
+    /// `segtune inspect --python-worker`: the model MMSeg itself builds
+    /// (the config's `custom_imports` imported), its types and parameters.
+    pub fn inspect(&self, config: &Path, cfg_options: &[String]) -> Result<ModelSummary> {
+        let dir = LiveTempDir::new()
+            .map_err(|e| Error::io("cannot create a directory for the Python worker", e))?;
+        let script = dir.path().join("segtune_python_worker.py");
+        std::fs::write(&script, SCRIPT)
+            .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
+        let mut command = Command::new(&self.python);
+        command.arg(&script).arg(config).arg("--inspect");
+        if !cfg_options.is_empty() {
+            command.arg("--cfg-options").args(cfg_options);
+        }
+        let run = run_child(command, &self.python, Some(INSPECT_DEADLINE))?;
+        if run.timed_out {
+            return Err(Error::environment(format!(
+                "the Python worker ({}) did not build the model within {} s; it was stopped",
+                self.python.display(),
+                INSPECT_DEADLINE.as_secs()
+            )));
+        }
+        if let Some(refusal) = last_json_line::<Refusal>(&run.stdout) {
+            return Err(self.start_error(refusal.python_worker_error));
+        }
+        last_json_line::<ModelSummary>(&run.stdout).ok_or_else(|| {
+            Error::environment(format!(
+                "the Python worker ({}) gave no inspection: {}",
+                self.python.display(),
+                WorkerDeath::of(run.status, &run.stderr)
+            ))
+        })
     }
 
     fn start_error(&self, failure: StartFailure) -> Error {
@@ -294,36 +330,6 @@ impl TrialRequest {
             "--amp fp16 on the CPU (MMEngine's CPU autocast takes bf16 only)",
         );
         refused
-    }
-}
-
-/// The model check's answer when the config's model has component types
-/// segtune does not build (`UnknownType`/`UnknownTypes`): the case the
-/// Python worker is for. `None` when segtune builds it, or when the config
-/// fails otherwise (the native worker then says why).
-pub fn unknown_types(config: &Path, cfg_options: &[String]) -> Option<ModelError> {
-    let cfg = crate::config::resolve(config, cfg_options).ok()?;
-    match crate::models::check_supported(&cfg) {
-        Err(e @ (ModelError::UnknownType { .. } | ModelError::UnknownTypes { .. })) => Some(e),
-        _ => None,
-    }
-}
-
-/// `backbone \`MyResNet\``, one per unknown component, for the notice that
-/// the Python worker takes over.
-pub fn unknown_type_names(error: &ModelError) -> Vec<String> {
-    match error {
-        ModelError::UnknownType { role, name, .. } => vec![format!("{role} `{name}`")],
-        ModelError::UnknownTypes { components } => {
-            let mut names: Vec<String> = Vec::new();
-            for name in components.iter().flat_map(unknown_type_names) {
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            }
-            names
-        }
-        _ => Vec::new(),
     }
 }
 

@@ -184,26 +184,6 @@ fn a_report_segtune_cannot_read_says_why() {
 }
 
 #[test]
-fn unknown_components_are_named_once_each() {
-    let unknown = |role: &str, name: &str| ModelError::UnknownType {
-        role: role.into(),
-        name: name.into(),
-        supported: vec!["ResNet".into()],
-    };
-    let error = ModelError::UnknownTypes {
-        components: vec![
-            unknown("backbone", "MyResNet"),
-            unknown("auxiliary head", "MyHead"),
-            unknown("auxiliary head", "MyHead"),
-        ],
-    };
-    assert_eq!(
-        unknown_type_names(&error),
-        ["backbone `MyResNet`", "auxiliary head `MyHead`"]
-    );
-}
-
-#[test]
 fn the_script_speaks_the_reports_field_names() {
     for field in [
         "peak_bytes",
