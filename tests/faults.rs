@@ -115,7 +115,12 @@ fn failures_of_the_host_are_tried_again_and_never_kept() {
     // A report page left by an earlier search: the search says it is stale.
     let undisturbed = dir.path().join("undisturbed");
     std::fs::create_dir_all(undisturbed.join("report")).unwrap();
-    std::fs::write(undisturbed.join("report/report.html"), "<html></html>").unwrap();
+    std::fs::write(
+        undisturbed.join("report/report.html"),
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>segtune search: \
+         an earlier one</title></head></html>\n",
+    )
+    .unwrap();
     let (code, expected, err) = finished(&mut readme_search(&undisturbed));
     assert_eq!(code, Some(0), "{err}");
     assert!(expected["stale_report"]

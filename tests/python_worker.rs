@@ -156,12 +156,23 @@ fn a_custom_backbone_runs_through_the_python_worker_only_when_asked() {
     let (out, seconds) = run(Command::new(env!("CARGO_BIN_EXE_segtune"))
         .args(["trial"])
         .arg(&config)
-        .args(["--python-worker", "--batch-size", "2", "--crop", "128x128", "--threads", "1"])
+        .args([
+            "--python-worker",
+            "--batch-size",
+            "2",
+            "--crop",
+            "128x128",
+            "--threads",
+            "1",
+        ])
         .env("SEGTUNE_PYTHON", &python)
         .env("PYTHONPATH", dir.path()));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(marker.exists(), "the Python worker did not import the module");
+    assert!(
+        marker.exists(),
+        "the Python worker did not import the module"
+    );
     assert!(
         stdout.starts_with("status: ok (Python worker)\n"),
         "{stdout}"
@@ -226,7 +237,14 @@ fn a_custom_backbone_is_searched_through_the_python_worker() {
         run(Command::new(env!("CARGO_BIN_EXE_segtune"))
             .arg("search")
             .arg(&config)
-            .args(["--python-worker", "--vram", "8G", "--threads", "1", "--json"])
+            .args([
+                "--python-worker",
+                "--vram",
+                "8G",
+                "--threads",
+                "1",
+                "--json",
+            ])
             .arg("--python")
             .arg(&python)
             .arg("--out")

@@ -69,7 +69,11 @@ impl ModelError {
     /// `custom_imports` are `modules`: the module that would define them,
     /// and how to let segtune run that code (`--python-worker`), which it
     /// never does unasked. `None` for any other error.
-    pub fn unknown_type_help(&self, modules: &[String], config: &std::path::Path) -> Option<String> {
+    pub fn unknown_type_help(
+        &self,
+        modules: &[String],
+        config: &std::path::Path,
+    ) -> Option<String> {
         let names = self.unknown_type_names();
         if names.is_empty() {
             return None;

@@ -51,9 +51,7 @@ impl Output {
                 .lines()
                 .next()
                 .is_none_or(|l| l.starts_with("{\"config_hash\":")),
-            Output::Page => {
-                head.starts_with("<!doctype html>") && head.contains("<title>segtune ")
-            }
+            Output::Page => head.starts_with("<!doctype html>") && head.contains("<title>segtune "),
             Output::Chart => head.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
             Output::AtlasCsv => head.starts_with("config,family,dataset,"),
         }
@@ -69,7 +67,7 @@ pub fn check_replaceable(out: &Path, targets: &[(PathBuf, Output)]) -> Result<()
             continue;
         };
         let what = if meta.file_type().is_symlink() {
-            Some("is a symbolic link".to_string())
+            Some("is a symbolic link (not a regular file)".to_string())
         } else if !meta.is_file() {
             Some("is not a regular file".to_string())
         } else {
@@ -181,7 +179,8 @@ mod tests {
         assert_eq!(refused(d, "search.json", saved, Output::SavedSearch), None);
         let page = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>segtune search: x.py</title>";
         assert_eq!(refused(d, "report.html", page, Output::Page), None);
-        let atlas_page = "<!doctype html><html><head><meta charset=\"utf-8\"><title>segtune atlas</title>";
+        let atlas_page =
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>segtune atlas</title>";
         assert_eq!(refused(d, "atlas.html", atlas_page, Output::Page), None);
         let journal = "{\"config_hash\":\"h\",\"device\":\"d\"\n";
         assert_eq!(refused(d, "trials.jsonl", journal, Output::Journal), None);

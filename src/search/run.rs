@@ -292,7 +292,9 @@ fn python_worker_limits(
         )))
     };
     if gpus != 1 {
-        return refuse(format!("--gpus {gpus} is not predicted that way (DDP's buckets)"));
+        return refuse(format!(
+            "--gpus {gpus} is not predicted that way (DDP's buckets)"
+        ));
     }
     if torch != TorchVersion::NEWEST {
         return refuse(format!("--torch {torch} is not"));
@@ -423,10 +425,9 @@ impl TrainingPlan {
             trial_suffix.push_str(&format!(":segments{n}"));
         }
         // MMSeg's own step is another answer than segtune's rebuild.
-        let python = request
-            .python
-            .as_ref()
-            .map_or(String::new(), |p| format!(":python={}", p.python().display()));
+        let python = request.python.as_ref().map_or(String::new(), |p| {
+            format!(":python={}", p.python().display())
+        });
         let predicted_device = format!(
             "predicted:{}:{}:{:.3}:{}{trial_suffix}{python}",
             budget.gpu, budget.vram_bytes, budget.margin, request.trace
