@@ -75,7 +75,14 @@ pub fn custom_imports(cfg: &Dict) -> Vec<String> {
 /// MMEngine imports them before building (and may stop there, or they may
 /// register types that replace MMSeg's). `None` without `custom_imports`.
 pub fn custom_imports_note(cfg: &Dict) -> Option<String> {
-    let modules = custom_imports(cfg);
+    // MMSeg's own configs import OpenMMLab's libraries (ConvNeXt's
+    // `mmpretrain.models`, Mask2Former's `mmdet.models`), whose types
+    // segtune rebuilds: not the user's code.
+    const OPENMMLAB: [&str; 6] = ["mmpretrain", "mmdet", "mmseg", "mmcv", "mmengine", "mmcls"];
+    let modules: Vec<String> = custom_imports(cfg)
+        .into_iter()
+        .filter(|m| !OPENMMLAB.contains(&m.split('.').next().unwrap_or("")))
+        .collect();
     if modules.is_empty() {
         return None;
     }

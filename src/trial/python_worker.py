@@ -954,6 +954,8 @@ def inspect(args):
         'backbone_type': type_of(model_cfg.get('backbone')),
         'decode_head_type': type_of(model_cfg.get('decode_head')),
         'supported': False,
+        'note': f'built by MMSeg itself in {sys.executable} (the Python worker), '
+                'with the config\'s custom_imports imported',
     }
     try:
         model = MODELS.build(model_cfg)
