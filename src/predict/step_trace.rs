@@ -78,7 +78,8 @@ pub struct StepToTrace<'a> {
     /// A training step, or an inference (test) step.
     pub mode: RunMode,
     /// How long the worker may take before it is stopped and the trace
-    /// counts as timed out ([`trace_deadline`]).
+    /// counts as timed out: `--trace-timeout` as given, else
+    /// [`default_deadline`]. Used as it is, never extended.
     pub deadline: Duration,
     /// Trace MMSeg's own step in this Python instead (`kind` meta: its
     /// `TorchDispatchMode` on meta kernels; or cpu-allocator: its counting
@@ -100,6 +101,24 @@ pub fn trace_deadline(kind: TraceKind, batch_size: i64, crop: (i64, i64)) -> Dur
         TraceKind::Cpu | TraceKind::CpuAllocator => (1800.0, 1800.0),
     };
     Duration::from_secs_f64((floor_s + per_megapixel_s * megapixels).min(7.0 * 86_400.0))
+}
+
+/// segtune's own deadline for a traced step when `--trace-timeout` does not
+/// give one: [`trace_deadline`], and for the Python worker (`python`) the
+/// interpreter's start besides ([`python_worker::START_ALLOWANCE`]). A
+/// deadline the user gave gets no allowance: it is the deadline.
+pub fn default_deadline(
+    kind: TraceKind,
+    batch_size: i64,
+    crop: (i64, i64),
+    python: bool,
+) -> Duration {
+    let deadline = trace_deadline(kind, batch_size, crop);
+    if python {
+        deadline + python_worker::START_ALLOWANCE
+    } else {
+        deadline
+    }
 }
 
 /// The warm-up steps before a traced training step: one; with gradient
@@ -196,8 +215,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
                         .into(),
                 ));
             }
-            let deadline = step.deadline + python_worker::START_ALLOWANCE;
-            python.trial(&request, Some(deadline))?
+            python.trial(&request, Some(step.deadline))?
         }
         None => worker.trial(&request, Some(step.deadline))?,
     };
