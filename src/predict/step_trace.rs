@@ -252,3 +252,49 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         model_scopes: report.model_scopes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The start allowance is segtune's, for its own default deadline with
+    /// the Python worker; a deadline the user gave is used as it is.
+    #[test]
+    fn the_start_allowance_extends_only_segtunes_own_deadline() {
+        let native = default_deadline(TraceKind::Meta, 2, (512, 512), false);
+        assert_eq!(native, trace_deadline(TraceKind::Meta, 2, (512, 512)));
+        let python = default_deadline(TraceKind::Meta, 2, (512, 512), true);
+        assert_eq!(python, native + python_worker::START_ALLOWANCE);
+    }
+
+    #[test]
+    fn a_python_trace_stops_at_the_deadline_the_user_gave() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let python = dir.path().join("python");
+        std::fs::write(&python, "#!/bin/sh\nexec sleep 3600\n").unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let python = PythonWorker::at(&python);
+        let step = StepToTrace {
+            config: Path::new("cfg.py"),
+            cfg_options: &[],
+            batch_size: 2,
+            crop: (64, 64),
+            amp: Amp::Off,
+            threads: 1,
+            gt_segments: None,
+            setup: TrainingSetup::default(),
+            kind: TraceKind::Meta,
+            mode: RunMode::Train,
+            deadline: Duration::from_secs(1),
+            python: Some(&python),
+        };
+        let started = std::time::Instant::now();
+        let err = trace_step(&Worker::at("/nonexistent"), &step).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(11));
+        assert!(
+            matches!(&err, Error::Unanswered { status: TrialStatus::Timeout, message } if message.contains("within 1 s")),
+            "{err:?}"
+        );
+    }
+}

@@ -1030,4 +1030,142 @@ mod tests {
             "{message}"
         );
     }
+
+    /// A stand-in for `srun` running `body` (a shell script's lines).
+    fn fake_srun_running(dir: &Path, body: &str) -> Arc<SlurmLauncher> {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("srun-body");
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut launcher = SlurmLauncher::new("test");
+        launcher.srun = script.into_os_string();
+        launcher.scancel = "true".into();
+        launcher.scontrol = "true".into();
+        Arc::new(launcher)
+    }
+
+    /// Exit code 2 is the worker's refusal only with its line on stdout:
+    /// srun's and slurmstepd's own exit 2 (an `execve` or `chdir` that
+    /// failed), a usage error of `--srun-args` and an srun that never
+    /// started the step are environment errors in srun's words.
+    #[test]
+    fn an_srun_that_cannot_run_the_worker_is_the_environments_error_in_its_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let request = TrialRequest::new("x.py");
+        let trial = |stderr: &str, code: i32| {
+            Worker::at("/nonexistent/segtune-torch")
+                .launched_by(fake_srun(dir.path(), stderr, code))
+                .trial(&request, None)
+        };
+        let cases = [
+            (
+                "srun: launching StepId=7.0 on host vm, 1 tasks: 0\n\
+                 srun: error: vm: task 0: Exited with exit code 2\n\
+                 slurmstepd-vm: error: execve(): ;: No such file or directory",
+                2,
+                "execve(): ;: No such file or directory",
+            ),
+            (
+                "slurmstepd-vm: error: couldn't chdir to `/nonexistent': No such file or directory",
+                2,
+                "couldn't chdir to `/nonexistent'",
+            ),
+            (
+                "srun: unrecognized option '--bogus-flag'\nTry \"srun --help\" for more information",
+                255,
+                "srun: unrecognized option '--bogus-flag'",
+            ),
+            ("srun: something odd", 1, "before the worker's job step started"),
+        ];
+        for (stderr, code, want) in cases {
+            let err = trial(stderr, code).unwrap_err();
+            assert!(matches!(err, Error::Environment { .. }), "{stderr}: {err}");
+            let text = err.to_string();
+            assert!(text.contains(want), "{text}");
+            assert!(
+                text.contains(&format!("srun exited with code {code}")),
+                "{text}"
+            );
+        }
+        // The worker's own refusal through srun: its rendered message.
+        let line = WorkerRefusal::line(RefusalKind::Input, "error: no such key `model.x`\n");
+        let launcher = fake_srun_running(
+            dir.path(),
+            &format!(
+                "echo 'srun: launching StepId=8.0 on host vm, 1 tasks: 0' >&2\n\
+                 printf '%s' '{}'\nexit 2",
+                line.trim_end()
+            ),
+        );
+        let err = Worker::at("/nonexistent/segtune-torch")
+            .launched_by(launcher)
+            .trial(&request, None)
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Rendered(m) if m.contains("no such key `model.x`")),
+            "{err:?}"
+        );
+    }
+
+    /// A worker that starts a grandchild holding its pipes is killed with
+    /// it at the deadline, and its pipes are given up on within
+    /// [`DRAIN_GRACE`]: nothing hangs, nothing is left running.
+    #[test]
+    fn a_worker_is_killed_whole_at_its_deadline_grandchildren_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let mut command = Command::new("/bin/sh");
+        command.arg("-c").arg(format!(
+            "sleep 3600 & echo $! > {}; echo started >&2; exec sleep 3600",
+            pidfile.display()
+        ));
+        let started = Instant::now();
+        let run = run_child(command, Path::new("/bin/sh"), Some(Duration::from_secs(1))).unwrap();
+        let took = started.elapsed();
+        assert!(run.timed_out);
+        assert!(took < Duration::from_secs(4), "took {took:?}");
+        assert_eq!(String::from_utf8_lossy(&run.stderr), "started\n");
+        let grandchild: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // Gone, or a zombie that nobody reaped yet (its parent was killed).
+        let alive = std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "));
+        assert!(!alive, "the grandchild {grandchild} still runs");
+        // One that left the group (its own setsid) and holds the pipe: the
+        // pipe is abandoned after the grace, the parent returns.
+        let mut command = Command::new("/bin/sh");
+        command.arg("-c").arg(format!(
+            "setsid sleep 30 & echo $! > {}; exit 0",
+            pidfile.display()
+        ));
+        let started = Instant::now();
+        let run = run_child(command, Path::new("/bin/sh"), Some(Duration::from_secs(60))).unwrap();
+        let took = started.elapsed();
+        let escaped: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SAFETY: the test's own stray process.
+        unsafe { libc::kill(escaped, libc::SIGKILL) };
+        assert!(!run.timed_out);
+        assert!(took < DRAIN_GRACE + Duration::from_secs(2), "took {took:?}");
+    }
+
+    #[test]
+    fn srun_says_when_the_controller_does_not_answer() {
+        let o = SrunOutcome::parse(
+            "srun: error: Unable to allocate resources: Unable to contact slurm controller (connect failure)\n",
+        );
+        assert_eq!(o.end, Some(launcher::SlurmEnd::Unreachable));
+        assert!(!o.allocated);
+        let queued = SrunOutcome::parse("srun: job 12 queued and waiting for resources\n");
+        assert_eq!((queued.end, queued.allocated), (None, false));
+        let allocated = SrunOutcome::parse("srun: jobid 12: nodes(1):`vm', cpu counts: 1(x1)\n");
+        assert!(allocated.allocated);
+    }
 }
