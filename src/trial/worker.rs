@@ -442,8 +442,7 @@ fn launcher_failure(srun: &SrunOutcome, run: &Finished) -> Option<Error> {
         let said = String::from_utf8_lossy(&run.stderr)
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .last()
+            .rfind(|l| !l.is_empty())
             .map(|l| format!(": {}", l.chars().take(300).collect::<String>()))
             .unwrap_or_default();
         return Some(Error::environment(format!(
@@ -535,11 +534,8 @@ pub(super) fn run_watched(
     let mut timed_out = false;
     let mut stopped = None;
     let mut watched = started;
-    loop {
-        match ended(pid) {
-            Ok(false) => {}
-            Ok(true) | Err(_) => break,
-        }
+    // Until it ends (or cannot be waited for).
+    while let Ok(false) = ended(pid) {
         if timeout.is_some_and(|t| started.elapsed() > t) {
             timed_out = true;
             break;
