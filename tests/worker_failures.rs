@@ -211,3 +211,130 @@ fn a_step_beyond_the_hosts_ram_stops_at_the_cap_and_says_what_it_needs() {
         "the meta trace holds more than the 0.1 GB the CPU trace was refused at: {estimate}"
     );
 }
+
+/// A shell script at `dir/name` running `body`, executable.
+fn script(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// An `srun` that exits 2 itself (slurmstepd's `chdir` failed; issue 46:
+/// every candidate became "error" with an empty reason, exit 0, reused by
+/// the next run) is no verdict: the search exits 2 in srun's words, and its
+/// journal holds nothing a re-run would reuse.
+#[test]
+fn an_srun_that_exits_2_itself_is_no_verdict_and_the_search_exits_2() {
+    let Some(shared) = common::require_shared("an_srun_that_exits_2_itself_is_no_verdict") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let srun = script(
+        dir.path(),
+        "srun",
+        "echo \"slurmstepd-vm: error: couldn't chdir to \\`/nonexistent': No such file or directory\" >&2\nexit 2",
+    );
+    let out = dir.path().join("out");
+    let started = std::time::Instant::now();
+    let output = std::process::Command::new(common::scale::segtune())
+        .env("SEGTUNE_SRUN", &srun)
+        .env("SEGTUNE_SCANCEL", "true")
+        .env("SEGTUNE_SCONTROL", "true")
+        .arg("search")
+        .arg(b0(&shared))
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--launcher",
+            "slurm",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(output.stdout.is_empty(), "{err}");
+    assert!(
+        err.contains("couldn't chdir to `/nonexistent'") && err.contains("srun exited with code 2"),
+        "{err}"
+    );
+    let rows = common::scale::journal(&out);
+    assert!(!rows.is_empty());
+    for row in &rows {
+        let status = row["record"]["status"].as_str().unwrap();
+        assert_eq!(status, "environment", "{row}");
+        assert!(!row["record"]["reason"].as_str().unwrap().is_empty());
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(120));
+}
+
+/// A Slurm controller that stops answering while a trial's job waits in
+/// the queue (issue 46: a silent stall) stops the search within seconds,
+/// exit 2, and each job `scancel` could not reach is named with the exact
+/// command; nothing of the search is left running.
+#[test]
+fn a_controller_that_does_not_answer_stops_the_search_and_names_the_jobs() {
+    let Some(shared) = common::require_shared("a_controller_that_does_not_answer") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Their sleeps, told apart by a length of their own.
+    let marker = format!("sleep {}", 100_000 + std::process::id());
+    let srun = script(
+        dir.path(),
+        "srun",
+        &format!("echo 'srun: job 12 queued and waiting for resources' >&2\nexec {marker}"),
+    );
+    let scontrol = script(
+        dir.path(),
+        "scontrol",
+        "echo 'Slurmctld(primary) at vm is DOWN'\nexit 1",
+    );
+    let scancel = script(dir.path(), "scancel", &format!("exec {marker}"));
+    let out = dir.path().join("out");
+    let started = std::time::Instant::now();
+    let output = std::process::Command::new(common::scale::segtune())
+        .env("SEGTUNE_SRUN", &srun)
+        .env("SEGTUNE_SCANCEL", &scancel)
+        .env("SEGTUNE_SCONTROL", &scontrol)
+        .env("SEGTUNE_SLURM_CHECK_S", "1")
+        .arg("search")
+        .arg(b0(&shared))
+        .args([
+            "--preset",
+            "rtx3050ti",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--launcher",
+            "slurm",
+        ])
+        .args(["--max-parallel", "2", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "took {took:?}: {err}"
+    );
+    assert!(
+        err.contains("does not answer") && err.contains("Slurmctld(primary) at vm is DOWN"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cancel it with: scancel --name=segtune-"),
+        "{err}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let left = common::scale::processes_mentioning(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+}

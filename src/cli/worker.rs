@@ -3,9 +3,15 @@
 //! fork server, `trial::fork_server`). It lives in a
 //! binary of its own so that `segtune` starts in milliseconds (libtorch
 //! takes ~0.4 s to load).
+//!
+//! Its refusals (exit code 2) print a `WorkerRefusal` line on stdout beside
+//! the message on stderr: segtune takes exit 2 for the worker's own refusal
+//! only with it, as `srun` and slurmstepd exit 2 for failures of theirs.
 
 use super::args::{InspectArgs, TrialArgs};
 use super::{finish, json, Output, EXIT_INPUT_ERROR};
+use crate::error::{Error, Result};
+use crate::trial::worker::{RefusalKind, WorkerRefusal};
 use crate::{report, trial};
 use clap::{Parser, Subcommand};
 
@@ -44,10 +50,14 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { EXIT_INPUT_ERROR } else { 0 };
+            if !e.use_stderr() {
+                return 0;
+            }
+            refuse(RefusalKind::Usage, &e.to_string());
+            return EXIT_INPUT_ERROR;
         }
     };
-    finish(match cli.command {
+    finish_refusing(match cli.command {
         WorkerCommand::Trial(args) => trial::execute(&args.request()).map(|report| Output {
             text: if args.common.json {
                 json(&report)
@@ -80,6 +90,32 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
             )
         }
     })
+}
+
+/// [`finish`], an error also said on stdout as a [`WorkerRefusal`] (its
+/// kind: the machine's, or the request's).
+fn finish_refusing(result: Result<Output>) -> i32 {
+    match result {
+        Ok(out) => finish(Ok(out)),
+        Err(e) => {
+            let text = e.render();
+            eprint!("{text}");
+            match &e {
+                Error::Environment { .. } => refuse(RefusalKind::Environment, &e.to_string()),
+                _ => refuse(RefusalKind::Input, &text),
+            }
+            EXIT_INPUT_ERROR
+        }
+    }
+}
+
+/// Prints the refusal line on stdout (nothing else is there: a refusal has
+/// no report).
+fn refuse(kind: RefusalKind, message: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(WorkerRefusal::line(kind, message).as_bytes());
+    let _ = out.flush();
 }
 
 /// Resolves a request's config in the fork server before it forks, so

@@ -9,7 +9,7 @@ use super::estimate::{
     KernelSetup, TracedInput,
 };
 use super::extrapolate::{extrapolate, TRACED_BATCHES};
-use super::step_trace::{trace_deadline, trace_step, StepToTrace, TraceKind};
+use super::step_trace::{default_deadline, trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
 use crate::models::decode_heads::DECODE_HEAD_FACTS;
@@ -213,9 +213,9 @@ fn trace_as(
                 setup: request.setup,
                 kind,
                 mode: request.mode,
-                deadline: request
-                    .trace_timeout
-                    .unwrap_or_else(|| trace_deadline(kind, batch_size, crop)),
+                deadline: request.trace_timeout.unwrap_or_else(|| {
+                    default_deadline(kind, batch_size, crop, request.python.is_some())
+                }),
                 python: request.python.as_ref(),
             },
         )

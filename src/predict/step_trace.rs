@@ -78,7 +78,8 @@ pub struct StepToTrace<'a> {
     /// A training step, or an inference (test) step.
     pub mode: RunMode,
     /// How long the worker may take before it is stopped and the trace
-    /// counts as timed out ([`trace_deadline`]).
+    /// counts as timed out: `--trace-timeout` as given, else
+    /// [`default_deadline`]. Used as it is, never extended.
     pub deadline: Duration,
     /// Trace MMSeg's own step in this Python instead (`kind` meta: its
     /// `TorchDispatchMode` on meta kernels; or cpu-allocator: its counting
@@ -100,6 +101,24 @@ pub fn trace_deadline(kind: TraceKind, batch_size: i64, crop: (i64, i64)) -> Dur
         TraceKind::Cpu | TraceKind::CpuAllocator => (1800.0, 1800.0),
     };
     Duration::from_secs_f64((floor_s + per_megapixel_s * megapixels).min(7.0 * 86_400.0))
+}
+
+/// segtune's own deadline for a traced step when `--trace-timeout` does not
+/// give one: [`trace_deadline`], and for the Python worker (`python`) the
+/// interpreter's start besides ([`python_worker::START_ALLOWANCE`]). A
+/// deadline the user gave gets no allowance: it is the deadline.
+pub fn default_deadline(
+    kind: TraceKind,
+    batch_size: i64,
+    crop: (i64, i64),
+    python: bool,
+) -> Duration {
+    let deadline = trace_deadline(kind, batch_size, crop);
+    if python {
+        deadline + python_worker::START_ALLOWANCE
+    } else {
+        deadline
+    }
 }
 
 /// The warm-up steps before a traced training step: one; with gradient
@@ -196,8 +215,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
                         .into(),
                 ));
             }
-            let deadline = step.deadline + python_worker::START_ALLOWANCE;
-            python.trial(&request, Some(deadline))?
+            python.trial(&request, Some(step.deadline))?
         }
         None => worker.trial(&request, Some(step.deadline))?,
     };
@@ -233,4 +251,50 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         recompute_flops: report.recompute_flops,
         model_scopes: report.model_scopes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The start allowance is segtune's, for its own default deadline with
+    /// the Python worker; a deadline the user gave is used as it is.
+    #[test]
+    fn the_start_allowance_extends_only_segtunes_own_deadline() {
+        let native = default_deadline(TraceKind::Meta, 2, (512, 512), false);
+        assert_eq!(native, trace_deadline(TraceKind::Meta, 2, (512, 512)));
+        let python = default_deadline(TraceKind::Meta, 2, (512, 512), true);
+        assert_eq!(python, native + python_worker::START_ALLOWANCE);
+    }
+
+    #[test]
+    fn a_python_trace_stops_at_the_deadline_the_user_gave() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let python = dir.path().join("python");
+        std::fs::write(&python, "#!/bin/sh\nexec sleep 3600\n").unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let python = PythonWorker::at(&python);
+        let step = StepToTrace {
+            config: Path::new("cfg.py"),
+            cfg_options: &[],
+            batch_size: 2,
+            crop: (64, 64),
+            amp: Amp::Off,
+            threads: 1,
+            gt_segments: None,
+            setup: TrainingSetup::default(),
+            kind: TraceKind::Meta,
+            mode: RunMode::Train,
+            deadline: Duration::from_secs(1),
+            python: Some(&python),
+        };
+        let started = std::time::Instant::now();
+        let err = trace_step(&Worker::at("/nonexistent"), &step).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(11));
+        assert!(
+            matches!(&err, Error::Unanswered { status: TrialStatus::Timeout, message } if message.contains("within 1 s")),
+            "{err:?}"
+        );
+    }
 }

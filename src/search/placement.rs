@@ -180,6 +180,9 @@ impl Placement {
         if let Some(scancel) = std::env::var_os("SEGTUNE_SCANCEL") {
             l.scancel = scancel;
         }
+        if let Some(scontrol) = std::env::var_os("SEGTUNE_SCONTROL") {
+            l.scontrol = scontrol;
+        }
         l.partition = s.partition.clone();
         l.gpus_per_trial = s.gpus_per_trial;
         l.cpus_per_trial = s.cpus_per_trial;

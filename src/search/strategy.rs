@@ -557,6 +557,14 @@ impl Stages<'_, '_> {
                         failure = Some(e);
                     }
                 }
+                // A Slurm controller gone fails every further trial alike:
+                // the search stops (exit 2) rather than judge by the rest.
+                if let (None, Some(why)) = (&failure, crate::trial::launcher::controller_lost()) {
+                    crate::trial::worker::stop_running_workers();
+                    failure = Some(crate::error::Error::environment(format!(
+                        "the search stopped: {why}"
+                    )));
+                }
                 groups[done.group].decide(done.mid, &done.record, exhaustive);
                 explored.left_at_most = bound(&groups);
                 decided_groups.push(done.group);

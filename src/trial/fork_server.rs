@@ -5,7 +5,8 @@
 //!
 //! The child is a new process as a spawned worker is: its own globals,
 //! limits and memory, its exit status and signal, its stdout and stderr
-//! (written to files the request names), killed on its deadline by pid. The
+//! (written to files the request names), its own session and process
+//! group (`setsid`), killed whole on its deadline (`killpg`). The
 //! server never runs a torch op, so it forks before libtorch has started a
 //! thread (fork copies only the calling thread); CUDA is never initialised
 //! in it. Before forking it resolves the request's config (the child finds
@@ -120,6 +121,8 @@ fn serve_one(request: &ServeRequest, run: &dyn Fn(Vec<OsString>) -> i32) -> std:
         // NUL-terminated string that outlives the call.
         unsafe {
             libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+            // A group of its own, as a spawned worker's: killed whole.
+            libc::setsid();
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
             libc::dup2(null, 0);
@@ -254,7 +257,7 @@ fn spawn_server(worker: &Path) -> std::io::Result<Child> {
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null());
-                super::worker::dies_with_parent(&mut command);
+                super::worker::own_group_dying_with_parent(&mut command);
                 let _ = reply.send(command.spawn());
             }
         });
@@ -362,8 +365,9 @@ pub(super) fn run_forked(
     let status = loop {
         let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
         if left == Some(Duration::ZERO) && !timed_out {
-            // SAFETY: the server's child, whose end the server still awaits.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The server's child (and its group), whose end the server
+            // still awaits: its pid is not reused meanwhile.
+            super::worker::kill_group(pid as u32);
             timed_out = true;
         }
         let wait = left
@@ -392,6 +396,7 @@ pub(super) fn run_forked(
         stdout: read(&request.stdout),
         stderr: read(&request.stderr),
         timed_out,
+        stopped: None,
         srun: None,
     }))
 }

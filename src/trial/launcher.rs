@@ -16,6 +16,19 @@
 //! cancels a user's jobs of that name; inside an allocation
 //! (`SLURM_JOB_ID` set) a trial is a job step given `--exact` so that
 //! steps share the allocation's CPUs and GPUs instead of each taking all.
+//!
+//! Slurm's client tools retry a controller that does not answer for many
+//! seconds (`scancel` and `scontrol show job` ~18 s each here, `srun`'s
+//! allocation ~9 s), and an `srun` whose job waits in the queue waits
+//! silently for ever once the controller is gone. So every `scancel` and
+//! `scontrol` here runs under a bound ([`CANCEL_WAIT`], [`ASK_WAIT`]); an
+//! `srun` that has no allocation after [`SlurmLauncher::check_after`] has
+//! the controller asked (`scontrol ping`, answered at once by a dead
+//! controller, at most every [`PING_EVERY`] for all trials) and is stopped
+//! as an environment failure when it does not answer; and once any `srun`
+//! finds the controller gone ([`controller_lost`]), the search stops rather
+//! than fail each of its candidates in turn. A job that `scancel` could not
+//! cancel is named on stderr with the command that cancels it.
 
 use std::cell::RefCell;
 use std::ffi::OsString;
@@ -23,6 +36,22 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long `scancel` may take: a live controller answers in milliseconds;
+/// a dead one makes `scancel` retry for ~18 s, too long for a Ctrl-C.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(3);
+
+/// How long `scontrol show job` / `scontrol ping` may take.
+pub const ASK_WAIT: Duration = Duration::from_secs(10);
+
+/// How often the controller is asked whether it answers while jobs wait
+/// for their allocation (one answer serves every trial).
+pub const PING_EVERY: Duration = Duration::from_secs(10);
+
+/// The default of [`SlurmLauncher::check_after`] (`SEGTUNE_SLURM_CHECK_S`
+/// overrides it, for tests).
+const CHECK_AFTER: Duration = Duration::from_secs(10);
 
 /// How segtune runs its Slurm jobs (the `--launcher slurm` options).
 #[derive(Debug)]
@@ -48,6 +77,9 @@ pub struct SlurmLauncher {
     pub job_prefix: String,
     /// Inside an allocation (`SLURM_JOB_ID` set): job steps with `--exact`.
     pub in_allocation: bool,
+    /// How long an `srun` may wait for its allocation before the controller
+    /// is asked whether it still answers (and every [`PING_EVERY`] after).
+    pub check_after: Duration,
     next: AtomicUsize,
 }
 
@@ -65,6 +97,10 @@ impl SlurmLauncher {
             extra_args: Vec::new(),
             job_prefix: format!("segtune-{search_id}"),
             in_allocation: std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty()),
+            check_after: std::env::var("SEGTUNE_SLURM_CHECK_S")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .map_or(CHECK_AFTER, Duration::from_secs_f64),
             next: AtomicUsize::new(1),
         }
     }
@@ -121,23 +157,92 @@ impl SlurmLauncher {
     /// The state Slurm gives job `job_id` (`scontrol show job -o`:
     /// `CANCELLED`, `TIMEOUT`, `PREEMPTED`, `NODE_FAIL`, ...), while Slurm
     /// still keeps the finished job (`MinJobAge`, 300 s by default).
+    /// `None` when the controller does not answer within [`ASK_WAIT`].
     pub fn job_state(&self, job_id: &str) -> Option<String> {
-        let out = Command::new(&self.scontrol)
-            .args(["show", "job", "-o", job_id])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()?;
+        let mut command = Command::new(&self.scontrol);
+        command.args(["show", "job", "-o", job_id]);
+        let out = output_within(command, ASK_WAIT)?;
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
             .find_map(|f| f.strip_prefix("JobState="))
             .map(str::to_string)
     }
 
-    /// Cancels the job named `name` (`scancel --name`), waiting for
-    /// `scancel` itself only; failures are ignored (the job may be gone).
+    /// Cancels the job named `name` (`scancel --name`), waiting
+    /// [`CANCEL_WAIT`] at most; a job that could not be cancelled is named
+    /// on stderr with the command to cancel it.
     pub fn cancel(&self, name: &str) {
-        scancel_by_name(&self.scancel, name);
+        cancel_all(&[(name.to_string(), self.scancel.clone())]);
+    }
+
+    /// Whether the controller answers `scontrol ping` (asked at most every
+    /// [`PING_EVERY`] for all trials, [`ASK_WAIT`] at most): `Err` with
+    /// what it said (`Slurmctld(primary) at vm is DOWN`) when not.
+    pub fn controller_answers(&self) -> Result<(), String> {
+        type Ping = Option<(Instant, OsString, Result<(), String>)>;
+        static PING: Mutex<Ping> = Mutex::new(None);
+        let Ok(mut last) = PING.lock() else {
+            return Ok(());
+        };
+        if let Some((at, scontrol, answer)) = last.as_ref() {
+            if *scontrol == self.scontrol && at.elapsed() < PING_EVERY {
+                return answer.clone();
+            }
+        }
+        let mut command = Command::new(&self.scontrol);
+        command.arg("ping");
+        let answer = match output_within(command, ASK_WAIT) {
+            None => Err(format!(
+                "`scontrol ping` got no answer within {} s",
+                ASK_WAIT.as_secs()
+            )),
+            Some(out) => {
+                let said = String::from_utf8_lossy(&out.stdout).to_string()
+                    + &*String::from_utf8_lossy(&out.stderr);
+                let first = said
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty() && !l.starts_with('*'))
+                    .unwrap_or("")
+                    .to_string();
+                if out.status.success() && !said.contains("DOWN") {
+                    Ok(())
+                } else {
+                    Err(format!("scontrol ping: {first}"))
+                }
+            }
+        };
+        *last = Some((Instant::now(), self.scontrol.clone(), answer.clone()));
+        answer
+    }
+}
+
+/// Runs `command` (its stdin closed, its output captured) in a process
+/// group of its own for `limit` at most; `None` when it could not start or
+/// did not end in time (then killed, with anything it started).
+pub fn output_within(mut command: Command, limit: Duration) -> Option<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = command.spawn().ok()?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            // Slurm's tools print a few lines: the pipes never fill.
+            Ok(Some(_)) => return child.wait_with_output().ok(),
+            Ok(None) if started.elapsed() < limit => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                // SAFETY: killpg(2) of the group this child leads (not yet
+                // reaped, so its id is not reused).
+                unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
+                let _ = child.wait();
+                return None;
+            }
+        }
     }
 }
 
@@ -166,6 +271,9 @@ pub enum SlurmEnd {
     /// `srun: error: Unable to allocate resources` or `Invalid ...`: the
     /// request itself was refused (a wrong partition, GRES or time).
     Refused,
+    /// `Unable to contact slurm controller`, or a controller that did not
+    /// answer `scontrol ping` while the job waited for its allocation.
+    Unreachable,
     /// The worker got SIGTERM or SIGKILL under `srun` and neither `srun`
     /// nor `scontrol` said why: Slurm's way of ending a step (scancel, a
     /// time limit, a preemption).
@@ -195,6 +303,9 @@ impl SlurmEnd {
             SlurmEnd::Preempted => "the trial's Slurm job was preempted by another job",
             SlurmEnd::NodeFailure => "the trial's Slurm node failed",
             SlurmEnd::Refused => "Slurm refused the trial's job",
+            SlurmEnd::Unreachable => {
+                "the Slurm controller (slurmctld) does not answer: the trial's job was stopped"
+            }
             SlurmEnd::Terminated => {
                 "Slurm terminated the trial's job (SIGTERM or SIGKILL: scancel, its time limit or a preemption)"
             }
@@ -211,7 +322,17 @@ pub struct SrunOutcome {
     pub end: Option<SlurmEnd>,
     /// The line that says so (shown with the trial's failure).
     pub line: Option<String>,
+    /// `srun` or slurmstepd complained of something other than the task's
+    /// own end (a usage error, an `execve` or `chdir` that failed, an
+    /// error of the controller): those lines, at most [`COMPLAINTS`].
+    pub complaints: Vec<String>,
+    /// `srun` said the job has its allocation (`jobid N: nodes(...)`) or
+    /// launched its step.
+    pub allocated: bool,
 }
+
+/// The most complaint lines kept of one `srun` (each cut at 300 bytes).
+pub const COMPLAINTS: usize = 5;
 
 impl SrunOutcome {
     /// The job id (the step id without its step).
@@ -274,8 +395,18 @@ impl SrunOutcome {
                     out.step_id = Some(id);
                 }
             }
+            if out.step_id.is_some()
+                || (line.starts_with("srun: jobid ") && line.contains("nodes("))
+            {
+                out.allocated = true;
+            }
             let lower = line.to_ascii_lowercase();
-            let found = if line.contains("CANCELLED AT") {
+            if is_complaint(line, &lower) && out.complaints.len() < COMPLAINTS {
+                out.complaints.push(cut(line, 300));
+            }
+            let found = if lower.contains("unable to contact slurm controller") {
+                Some((4, SlurmEnd::Unreachable))
+            } else if line.contains("CANCELLED AT") {
                 Some((
                     3,
                     if line.contains("DUE TO TIME LIMIT") {
@@ -320,6 +451,44 @@ impl SrunOutcome {
     }
 }
 
+/// Whether `line` (`lower`, lowercased) is `srun`'s or slurmstepd's
+/// complaint rather than its report of the task's own end (`srun: error:
+/// n1: task 0: Exited with exit code 2`, which the worker's exit is) or a
+/// line of `--verbose`'s.
+fn is_complaint(line: &str, lower: &str) -> bool {
+    if line.starts_with("Try \"srun --help\"") {
+        return true;
+    }
+    if !is_srun_line(line) {
+        return false;
+    }
+    let task_end = lower.contains(": task ") && !lower.contains("execve");
+    !task_end
+        && [
+            "error",
+            "fatal",
+            "unrecognized",
+            "invalid",
+            "unable",
+            "no such",
+            "not found",
+        ]
+        .iter()
+        .any(|w| lower.contains(w))
+}
+
+/// `text` cut to at most `max` bytes (at a character boundary).
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
 /// `srun`'s own lines, which are not the worker's (dropped from the
 /// worker's last stderr line).
 pub fn is_srun_line(line: &str) -> bool {
@@ -351,25 +520,74 @@ impl Drop for LiveJob {
     }
 }
 
-/// `scancel --name` of every job still running: what segtune does when it
-/// is stopped (SIGINT, SIGTERM) or its search fails, so that nothing of it
-/// stays queued or running on the cluster.
+/// `scancel --name` of every job still running, [`CANCEL_WAIT`] at most
+/// for all of them together: what segtune does when it is stopped (SIGINT,
+/// SIGTERM) or its search fails, so that nothing of it stays queued or
+/// running on the cluster. Each job that could not be cancelled (the
+/// controller does not answer) is named on stderr with the command to run.
 pub fn cancel_live_jobs() {
     let jobs: Vec<(String, OsString)> = LIVE_JOBS.lock().map(|l| l.clone()).unwrap_or_default();
-    for (name, scancel) in jobs {
-        scancel_by_name(&scancel, &name);
+    cancel_all(&jobs);
+}
+
+/// `scancel --name=<name>` of each job, all at once, [`CANCEL_WAIT`] at
+/// most; the names it could not cancel, each said once on stderr with the
+/// exact command.
+fn cancel_all(jobs: &[(String, OsString)]) -> Vec<String> {
+    let threads: Vec<_> = jobs
+        .iter()
+        .cloned()
+        .map(|(name, scancel)| {
+            std::thread::spawn(move || {
+                let mut command = Command::new(&scancel);
+                command.arg(format!("--name={name}"));
+                let done = output_within(command, CANCEL_WAIT).is_some_and(|o| o.status.success());
+                (name, done)
+            })
+        })
+        .collect();
+    let failed: Vec<String> = threads
+        .into_iter()
+        .filter_map(|t| t.join().ok())
+        .filter(|(_, done)| !done)
+        .map(|(name, _)| name)
+        .collect();
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    for name in &failed {
+        let new = SAID.lock().map_or(true, |mut said| {
+            let new = !said.contains(name);
+            if new {
+                said.push(name.clone());
+            }
+            new
+        });
+        if new {
+            eprintln!(
+                "segtune: could not cancel the Slurm job {name} (scancel got no answer within {} s); \
+                 once the controller answers, cancel it with: scancel --name={name}",
+                CANCEL_WAIT.as_secs()
+            );
+        }
+    }
+    failed
+}
+
+/// Why the Slurm controller is taken for gone, once an `srun` found it so:
+/// a search stops then (every further trial would fail alike).
+static LOST: Mutex<Option<String>> = Mutex::new(None);
+
+/// Notes that the controller does not answer (`why`), for
+/// [`controller_lost`]; the first note stays.
+pub fn note_controller_lost(why: &str) {
+    if let Ok(mut lost) = LOST.lock() {
+        lost.get_or_insert_with(|| why.to_string());
     }
 }
 
-/// `scancel --name=<name>` with `scancel`, waited for; its failures are
-/// ignored (the job may be gone already).
-fn scancel_by_name(scancel: &std::ffi::OsStr, name: &str) {
-    let _ = Command::new(scancel)
-        .arg(format!("--name={name}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
+/// Why the Slurm controller is gone, when an `srun` of this process found
+/// it so: the search stops with an environment error.
+pub fn controller_lost() -> Option<String> {
+    LOST.lock().ok().and_then(|l| l.clone())
 }
 
 thread_local! {

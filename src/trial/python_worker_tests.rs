@@ -198,3 +198,37 @@ fn the_script_speaks_the_reports_field_names() {
         assert!(SCRIPT.contains(field), "{field}");
     }
 }
+
+/// A Python that starts a grandchild holding the pipes (issue 46: it hung
+/// 956 s) stops at the deadline given, the grandchild with it, and the
+/// timeout names that deadline (no start allowance added to it).
+#[test]
+fn a_python_worker_and_its_grandchild_stop_at_the_deadline_given() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("grandchild.pid");
+    let python = dir.path().join("python");
+    std::fs::write(
+        &python,
+        format!(
+            "#!/bin/sh\nsleep 3600 & echo $! > {}\nexec sleep 3600\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = std::time::Instant::now();
+    let report = PythonWorker::at(&python)
+        .trial(&TrialRequest::new("cfg.py"), Some(Duration::from_secs(1)))
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(11), "took {took:?}");
+    assert_eq!(report.status, TrialStatus::Timeout);
+    let message = report.message.unwrap();
+    assert!(message.contains("within 1 s"), "{message}");
+    let grandchild = std::fs::read_to_string(&pidfile).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let alive = std::fs::read_to_string(format!("/proc/{}/stat", grandchild.trim()))
+        .is_ok_and(|s| !s.contains(") Z "));
+    assert!(!alive, "the grandchild {} still runs", grandchild.trim());
+}

@@ -1,9 +1,21 @@
 //! The parent side of the protocol: runs the `segtune-torch` worker next to
 //! the running executable on a [`TrialRequest`] and reads its
-//! [`TrialReport`] back. A worker that exits with the input-error code
-//! passes its rendered message on; one that dies, hangs past its time or
-//! answers nothing readable becomes a report with status `crash` or
-//! `timeout` that says how.
+//! [`TrialReport`] back. A worker's end is classified from what the worker
+//! itself reported: its report on stdout, or its refusal (a
+//! [`WorkerRefusal`] line on stdout with exit code 2: an input error,
+//! passed on as the worker rendered it). Exit code 2 alone is no input
+//! error: `srun` and slurmstepd exit 2 too (a `chdir` or `execve` that
+//! failed). A worker that dies, hangs past its time or answers nothing
+//! readable becomes a report with status `crash` or `timeout` that says
+//! how; an `srun` that could not run it at all is an environment error
+//! with `srun`'s own words.
+//!
+//! Every worker process (spawned here, `srun`, the Python worker) leads a
+//! process group of its own, dying with segtune (`PR_SET_PDEATHSIG`): at
+//! its deadline, on a signal to segtune, and when it ends, the whole group
+//! is killed (a grandchild holding its pipes included), and its pipes are
+//! read for [`DRAIN_GRACE`] more at most, so that nothing outlives its
+//! deadline by more than that.
 
 use super::launcher::{self, LiveJob, SlurmLauncher, SrunOutcome};
 use super::{ModelSummary, TrialReport, TrialRequest, TrialStatus};
@@ -24,6 +36,65 @@ const INSPECT_DEADLINE: Duration = Duration::from_secs(600);
 /// How long the worker may take to count the CUDA devices.
 const DEVICES_DEADLINE: Duration = Duration::from_secs(120);
 
+/// How long a worker's pipes are read after its group was killed: a
+/// process that left the group (its own `setsid`) and keeps them open is
+/// abandoned then, its output so far kept.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// What the worker prints on stdout, one JSON line, when it exits with
+/// [`EXIT_INPUT_ERROR`] without a report: the only exit 2 taken for the
+/// worker's own refusal.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkerRefusal {
+    pub segtune_worker_error: RefusalBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RefusalBody {
+    pub kind: RefusalKind,
+    /// The message, rendered for the user as segtune would print it.
+    pub message: String,
+}
+
+/// Why the worker refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalKind {
+    /// The request's config or model (`Error::Rendered` here).
+    Input,
+    /// The worker's machine (a file it cannot write, a library).
+    Environment,
+    /// Its command line: a `segtune-torch` of another build than segtune.
+    Usage,
+}
+
+impl WorkerRefusal {
+    /// The line the worker prints (with its newline).
+    pub fn line(kind: RefusalKind, message: &str) -> String {
+        let refusal = WorkerRefusal {
+            segtune_worker_error: RefusalBody {
+                kind,
+                message: message.to_string(),
+            },
+        };
+        serde_json::to_string(&refusal).unwrap_or_default() + "\n"
+    }
+
+    fn error(self, worker: &Path) -> Error {
+        let RefusalBody { kind, message } = self.segtune_worker_error;
+        match kind {
+            RefusalKind::Input => Error::Rendered(message),
+            RefusalKind::Environment => Error::environment(message),
+            RefusalKind::Usage => Error::environment(format!(
+                "the worker {} refused the command line segtune gave it (a segtune-torch of \
+                 another build?); build both with `cargo build --release`: {}",
+                worker.display(),
+                message.trim()
+            )),
+        }
+    }
+}
+
 /// The `segtune-torch` worker binary, run here or, with a launcher, as a
 /// Slurm job step (`--launcher slurm`).
 #[derive(Debug, Clone)]
@@ -38,14 +109,25 @@ pub(super) struct Finished {
     pub(super) stdout: Vec<u8>,
     pub(super) stderr: Vec<u8>,
     pub(super) timed_out: bool,
+    /// Stopped before its deadline, and why (`srun` waiting on a Slurm
+    /// controller that does not answer).
+    pub(super) stopped: Option<String>,
     /// Run through `srun`: what its stderr said of the job.
     pub(super) srun: Option<SrunOutcome>,
 }
 
 impl Finished {
-    fn input_error(&self) -> Option<Error> {
-        (self.status.and_then(|s| s.code()) == Some(EXIT_INPUT_ERROR))
-            .then(|| Error::Rendered(self.worker_stderr()))
+    /// The worker's own refusal: exit code 2 with its [`WorkerRefusal`]
+    /// line on stdout (never exit 2 alone, which `srun` gives too).
+    fn refusal(&self, worker: &Path) -> Option<Error> {
+        if self.status.and_then(|s| s.code()) != Some(EXIT_INPUT_ERROR) {
+            return None;
+        }
+        String::from_utf8_lossy(&self.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<WorkerRefusal>(l.trim()).ok())
+            .map(|r| r.error(worker))
     }
 
     /// The worker's own stderr (without `srun`'s lines).
@@ -141,11 +223,9 @@ impl Worker {
         // A CPU trial (a traced step) is forked; CUDA gets a spawned worker.
         let forkable = request.device == super::DeviceChoice::Cpu;
         let run = self.run_launched(&request.to_argv(), timeout, forkable)?;
-        // The worker's own input error first: Slurm did not end that job.
-        if !run.timed_out {
-            if let Some(e) = run.input_error() {
-                return Err(e);
-            }
+        // The worker's own refusal first: Slurm did not end that job.
+        if let Some(e) = run.refusal(&self.path) {
+            return Err(e);
         }
         if let Some(srun) = &run.srun {
             if let Some(report) = slurm_report(request, srun, &run)? {
@@ -157,15 +237,17 @@ impl Worker {
             return Ok(TrialReport::unanswered(
                 request,
                 TrialStatus::Timeout,
-                format!("no result within {secs} s; the trial was stopped"),
+                format!("no result within {secs} s (its deadline); the trial was stopped"),
             ));
-        }
-        if let Some(e) = run.input_error() {
-            return Err(e);
         }
         match serde_json::from_slice::<TrialReport>(&run.stdout) {
             Ok(report) => Ok(report),
             Err(_) => {
+                if let Some(srun) = &run.srun {
+                    if let Some(e) = launcher_failure(srun, &run) {
+                        return Err(e);
+                    }
+                }
                 let death = run.death();
                 Ok(TrialReport::unanswered(
                     request,
@@ -184,7 +266,7 @@ impl Worker {
             argv.extend(cfg_options.iter().map(OsString::from));
         }
         let run = self.run(&argv, Some(INSPECT_DEADLINE), true)?;
-        if let Some(e) = run.input_error() {
+        if let Some(e) = run.refusal(&self.path) {
             return Err(e);
         }
         if run.timed_out {
@@ -270,23 +352,104 @@ impl Worker {
             return self.run(argv, timeout, forkable);
         };
         let name = slurm.next_job_name();
+        if let Some(why) = launcher::controller_lost() {
+            return Err(Error::environment(format!(
+                "{why}; job {name} was not started"
+            )));
+        }
         let _live = LiveJob::register(slurm, &name);
         let command = slurm.command(&name, &self.path, argv);
-        let mut run = run_child(command, Path::new(&slurm.srun), timeout)?;
-        if run.timed_out {
+        let mut run = run_watched(
+            command,
+            Path::new(&slurm.srun),
+            timeout,
+            &mut |stderr, ran| controller_gone(slurm, stderr, ran),
+        )?;
+        if run.timed_out || run.stopped.is_some() {
             slurm.cancel(&name);
         }
         let mut srun = SrunOutcome::parse(&String::from_utf8_lossy(&run.stderr));
         if let Some(step) = &srun.step_id {
             launcher::note_launched_job(step);
         }
+        if let Some(why) = &run.stopped {
+            srun.end = Some(launcher::SlurmEnd::Unreachable);
+            srun.line = Some(why.clone());
+        }
         let failed = !run.status.is_some_and(|s| s.success());
         if srun.end.is_none() && failed && !run.timed_out {
             srun.end_from_slurm(slurm, run.status);
         }
+        if srun.end == Some(launcher::SlurmEnd::Unreachable) {
+            launcher::note_controller_lost(&format!(
+                "the Slurm controller (slurmctld) does not answer ({}); start it again, or \
+                 search without --launcher slurm",
+                srun.line.as_deref().unwrap_or("")
+            ));
+        }
         run.srun = Some(srun);
         Ok(run)
     }
+}
+
+/// Whether an `srun` that has run for `ran`, having written `stderr` so
+/// far, should be stopped because the Slurm controller is gone: `srun` said
+/// so, another trial found it so, or the job still has no allocation after
+/// [`SlurmLauncher::check_after`] and the controller does not answer
+/// `scontrol ping` (a queued `srun` would otherwise wait for ever).
+fn controller_gone(slurm: &SlurmLauncher, stderr: &[u8], ran: Duration) -> Option<String> {
+    let text = String::from_utf8_lossy(stderr);
+    if let Some(line) = text
+        .lines()
+        .find(|l| l.contains("Unable to contact slurm controller"))
+    {
+        return Some(line.trim().to_string());
+    }
+    if launcher::controller_lost().is_some() {
+        return Some("another trial found the Slurm controller gone".into());
+    }
+    if ran < slurm.check_after || SrunOutcome::parse(&text).allocated {
+        return None;
+    }
+    slurm.controller_answers().err().map(|why| {
+        format!(
+            "the job had no allocation after {} s and {why}",
+            ran.as_secs()
+        )
+    })
+}
+
+/// An `srun` that failed without a report and without Slurm saying it
+/// ended the job: `srun` or slurmstepd could not run the worker (a usage
+/// error of `--srun-args`, a `chdir` or `execve` that failed), said in its
+/// own words; or the step never started. `None`: the worker ran and died
+/// (its death says how).
+fn launcher_failure(srun: &SrunOutcome, run: &Finished) -> Option<Error> {
+    if run.status.is_some_and(|s| s.success()) {
+        return None;
+    }
+    let how = match run.status.and_then(|s| s.code()) {
+        Some(code) => format!("srun exited with code {code}"),
+        None => "srun ended by a signal".to_string(),
+    };
+    if !srun.complaints.is_empty() {
+        return Some(Error::environment(format!(
+            "srun could not run the worker ({how}): {}; check --srun-args and the cluster",
+            srun.complaints.join(" | ")
+        )));
+    }
+    if srun.step_id.is_none() {
+        let said = String::from_utf8_lossy(&run.stderr)
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .map(|l| format!(": {}", l.chars().take(300).collect::<String>()))
+            .unwrap_or_default();
+        return Some(Error::environment(format!(
+            "srun ended before the worker's job step started ({how}){said}; check --srun-args and the cluster"
+        )));
+    }
+    None
 }
 
 /// The report of a Slurm job that Slurm ended (cancelled, out of time,
@@ -311,9 +474,15 @@ fn slurm_report(
         return Err(Error::environment(format!("{}: {said}", end.describe())));
     }
     // A report printed before the end still stands (the step was cancelled
-    // after its worker answered).
+    // after its worker answered, or srun lost the controller after it).
     if let Ok(report) = serde_json::from_slice::<TrialReport>(&run.stdout) {
         return Ok(Some(report));
+    }
+    if end == SlurmEnd::Unreachable {
+        return Err(Error::environment(format!(
+            "{}{job}: {said}; start slurmctld again (or search without --launcher slurm)",
+            end.describe()
+        )));
     }
     let status = match end {
         SlurmEnd::TimeLimit => TrialStatus::Timeout,
@@ -329,9 +498,23 @@ fn slurm_report(
 /// Runs `command` (the program at `program`) to its end or its `timeout`,
 /// killed with this process, its pipes drained: a worker of either kind.
 pub(super) fn run_child(
+    command: Command,
+    program: &Path,
+    timeout: Option<Duration>,
+) -> Result<Finished> {
+    run_watched(command, program, timeout, &mut |_, _| None)
+}
+
+/// [`run_child`], with `watch` asked a few times a second (with its stderr
+/// so far and how long it has run) whether to stop it before its deadline
+/// (`Some(why)`). The child leads a process group of its own: when it
+/// ends, is stopped or misses its deadline, the group is killed, and its
+/// pipes are read for [`DRAIN_GRACE`] more at most.
+pub(super) fn run_watched(
     mut command: Command,
     program: &Path,
     timeout: Option<Duration>,
+    watch: &mut dyn FnMut(&[u8], Duration) -> Option<String>,
 ) -> Result<Finished> {
     command
         .stdin(Stdio::null())
@@ -339,44 +522,120 @@ pub(super) fn run_child(
         .stderr(Stdio::piped());
     // The worker dies with the thread that waits for it: a killed segtune
     // leaves no worker computing on.
-    dies_with_parent(&mut command);
+    own_group_dying_with_parent(&mut command);
     let mut child = command
         .spawn()
         .map_err(|e| Error::io(format!("cannot run {}", program.display()), e))?;
-    let _registered = LiveWorker::register(child.id());
-    // Drained on threads, so that a chatty worker never blocks on a full pipe.
-    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut bytes);
-            }
-            bytes
-        })
-    }
-    let stdout = drain(child.stdout.take());
-    let stderr = drain(child.stderr.take());
+    let pid = child.id();
+    let _registered = LiveWorker::register(pid);
+    let stdout = Drain::start(child.stdout.take());
+    let stderr = Drain::start(child.stderr.take());
     let started = Instant::now();
     let mut timed_out = false;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
-                let _ = child.kill();
-                timed_out = true;
-                break child.wait().ok();
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(_) => break None,
+    let mut stopped = None;
+    let mut watched = started;
+    // Until it ends (or cannot be waited for).
+    while let Ok(false) = ended(pid) {
+        if timeout.is_some_and(|t| started.elapsed() > t) {
+            timed_out = true;
+            break;
         }
-    };
+        if watched.elapsed() >= Duration::from_millis(250) {
+            watched = Instant::now();
+            let so_far = stderr.so_far();
+            if let Some(why) = watch(&so_far, started.elapsed()) {
+                stopped = Some(why);
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The group, not the child alone: whatever the worker started (a
+    // grandchild holding the pipes) goes too. The child is not reaped yet,
+    // so its group's id is still its own.
+    kill_group(pid);
+    let status = child.wait().ok();
+    let until = Instant::now() + DRAIN_GRACE;
     Ok(Finished {
         status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
+        stdout: stdout.take(until),
+        stderr: stderr.take(until),
         timed_out,
+        stopped,
         srun: None,
     })
+}
+
+/// Whether the child `pid` has ended, without reaping it (`waitid` with
+/// `WNOWAIT`): its process group's id stays its own until it is reaped.
+fn ended(pid: u32) -> std::io::Result<bool> {
+    // SAFETY: waitid(2) on our own child with a zeroed siginfo_t that it
+    // fills; WNOHANG leaves `si_pid` 0 while the child runs.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let r = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(info.si_pid() != 0)
+    }
+}
+
+/// SIGKILL to the process group `pid` leads and to `pid` itself (a pid
+/// that leads no group: a fork server's child before its `setsid`).
+pub(super) fn kill_group(pid: u32) {
+    // SAFETY: kill(2)/killpg(2) of a process this one started and has not
+    // reaped, and of the group it leads.
+    unsafe {
+        libc::killpg(pid as libc::pid_t, libc::SIGKILL);
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+}
+
+/// A pipe read to its end on a thread of its own (a chatty worker never
+/// blocks on a full pipe), its bytes readable so far and given up on after
+/// a bound (a process outside the worker's group may hold it open).
+struct Drain {
+    bytes: Arc<std::sync::Mutex<Vec<u8>>>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl Drain {
+    fn start(pipe: Option<impl Read + Send + 'static>) -> Drain {
+        let bytes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, done) = std::sync::mpsc::channel();
+        let into = bytes.clone();
+        std::thread::spawn(move || {
+            if let Some(mut p) = pipe {
+                let mut chunk = [0u8; 65536];
+                while let Ok(n @ 1..) = p.read(&mut chunk) {
+                    if let Ok(mut b) = into.lock() {
+                        b.extend_from_slice(&chunk[..n]);
+                    }
+                }
+            }
+            let _ = tx.send(());
+        });
+        Drain { bytes, done }
+    }
+
+    fn so_far(&self) -> Vec<u8> {
+        self.bytes.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+
+    /// The bytes read once the pipe closed, or at `until` (the reading
+    /// thread then abandoned, left to end when the pipe does).
+    fn take(self, until: Instant) -> Vec<u8> {
+        let _ = self
+            .done
+            .recv_timeout(until.saturating_duration_since(Instant::now()));
+        self.so_far()
+    }
 }
 
 /// Workers running now and temporary files in use, so that a segtune
@@ -510,13 +769,10 @@ pub fn stop_running_workers() {
     }
 }
 
-/// SIGKILL to each worker pid.
+/// SIGKILL to each worker and the process group it leads.
 fn kill_workers(pids: &[u32]) {
     for pid in pids {
-        // SAFETY: kill(2) on a pid this process spawned and still waits for.
-        unsafe {
-            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
-        }
+        kill_group(*pid);
     }
 }
 
@@ -629,13 +885,16 @@ impl std::fmt::Display for WorkerDeath {
     }
 }
 
-/// Makes the process `command` starts receive SIGKILL when the thread that
-/// started it ends (`PR_SET_PDEATHSIG`).
-pub(super) fn dies_with_parent(command: &mut Command) {
+/// Makes the process `command` starts lead a session and process group of
+/// its own (`setsid`: killed whole with `killpg`, and a Ctrl-C on the
+/// terminal reaches segtune alone, which then stops it) and receive
+/// SIGKILL when the thread that started it ends (`PR_SET_PDEATHSIG`).
+pub(super) fn own_group_dying_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         command.pre_exec(|| {
+            libc::setsid();
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
@@ -766,5 +1025,143 @@ mod tests {
             message.contains("Slurm terminated") && message.contains("143"),
             "{message}"
         );
+    }
+
+    /// A stand-in for `srun` running `body` (a shell script's lines).
+    fn fake_srun_running(dir: &Path, body: &str) -> Arc<SlurmLauncher> {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("srun-body");
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut launcher = SlurmLauncher::new("test");
+        launcher.srun = script.into_os_string();
+        launcher.scancel = "true".into();
+        launcher.scontrol = "true".into();
+        Arc::new(launcher)
+    }
+
+    /// Exit code 2 is the worker's refusal only with its line on stdout:
+    /// srun's and slurmstepd's own exit 2 (an `execve` or `chdir` that
+    /// failed), a usage error of `--srun-args` and an srun that never
+    /// started the step are environment errors in srun's words.
+    #[test]
+    fn an_srun_that_cannot_run_the_worker_is_the_environments_error_in_its_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let request = TrialRequest::new("x.py");
+        let trial = |stderr: &str, code: i32| {
+            Worker::at("/nonexistent/segtune-torch")
+                .launched_by(fake_srun(dir.path(), stderr, code))
+                .trial(&request, None)
+        };
+        let cases = [
+            (
+                "srun: launching StepId=7.0 on host vm, 1 tasks: 0\n\
+                 srun: error: vm: task 0: Exited with exit code 2\n\
+                 slurmstepd-vm: error: execve(): ;: No such file or directory",
+                2,
+                "execve(): ;: No such file or directory",
+            ),
+            (
+                "slurmstepd-vm: error: couldn't chdir to `/nonexistent': No such file or directory",
+                2,
+                "couldn't chdir to `/nonexistent'",
+            ),
+            (
+                "srun: unrecognized option '--bogus-flag'\nTry \"srun --help\" for more information",
+                255,
+                "srun: unrecognized option '--bogus-flag'",
+            ),
+            ("srun: something odd", 1, "before the worker's job step started"),
+        ];
+        for (stderr, code, want) in cases {
+            let err = trial(stderr, code).unwrap_err();
+            assert!(matches!(err, Error::Environment { .. }), "{stderr}: {err}");
+            let text = err.to_string();
+            assert!(text.contains(want), "{text}");
+            assert!(
+                text.contains(&format!("srun exited with code {code}")),
+                "{text}"
+            );
+        }
+        // The worker's own refusal through srun: its rendered message.
+        let line = WorkerRefusal::line(RefusalKind::Input, "error: no such key `model.x`\n");
+        let launcher = fake_srun_running(
+            dir.path(),
+            &format!(
+                "echo 'srun: launching StepId=8.0 on host vm, 1 tasks: 0' >&2\n\
+                 printf '%s' '{}'\nexit 2",
+                line.trim_end()
+            ),
+        );
+        let err = Worker::at("/nonexistent/segtune-torch")
+            .launched_by(launcher)
+            .trial(&request, None)
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Rendered(m) if m.contains("no such key `model.x`")),
+            "{err:?}"
+        );
+    }
+
+    /// A worker that starts a grandchild holding its pipes is killed with
+    /// it at the deadline, and its pipes are given up on within
+    /// [`DRAIN_GRACE`]: nothing hangs, nothing is left running.
+    #[test]
+    fn a_worker_is_killed_whole_at_its_deadline_grandchildren_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let mut command = Command::new("/bin/sh");
+        command.arg("-c").arg(format!(
+            "sleep 3600 & echo $! > {}; echo started >&2; exec sleep 3600",
+            pidfile.display()
+        ));
+        let started = Instant::now();
+        let run = run_child(command, Path::new("/bin/sh"), Some(Duration::from_secs(1))).unwrap();
+        let took = started.elapsed();
+        assert!(run.timed_out);
+        assert!(took < Duration::from_secs(4), "took {took:?}");
+        assert_eq!(String::from_utf8_lossy(&run.stderr), "started\n");
+        let grandchild: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // Gone, or a zombie that nobody reaped yet (its parent was killed).
+        let alive = std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "));
+        assert!(!alive, "the grandchild {grandchild} still runs");
+        // One that left the group (its own setsid) and holds the pipe: the
+        // pipe is abandoned after the grace, the parent returns.
+        let mut command = Command::new("/bin/sh");
+        command.arg("-c").arg(format!(
+            "setsid sleep 30 & echo $! > {}; exit 0",
+            pidfile.display()
+        ));
+        let started = Instant::now();
+        let run = run_child(command, Path::new("/bin/sh"), Some(Duration::from_secs(60))).unwrap();
+        let took = started.elapsed();
+        let escaped: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SAFETY: the test's own stray process.
+        unsafe { libc::kill(escaped, libc::SIGKILL) };
+        assert!(!run.timed_out);
+        assert!(took < DRAIN_GRACE + Duration::from_secs(2), "took {took:?}");
+    }
+
+    #[test]
+    fn srun_says_when_the_controller_does_not_answer() {
+        let o = SrunOutcome::parse(
+            "srun: error: Unable to allocate resources: Unable to contact slurm controller (connect failure)\n",
+        );
+        assert_eq!(o.end, Some(launcher::SlurmEnd::Unreachable));
+        assert!(!o.allocated);
+        let queued = SrunOutcome::parse("srun: job 12 queued and waiting for resources\n");
+        assert_eq!((queued.end, queued.allocated), (None, false));
+        let allocated = SrunOutcome::parse("srun: jobid 12: nodes(1):`vm', cpu counts: 1(x1)\n");
+        assert!(allocated.allocated);
     }
 }
