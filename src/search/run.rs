@@ -92,6 +92,9 @@ pub fn search(
     worker: &Worker,
     progress: Progress,
 ) -> Result<SearchResult> {
+    if let Some(cache) = &request.trace_cache {
+        cache.check()?;
+    }
     let worker = &request.placement.place(worker, &request.out)?;
     // What waits on other processes starts now and overlaps: the fork
     // servers' libtorch, the CUDA device count, the Python's PyTorch.
