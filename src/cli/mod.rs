@@ -361,6 +361,7 @@ fn atlas_command(args: &args::AtlasArgs) -> Result<Output> {
         );
     };
     let atlas = crate::search::atlas::atlas(&request, &worker, &progress)?;
+    atlas.notes.iter().for_each(|n| eprintln!("note: {n}"));
     let text = json(&atlas);
     write_atomically(&args.out.join("atlas.json"), text.as_bytes())?;
     write_atomically(
