@@ -506,7 +506,7 @@ fn journal_not_reused_notes(n: &crate::search::journal::NotReused) -> String {
     }
     if n.checksum_failed > 0 {
         out.push_str(&format!(
-            "note: {} journal row(s) failed their checksum (edited or damaged): ignored, run again\n",
+            "note: {} journal row(s) failed their checksum (edited or damaged) and were ignored\n",
             n.checksum_failed
         ));
     }

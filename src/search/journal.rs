@@ -293,7 +293,20 @@ pub struct Journal {
     /// the next record starts on a line of its own.
     needs_newline: bool,
     skipped_lines: usize,
-    not_reused: NotReused,
+    /// Lines whose checksum fails.
+    checksum_failed: usize,
+    /// Verdicts recorded with other inputs, by the kind of device
+    /// ([`device_class`]) and candidate key, with the device and inputs.
+    others: HashMap<(String, String), (String, Inputs)>,
+    /// Of those, the ones this search asked for (and so evaluated again).
+    asked_others: std::sync::Mutex<BTreeSet<(String, String)>>,
+}
+
+/// The kind of device a record is of (`predicted`, `predicted-infer`,
+/// `cuda`): device strings name some inputs too, so a candidate asked for
+/// with other inputs is found by this.
+fn device_class(device: &str) -> String {
+    device.split(':').next().unwrap_or("").to_string()
 }
 
 /// Creates the search's `--out` directory (and its parents), after
@@ -402,8 +415,7 @@ impl Journal {
         let text = read_journal(&path)?;
         let mut done = HashMap::new();
         let (mut read, mut skipped_lines) = (0usize, 0usize);
-        let mut not_reused = NotReused::default();
-        let (mut theirs, mut their_devices) = (Vec::new(), Vec::new());
+        let (mut checksum_failed, mut others) = (0usize, HashMap::new());
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let Ok(l) = serde_json::from_str::<Line>(line) else {
                 skipped_lines += 1;
@@ -412,7 +424,7 @@ impl Journal {
             read += 1;
             let seal = seal_of(line);
             if seal == Seal::Broken {
-                not_reused.checksum_failed += 1;
+                checksum_failed += 1;
                 continue;
             }
             let expected = inputs.for_device(&l.device);
@@ -423,11 +435,11 @@ impl Journal {
                 done.insert((l.device, l.candidate.key()), l.record);
             } else if l.record.status.is_verdict() {
                 // A failure of the moment is run again anyway: not news.
-                not_reused.other_inputs += 1;
-                theirs.push(l.inputs.unwrap_or_else(|| {
+                let inputs = l.inputs.unwrap_or_else(|| {
                     Inputs::new().with("format", "an older segtune's, without its inputs")
-                }));
-                their_devices.push(l.device);
+                });
+                let key = (device_class(&l.device), l.candidate.key());
+                others.insert(key, (l.device, inputs));
             }
         }
         if read == 0 && skipped_lines > 0 {
@@ -437,8 +449,6 @@ impl Journal {
                 path.display()
             )));
         }
-        let devices: Vec<&str> = their_devices.iter().map(String::as_str).collect();
-        not_reused.differences = differences(&theirs, &inputs, &devices);
         // Opened now, so that an unwritable --out is found before any trial.
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -455,7 +465,9 @@ impl Journal {
             done,
             needs_newline: !text.is_empty() && !text.ends_with('\n'),
             skipped_lines,
-            not_reused,
+            checksum_failed,
+            others,
+            asked_others: Default::default(),
         })
     }
 
@@ -463,9 +475,17 @@ impl Journal {
     /// record of a failure of the host or the moment (a crash, a timeout,
     /// the host's refusal) is kept in the file but never reused.
     pub fn get(&self, c: &Candidate) -> Option<&TrialRecord> {
-        self.done
+        let found = self
+            .done
             .get(&(self.device.clone(), c.key()))
-            .filter(|r| r.status.is_verdict())
+            .filter(|r| r.status.is_verdict());
+        let other = (device_class(&self.device), c.key());
+        if found.is_none() && self.others.contains_key(&other) {
+            if let Ok(mut asked) = self.asked_others.lock() {
+                asked.insert(other);
+            }
+        }
+        found
     }
 
     /// Reads and writes the records of another device from now on (a
@@ -483,9 +503,25 @@ impl Journal {
         self.skipped_lines
     }
 
-    /// Rows that were not reused: of other inputs, or failing their checksum.
-    pub fn not_reused(&self) -> &NotReused {
-        &self.not_reused
+    /// Rows that were not reused: the candidates asked for so far that had
+    /// a verdict of other inputs only (evaluated again), with what differs;
+    /// and the lines failing their checksum.
+    pub fn not_reused(&self) -> NotReused {
+        let asked = self
+            .asked_others
+            .lock()
+            .map(|a| a.clone())
+            .unwrap_or_default();
+        let (devices, theirs): (Vec<&str>, Vec<Inputs>) = asked
+            .iter()
+            .filter_map(|k| self.others.get(k))
+            .map(|(d, i)| (d.as_str(), i.clone()))
+            .unzip();
+        NotReused {
+            other_inputs: theirs.len(),
+            differences: differences(&theirs, &self.inputs, &devices),
+            checksum_failed: self.checksum_failed,
+        }
     }
 
     /// Appends a finished trial: one write of a whole line (after a newline
@@ -649,8 +685,10 @@ mod tests {
             j.append(&candidate(2), &record()).unwrap();
         }
         let mut j = Journal::open(dir.path(), gpu("8.6", "meta"), "predicted").unwrap();
+        assert_eq!(j.not_reused().other_inputs, 0, "nothing asked yet");
         assert!(j.get(&candidate(1)).is_none());
-        assert_eq!(j.not_reused().other_inputs, 2);
+        assert!(j.get(&candidate(3)).is_none());
+        assert_eq!(j.not_reused().other_inputs, 1);
         // The preset facts' hash differs too; the named input says it.
         assert_eq!(
             j.not_reused().differences.as_deref(),
@@ -660,7 +698,13 @@ mod tests {
         drop(j);
         let j = Journal::open(dir.path(), gpu("6.1", "meta"), "predicted").unwrap();
         assert!(j.get(&candidate(1)).is_some(), "its own rows are kept");
-        assert_eq!(j.not_reused().other_inputs, 1);
+        assert_eq!(j.not_reused().other_inputs, 0);
+        drop(j);
+        let mut j = Journal::open(dir.path(), gpu("8.6", "meta"), "predicted").unwrap();
+        assert!(j.get(&candidate(1)).is_some());
+        j.set_device("cuda:1");
+        assert!(j.get(&candidate(2)).is_none());
+        assert_eq!(j.not_reused().other_inputs, 1, "cuda:0's candidate 2");
         drop(j);
         // A real trial does not trace: another trace kind reuses it.
         let mut j = Journal::open(dir.path(), gpu("6.1", "cpu"), "predicted").unwrap();

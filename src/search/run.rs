@@ -613,7 +613,7 @@ pub(super) fn assemble(
         recipe_outcome: None,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),
-        journal_not_reused: journal.not_reused().clone(),
+        journal_not_reused: journal.not_reused(),
         stale_report: saved::stale_report(&request.out),
     })
 }
