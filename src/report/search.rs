@@ -447,6 +447,26 @@ fn winner_lines(r: &SearchResult) -> String {
     out
 }
 
+/// Notes on journal rows a search did not reuse (other inputs, a failed
+/// checksum): their candidates ran again, and the user hears why.
+fn journal_not_reused_notes(n: &crate::search::journal::NotReused) -> String {
+    let mut out = String::new();
+    if n.other_inputs > 0 {
+        out.push_str(&format!(
+            "note: {} journal row(s) were recorded with other inputs ({}): not reused, run again\n",
+            n.other_inputs,
+            n.differences.as_deref().unwrap_or("unknown")
+        ));
+    }
+    if n.checksum_failed > 0 {
+        out.push_str(&format!(
+            "note: {} journal row(s) failed their checksum (edited or damaged) and were ignored\n",
+            n.checksum_failed
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,24 +511,4 @@ mod tests {
         };
         assert!(progress_line(&resumed).starts_with("from the journal: "));
     }
-}
-
-/// Notes on journal rows a search did not reuse (other inputs, a failed
-/// checksum): their candidates ran again, and the user hears why.
-fn journal_not_reused_notes(n: &crate::search::journal::NotReused) -> String {
-    let mut out = String::new();
-    if n.other_inputs > 0 {
-        out.push_str(&format!(
-            "note: {} journal row(s) were recorded with other inputs ({}): not reused, run again\n",
-            n.other_inputs,
-            n.differences.as_deref().unwrap_or("unknown")
-        ));
-    }
-    if n.checksum_failed > 0 {
-        out.push_str(&format!(
-            "note: {} journal row(s) failed their checksum (edited or damaged) and were ignored\n",
-            n.checksum_failed
-        ));
-    }
-    out
 }
