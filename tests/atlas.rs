@@ -420,3 +420,66 @@ fn a_row_reused_from_another_schedule_keeps_its_own_config() {
     }
     assert_eq!(row_settings(&rows[0]), row_settings(&rows[1]));
 }
+
+/// Issue 46: a damaged `rows.jsonl` is kept aside with a note; a row whose
+/// search folder was deleted is searched again; a second atlas on a locked
+/// `--out` exits 2 at once naming the first.
+#[test]
+fn a_damaged_row_cache_a_deleted_search_and_a_second_atlas() {
+    let config = common::readme_example();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("atlas");
+    std::fs::create_dir_all(&out).unwrap();
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
+    std::fs::write(out.join("rows.jsonl"), &garbage).unwrap();
+    let atlas = || {
+        Command::new(segtune())
+            .arg("atlas")
+            .arg(&config)
+            .args(["--preset", "rtx3050ti", "--quiet", "--json", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let first = atlas();
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("damaged") && stderr.contains("kept aside"),
+        "{stderr}"
+    );
+    let result: Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(result["notes"].as_array().unwrap().len(), 1, "{result}");
+    let aside: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("rows.jsonl.damaged-"))
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), garbage);
+
+    let reused = |o: &std::process::Output| -> u64 {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["rows_reused"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(reused(&atlas()), 1);
+    std::fs::remove_dir_all(out.join("searches")).unwrap();
+    assert_eq!(
+        reused(&atlas()),
+        0,
+        "a row without its search is searched again"
+    );
+
+    let held = std::fs::File::open(out.join(".segtune-atlas.lock")).unwrap();
+    held.lock().unwrap();
+    let started = std::time::Instant::now();
+    let refused = atlas();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(refused.stdout.is_empty());
+    assert!(stderr.contains("another segtune atlas"), "{stderr}");
+    assert!(started.elapsed().as_secs() < 10);
+}

@@ -186,3 +186,120 @@ fn a_stopped_search_leaves_no_worker_and_no_temporary_file() {
         assert!(left.is_empty(), "{signal}: temporary files left: {left:?}");
     }
 }
+
+/// Issue 46: a search into an `--out` whose journal was written with other
+/// inputs (another compute capability) evaluates its candidates again,
+/// says what differs, and equals a fresh search; a hand-edited row fails
+/// its checksum and is not trusted.
+#[test]
+fn a_journal_of_other_inputs_is_run_again_and_said() {
+    let Some(shared) = common::require_shared("a_journal_of_other_inputs_is_run_again_and_said")
+    else {
+        return;
+    };
+    let config = b0(&shared);
+    let dir = tempfile::tempdir().unwrap();
+    let search = |out: &Path, cc: &str| -> serde_json::Value {
+        let run = common::search_command_on(&config, out, &["--vram", "4G"])
+            .args(["--compute-capability", cc, "--json"])
+            .timeout(std::time::Duration::from_secs(300))
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        serde_json::from_slice(&run.stdout).unwrap()
+    };
+    // The verdicts, not whether this run or the journal gave them.
+    let table = |r: &serde_json::Value| {
+        let mut t = serde_json::json!([r["winner"], r["feasible"], r["infeasible"]]);
+        t[0].as_object_mut().unwrap().remove("ran_now");
+        for list in [1, 2] {
+            for o in t[list].as_array_mut().unwrap() {
+                o.as_object_mut().unwrap().remove("ran_now");
+            }
+        }
+        t
+    };
+    let out = dir.path().join("one");
+    search(&out, "6.1");
+    let again = search(&out, "8.6");
+    let fresh = search(&dir.path().join("fresh"), "8.6");
+    assert_eq!(again["trials_resumed"], 0, "{again}");
+    let stale = &again["journal_not_reused"];
+    assert!(stale["other_inputs"].as_u64().unwrap() > 0, "{stale}");
+    assert_eq!(stale["differences"], "compute capability 6.1, now 8.6");
+    assert_eq!(table(&again), table(&fresh));
+
+    // An out-of-memory verdict edited into a fit is not trusted.
+    let journal = out.join("trials.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    // The last one: a row of this (8.6) search's.
+    let at = text.rfind("\"status\":\"oom\"").unwrap();
+    let edited = format!(
+        "{}{}",
+        &text[..at],
+        text[at..].replacen("\"status\":\"oom\"", "\"status\":\"fits\"", 1)
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&journal, edited).unwrap();
+    let after = search(&out, "8.6");
+    assert_eq!(after["journal_not_reused"]["checksum_failed"], 1, "{after}");
+    assert_eq!(after["trials_run"], 1);
+    assert_eq!(table(&after), table(&fresh));
+}
+
+/// Issue 46: trace-cache entries copied over other keys' files are traced
+/// again (the winner is the undisturbed one) and overwritten; a `.failed`
+/// marker linked to /etc/passwd is not read.
+#[test]
+fn copied_over_traces_and_linked_markers_are_not_trusted() {
+    let config = common::readme_example();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let search = |out: &str| -> serde_json::Value {
+        let run = common::search_command(&config, &dir.path().join(out))
+            .arg("--json")
+            .arg("--trace-cache")
+            .arg(&cache)
+            .timeout(std::time::Duration::from_secs(300))
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        serde_json::from_slice(&run.stdout).unwrap()
+    };
+    let first = search("a");
+    let mut entries: Vec<std::path::PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".json.gz"))
+        .collect();
+    entries.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    assert!(entries.len() >= 3, "{entries:?}");
+    let (smallest, rest) = entries.split_first().unwrap();
+    let copied = std::fs::read(smallest).unwrap();
+    for e in rest {
+        std::fs::copy(smallest, e).unwrap();
+    }
+    // The smallest's own entry gone, a link to /etc/passwd as its marker.
+    let marker = smallest.to_string_lossy().replace(".json.gz", ".failed");
+    std::fs::remove_file(smallest).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", &marker).unwrap();
+    let again = search("b");
+    assert_eq!(again["winner"], first["winner"]);
+    assert_eq!(again["infeasible"], first["infeasible"]);
+    let written = std::fs::read_to_string(dir.path().join("b/trials.jsonl")).unwrap();
+    assert!(!written.contains("root:"), "/etc/passwd read as a reason");
+    for e in rest {
+        assert_ne!(std::fs::read(e).unwrap(), copied, "{e:?} not traced again");
+    }
+    assert!(smallest.exists(), "the missing trace was traced and stored");
+}

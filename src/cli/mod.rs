@@ -333,6 +333,7 @@ fn atlas_command(args: &args::AtlasArgs) -> Result<Output> {
         &crate::search::owned::atlas_outputs(&args.out),
     )?;
     let atlas = crate::search::atlas::atlas(&request, &worker, &progress)?;
+    atlas.notes.iter().for_each(|n| eprintln!("note: {n}"));
     let text = json(&atlas);
     write_atomically(&args.out.join("atlas.json"), text.as_bytes())?;
     write_atomically(

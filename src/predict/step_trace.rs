@@ -3,6 +3,7 @@
 //! for CUDA (its autocast rules, GradScaler, foreach optimizers), and writes
 //! every allocation and free to a temporary file read back here.
 
+use super::trace_cache::Lookup;
 use crate::error::{Error, Result};
 use crate::trial::kernel_calls::KernelCall;
 use crate::trial::python_worker::{self, PythonWorker};
@@ -148,7 +149,7 @@ pub fn config_accumulation(config: &Path, cfg_options: &[String]) -> i64 {
 }
 
 /// [`trace_step`], answered from `cache` when it holds the step (and the
-/// new trace stored there when not).
+/// new trace stored there when not, over any entry that did not verify).
 pub fn trace_step_cached(
     worker: &Worker,
     step: &StepToTrace,
@@ -159,11 +160,12 @@ pub fn trace_step_cached(
     };
     let key = cache.key(worker, step);
     if let Some(key) = key.as_deref() {
-        if let Some(failure) = cache.failure(key) {
-            return Err(Error::Trial(failure));
-        }
-        if let Some(found) = cache.get(key) {
-            return Ok(found);
+        // A trace of the key wins over a `.failed` marker beside it; an
+        // entry that is not this key's (copied over, edited) is a miss.
+        match cache.lookup(key) {
+            Lookup::Trace(found) => return Ok(found),
+            Lookup::Failed(reason) => return Err(Error::Trial(reason)),
+            Lookup::Miss => {}
         }
     }
     let traced = trace_step(worker, step);

@@ -410,6 +410,7 @@ mod tests {
             trace_cache_hits: 0,
             trace_cache_misses: 3,
             metafile_errors: Vec::new(),
+            notes: Vec::new(),
             seconds: 3.0,
         }
     }

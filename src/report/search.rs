@@ -387,6 +387,7 @@ fn counts_and_notes(r: &SearchResult) -> String {
             r.journal_skipped_lines
         ));
     }
+    out.push_str(&journal_not_reused_notes(&r.journal_not_reused));
     if r.auto_scale_lr {
         out.push_str("note: no batch size keeps the recipe's effective batch; auto_scale_lr is enabled in the emitted config\n");
     }
@@ -442,6 +443,26 @@ fn winner_lines(r: &SearchResult) -> String {
                 "environment: the winner fits only with PyTorch's allocator set so (predicted); run training with\n  PYTORCH_CUDA_ALLOC_CONF={conf}\n"
             ));
         }
+    }
+    out
+}
+
+/// Notes on journal rows a search did not reuse (other inputs, a failed
+/// checksum): their candidates ran again, and the user hears why.
+fn journal_not_reused_notes(n: &crate::search::journal::NotReused) -> String {
+    let mut out = String::new();
+    if n.other_inputs > 0 {
+        out.push_str(&format!(
+            "note: {} journal row(s) were recorded with other inputs ({}): not reused, run again\n",
+            n.other_inputs,
+            n.differences.as_deref().unwrap_or("unknown")
+        ));
+    }
+    if n.checksum_failed > 0 {
+        out.push_str(&format!(
+            "note: {} journal row(s) failed their checksum (edited or damaged) and were ignored\n",
+            n.checksum_failed
+        ));
     }
     out
 }

@@ -12,8 +12,8 @@ use super::evaluate::Evaluator;
 use super::journal::Journal;
 use super::record::SearchResult;
 use super::run::{
-    assemble, budget_of, cuda_device, predictor, prepare, CudaTrials, Found, RealTrials,
-    ResultHead, SearchRequest,
+    assemble, budget_of, cuda_device, journal_inputs, predictor, prepare, CudaTrials, Found,
+    RealTrials, ResultHead, SearchRequest,
 };
 use super::space::{Amp, ModelKnobs, Recipe, TestMode};
 use super::spec::Objective;
@@ -120,7 +120,8 @@ pub fn search_inference(
             ),
         ),
     };
-    let mut journal = Journal::open(&request.out, &prepared.config_hash, &device)?;
+    let inputs = journal_inputs(request, &prepared, &budget, setup, worker);
+    let mut journal = Journal::open(&request.out, inputs, &device)?;
     let explored = explore_test_modes(
         test_modes(model, crop)?,
         (image, &precisions),

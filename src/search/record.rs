@@ -222,6 +222,10 @@ pub struct SearchResult {
     /// of a killed run, foreign text): skipped, not lost silently.
     #[serde(default)]
     pub journal_skipped_lines: usize,
+    /// Journal rows not reused: recorded with other inputs (what differs),
+    /// or failing their checksum; their candidates were evaluated again.
+    #[serde(default, skip_serializing_if = "super::journal::NotReused::is_empty")]
+    pub journal_not_reused: super::journal::NotReused,
     /// `DIR/report/report.html` when it was written for an earlier search
     /// (now out of date: `segtune report DIR` writes it again).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -5,7 +5,7 @@
 use super::confirm::{confirm, Confirmation};
 use super::emit;
 use super::evaluate::{Evaluator, MeasuredEvaluator};
-use super::journal::{hash_text, Journal};
+use super::journal::{hash_text, Inputs, Journal};
 use super::knobs;
 pub use super::predictor::predictor;
 pub(super) use super::predictor::trace_slots;
@@ -96,6 +96,9 @@ pub fn search(
     worker: &Worker,
     progress: Progress,
 ) -> Result<SearchResult> {
+    if let Some(cache) = &request.trace_cache {
+        cache.check()?;
+    }
     let worker = &request.placement.place(worker, &request.out)?;
     // What waits on other processes starts now and overlaps: the fork
     // servers' libtorch, the CUDA device count, the Python's PyTorch.
@@ -178,7 +181,8 @@ pub fn search_with(
             )
         })
         .collect();
-    let mut journal = Journal::open(&request.out, &prepared.config_hash, &plan.predicted_device)?;
+    let inputs = journal_inputs(request, &prepared, &plan.budget, plan.setup, worker);
+    let mut journal = Journal::open(&request.out, inputs, &plan.predicted_device)?;
     let space = plan.space();
     let explored = explore(
         &plan,
@@ -251,6 +255,68 @@ pub(super) fn prepare(
         config_hash,
         layout,
     })
+}
+
+/// What a search's verdicts depend on besides the candidate, for its
+/// journal's keys: a row recorded with other inputs is evaluated again.
+/// The resolved config (with `--cfg-options`, the config's `env_cfg` and
+/// `segtune` settings), the GPU (named, and every preset fact hashed),
+/// cuDNN's benchmark mode as the step runs it, the PyTorch release and
+/// what its allocator offers, GPUs, label segments, the trace kind, the
+/// environment's allocator settings (real trials' CUDA allocator reads
+/// them) and the worker build.
+pub(super) fn journal_inputs(
+    request: &SearchRequest,
+    prepared: &Prepared,
+    budget: &Budget,
+    setup: TrainingSetup,
+    worker: &Worker,
+) -> Inputs {
+    let on_off = |b: bool| if b { "on" } else { "off" };
+    let cudnn_benchmark = request
+        .cudnn_benchmark
+        .unwrap_or_else(|| crate::trial::setup::cudnn_benchmark(&prepared.cfg));
+    let alloc_conf = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v}")))
+        .collect::<Vec<_>>();
+    Inputs::from(prepared.config_hash.as_str())
+        .with("mode", request.mode)
+        .with("GPU", &budget.gpu)
+        .with("VRAM", format!("{} bytes", budget.vram_bytes))
+        .with("compute capability", &budget.compute_capability)
+        .with("margin", format!("{:.3}", budget.margin))
+        .with(
+            "GPU facts",
+            hash_text(&serde_json::to_string(budget).unwrap_or_default()),
+        )
+        .with("cuDNN benchmark", on_off(cudnn_benchmark))
+        .with("PyTorch", setup.torch)
+        .with(
+            "allocator",
+            if setup.torch.has(crate::trial::Switch::ExpandableSegments) {
+                "expandable_segments offered"
+            } else {
+                "no expandable_segments"
+            },
+        )
+        .with("GPUs", setup.gpus)
+        .with(
+            "label segments",
+            request
+                .gt_segments
+                .map_or("default".to_string(), |n| n.to_string()),
+        )
+        .with("trace", request.trace)
+        .with(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            if alloc_conf.is_empty() {
+                "unset".to_string()
+            } else {
+                alloc_conf.join(" ")
+            },
+        )
+        .with("worker", hash_text(&worker.stamp()))
 }
 
 /// The precisions a training search tries on the budget's GPU: `asked`
@@ -621,6 +687,7 @@ pub(super) fn assemble(
         recipe_outcome: None,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),
+        journal_not_reused: journal.not_reused(),
         stale_report: saved::stale_report(&request.out),
     })
 }

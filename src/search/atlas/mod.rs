@@ -10,8 +10,12 @@
 //! trace cache (`OUT/trace-cache`, `predict::TraceCache`) serves every GPU
 //! and every re-run. Each finished row is kept in `OUT/rows.jsonl`, keyed by
 //! the resolved config, the GPU's budget, the search settings and the
-//! worker binary, so a re-run with nothing changed replays no search. A
-//! config that fails gets a row saying why; the atlas never stops on one.
+//! worker binary, so a re-run with nothing changed replays no search. Only
+//! judgements are kept there (see `row_cache`): a row that failed for a
+//! reason of the host or the moment, or whose search directory is gone, is
+//! searched again. A config that fails gets a row saying why; the atlas
+//! never stops on one. One atlas at a time owns `OUT`
+//! (`OUT/.segtune-atlas.lock`, an exclusive lock held while it runs).
 
 mod published;
 mod row_cache;
@@ -172,6 +176,10 @@ pub struct Atlas {
     pub trace_cache_misses: usize,
     /// Metafiles that could not be read, each with why.
     pub metafile_errors: Vec<String>,
+    /// What the user should hear besides the rows (a damaged row cache
+    /// kept aside).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     pub seconds: f64,
 }
 
@@ -257,6 +265,76 @@ fn short(e: &Error) -> String {
         s.push('…');
     }
     s.trim_start_matches("error: ").to_string()
+}
+
+/// Whether a search's error is a judgement of the config on the GPU, kept
+/// in the row cache: the config does not load, its model is unsupported,
+/// its settings cannot be used. A failure of the host or the moment (a
+/// killed or crashed worker, the host's memory, a deadline, an unreadable
+/// file, a lock another search held) is not: the next atlas searches the
+/// row again.
+fn is_judgement(e: &Error) -> bool {
+    match e {
+        Error::Config(_) | Error::Model { .. } | Error::Rendered(_) => true,
+        Error::Input(message) => !message.starts_with(super::journal::ANOTHER_SEARCH),
+        // A worker's failure without a verdict (an inspection killed by
+        // SIGKILL, one out of the host's memory) reads as a trial's.
+        Error::Trial(_) | Error::Environment { .. } | Error::Unanswered { .. } => false,
+    }
+}
+
+/// Where a row's search keeps its journal and written config.
+fn search_dir(out: &Path, family: &str, name: &str, gpu: &str) -> PathBuf {
+    out.join("searches").join(family).join(name).join(gpu)
+}
+
+/// Whether a cached row's search is still there: a row that fits or does
+/// not stands on its search's journal, which the user may have deleted.
+fn search_kept(out: &Path, row: &AtlasRow) -> bool {
+    row.status == AtlasStatus::Failed
+        || search_dir(out, &row.family, &row.name, &row.gpu)
+            .join("trials.jsonl")
+            .is_file()
+}
+
+/// Takes `out`'s atlas lock (held while the returned file is open), or
+/// refuses naming the atlas that holds it.
+fn lock_out(out: &Path) -> Result<std::fs::File> {
+    let path = out.join(".segtune-atlas.lock");
+    let mut lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("cannot write into {}", out.display()), e))?;
+    match lock.try_lock() {
+        Ok(()) => {
+            // Who holds it, for the message of the next one.
+            use std::io::{Seek, Write};
+            let _ = lock.set_len(0);
+            let _ = lock.seek(std::io::SeekFrom::Start(0));
+            let _ = write!(lock, "{}", std::process::id());
+            Ok(lock)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&lock, 32), &mut holder);
+            let holder = holder
+                .trim()
+                .parse::<u32>()
+                .map_or(String::new(), |pid| format!(" (process {pid})"));
+            Err(Error::Input(format!(
+                "another segtune atlas{holder} is using {} (it holds {}); wait for it to \
+                 finish or give another --out",
+                out.display(),
+                path.display()
+            )))
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::io(format!("cannot lock {}", path.display()), e))
+        }
+    }
 }
 
 /// The row of a finished search.
@@ -369,7 +447,8 @@ fn base_row(
 }
 
 /// `base`'s row searched: `config` on `gpu` with the atlas's settings and
-/// its trace cache, the search's files under `OUT/searches/`.
+/// its trace cache, the search's files under `OUT/searches/`; with whether
+/// it is a judgement, to be kept (see [`is_judgement`]).
 fn searched_row(
     request: &AtlasRequest,
     settings: &SearchRequest,
@@ -378,7 +457,7 @@ fn searched_row(
     gpu: &AtlasGpu,
     cache: &Arc<TraceCache>,
     base: AtlasRow,
-) -> AtlasRow {
+) -> (AtlasRow, bool) {
     let started = Instant::now();
     let search_request = SearchRequest {
         config: config.to_path_buf(),
@@ -388,24 +467,22 @@ fn searched_row(
             compute_capability: gpu.compute_capability.clone(),
             ..settings.settings.clone()
         },
-        out: request
-            .out
-            .join("searches")
-            .join(&base.family)
-            .join(&base.name)
-            .join(gpu.label()),
+        out: search_dir(&request.out, &base.family, &base.name, &gpu.label()),
         trace_cache: Some(cache.clone()),
         ..settings.clone()
     };
-    let mut row = match search(&search_request, worker, &|_| {}) {
-        Ok(result) => row_of(base, &result),
-        Err(e) => AtlasRow {
-            reason: Some(short(&e)),
-            ..base
-        },
+    let (mut row, judged) = match search(&search_request, worker, &|_| {}) {
+        Ok(result) => (row_of(base, &result), true),
+        Err(e) => (
+            AtlasRow {
+                reason: Some(short(&e)),
+                ..base
+            },
+            is_judgement(&e),
+        ),
     };
     row.seconds = started.elapsed().as_secs_f64();
-    row
+    (row, judged)
 }
 
 /// What the atlas's threads share.
@@ -486,7 +563,8 @@ impl Shared<'_> {
             });
             let cached = key
                 .as_deref()
-                .and_then(|k| self.rows_cache.lock().ok().and_then(|c| c.get(k).cloned()));
+                .and_then(|k| self.rows_cache.lock().ok().and_then(|c| c.get(k).cloned()))
+                .filter(|row| search_kept(&self.request.out, row));
             let was_cached = cached.is_some();
             let row = match cached {
                 // The row may be another config's of the same model (a
@@ -507,7 +585,7 @@ impl Shared<'_> {
                     ..cached
                 }),
                 None => {
-                    let row = searched_row(
+                    let (row, judged) = searched_row(
                         self.request,
                         self.search,
                         self.worker,
@@ -516,8 +594,9 @@ impl Shared<'_> {
                         self.cache,
                         base,
                     );
+                    // Only a judgement stands for the search next time.
                     let stored = match (key, self.rows_cache.lock()) {
-                        (Some(key), Ok(mut c)) => c.put(key, &row),
+                        (Some(key), Ok(mut c)) if judged => c.put(key, &row),
                         _ => Ok(()),
                     };
                     stored.map(|()| row)
@@ -608,6 +687,10 @@ pub fn atlas(
         ));
     }
     super::journal::create_out_dir(&request.out)?;
+    let _lock = lock_out(&request.out)?;
+    if let Some(cache) = &request.search.trace_cache {
+        cache.check()?;
+    }
     let configs = configs_of(request)?;
     let budgets = budgets_of(request)?;
     let (published, metafile_errors) = published_results(
@@ -623,7 +706,9 @@ pub fn atlas(
         .trace_cache
         .clone()
         .unwrap_or_else(|| Arc::new(TraceCache::new(request.out.join("trace-cache"))));
-    let rows_cache = Mutex::new(RowCache::open(&request.out));
+    let rows_cache = RowCache::open(&request.out)?;
+    let notes: Vec<String> = rows_cache.note().map(str::to_string).into_iter().collect();
+    let rows_cache = Mutex::new(rows_cache);
     let settings_key = settings_key(&request.search, worker);
     let total = configs.len() * budgets.len();
     let jobs = request.jobs.clamp(1, configs.len().max(1));
@@ -661,6 +746,7 @@ pub fn atlas(
         trace_cache_hits: hits,
         trace_cache_misses: misses,
         metafile_errors,
+        notes,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -706,5 +792,42 @@ mod tests {
         };
         assert_eq!(vram.label(), "vram-6G");
         assert!(vram.budget(None).unwrap().vram_bytes == 6 << 30);
+    }
+
+    #[test]
+    fn a_second_atlas_on_one_out_is_refused_naming_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock_out(dir.path()).unwrap();
+        let err = lock_out(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("another segtune atlas")
+                && err.contains(&format!("process {}", std::process::id()))
+                && err.contains("give another --out"),
+            "{err}"
+        );
+        drop(first);
+        assert!(lock_out(dir.path()).is_ok());
+    }
+
+    #[test]
+    fn only_judgements_are_kept() {
+        use crate::trial::TrialStatus;
+        assert!(is_judgement(&Error::Input(
+            "--amp bf16: the rtx2070 has compute capability 7.5".into()
+        )));
+        assert!(!is_judgement(&Error::Input(format!(
+            "{} /o (it holds /o/.segtune.lock)",
+            crate::search::journal::ANOTHER_SEARCH
+        ))));
+        assert!(!is_judgement(&Error::Trial(
+            "the inspection failed: killed by SIGKILL".into()
+        )));
+        assert!(!is_judgement(&Error::environment(
+            "no candidate could be judged"
+        )));
+        assert!(!is_judgement(&Error::Unanswered {
+            status: TrialStatus::HostOom,
+            message: "out of the host's memory".into(),
+        }));
     }
 }

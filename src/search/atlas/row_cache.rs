@@ -1,53 +1,235 @@
 //! The atlas's row cache: `OUT/rows.jsonl`, each finished row under its key.
+//!
+//! Only judgements are kept: a setting fits, nothing fits, or the config
+//! cannot be searched (its model unsupported, its settings wrong). A row
+//! that failed for a reason of the host or the moment (a killed worker,
+//! the host's memory, a lock another search held) is never written, so a
+//! re-run searches it again. Each line ends in a checksum (as the journal's
+//! do); a file with lines that do not read is kept aside whole
+//! (`rows.jsonl.damaged-<unix time>`) and a fresh one holds what did read,
+//! with a note saying so.
 
 use super::AtlasRow;
 use crate::error::{Error, Result};
+use crate::search::journal::{seal_of, sealed, Seal, MAX_JOURNAL_BYTES};
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// The row cache: `OUT/rows.jsonl`, one `{key, row}` per line, appended as
 /// rows finish (a killed atlas keeps what it finished).
 pub(super) struct RowCache {
     path: PathBuf,
-    rows: HashMap<String, AtlasRow>,
+    rows: HashMap<String, CachedRow>,
+    /// What became of a damaged file, for the atlas's notes.
+    note: Option<String>,
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct CachedRow {
     key: String,
     row: AtlasRow,
+    /// The row is a judgement (set by every segtune that writes only
+    /// judgements; a failed row of an older one may be a failure of the
+    /// moment, and is searched again).
+    #[serde(default)]
+    judged: bool,
+}
+
+impl CachedRow {
+    /// Whether the row may stand for a search: a verdict on the config.
+    fn reusable(&self) -> bool {
+        self.judged || self.row.status != super::AtlasStatus::Failed
+    }
 }
 
 impl RowCache {
-    pub(super) fn open(out: &Path) -> RowCache {
+    /// The cache under `out`; a damaged file is moved aside (and said so in
+    /// [`RowCache::note`]), one that is not a regular file is refused.
+    pub(super) fn open(out: &Path) -> Result<RowCache> {
         let path = out.join("rows.jsonl");
-        let rows = std::fs::read_to_string(&path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<CachedRow>(l).ok())
-            .map(|c| (c.key, c.row))
-            .collect();
-        RowCache { path, rows }
+        let text = match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(Error::io(format!("cannot read {}", path.display()), e)),
+            Ok(meta) if !meta.is_file() => {
+                return Err(Error::Input(format!(
+                    "{} is not a regular file (a device, a directory or a link to one); \
+                     move it away or give another --out",
+                    path.display()
+                )))
+            }
+            Ok(_) => {
+                let mut bytes = Vec::new();
+                std::fs::File::open(&path)
+                    .and_then(|f| f.take(MAX_JOURNAL_BYTES).read_to_end(&mut bytes))
+                    .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+        };
+        let (mut rows, mut lines, mut unreadable) = (HashMap::new(), 0usize, 0usize);
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            lines += 1;
+            let read = (seal_of(line) != Seal::Broken)
+                .then(|| serde_json::from_str::<CachedRow>(line).ok())
+                .flatten();
+            match read {
+                Some(c) => {
+                    rows.insert(c.key.clone(), c);
+                }
+                None => unreadable += 1,
+            }
+        }
+        let mut cache = RowCache {
+            path,
+            rows,
+            note: None,
+        };
+        if unreadable > 0 {
+            cache.note = Some(cache.set_aside(lines, unreadable)?);
+        }
+        Ok(cache)
     }
 
+    /// Moves a damaged file aside and writes the rows that read into a
+    /// fresh one; says what was done.
+    fn set_aside(&self, lines: usize, unreadable: usize) -> Result<String> {
+        let seconds = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let aside = self
+            .path
+            .with_file_name(format!("rows.jsonl.damaged-{seconds}"));
+        std::fs::rename(&self.path, &aside)
+            .map_err(|e| Error::io(format!("cannot move {} aside", self.path.display()), e))?;
+        let mut text = String::new();
+        for c in self.rows.values() {
+            text.push_str(&sealed(&serde_json::to_string(c).expect("rows serialise")));
+            text.push('\n');
+        }
+        crate::search::saved::write_atomically(&self.path, text.as_bytes())?;
+        Ok(format!(
+            "the row cache {} was damaged ({unreadable} of its {lines} lines do not read as rows, \
+             or fail their checksum): kept aside as {}; its {} readable rows are reused, \
+             the rest are searched again",
+            self.path.display(),
+            aside.display(),
+            self.rows.len()
+        ))
+    }
+
+    /// What was done with a damaged file, if it was.
+    pub(super) fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// The judgement kept under `key`.
     pub(super) fn get(&self, key: &str) -> Option<&AtlasRow> {
-        self.rows.get(key)
+        self.rows.get(key).filter(|c| c.reusable()).map(|c| &c.row)
     }
 
+    /// Keeps `row`, a judgement, under `key` (appended, with its checksum).
     pub(super) fn put(&mut self, key: String, row: &AtlasRow) -> Result<()> {
-        let line = serde_json::to_string(&CachedRow {
+        let cached = CachedRow {
             key: key.clone(),
             row: row.clone(),
-        })
-        .expect("rows serialise");
+            judged: true,
+        };
+        let line = sealed(&serde_json::to_string(&cached).expect("rows serialise"));
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.path)
             .and_then(|mut f| writeln!(f, "{line}"))
             .map_err(|e| Error::io(format!("cannot write {}", self.path.display()), e))?;
-        self.rows.insert(key, row.clone());
+        self.rows.insert(key, cached);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::atlas::AtlasStatus;
+
+    fn row(status: AtlasStatus) -> AtlasRow {
+        AtlasRow {
+            config: "a/b.py".into(),
+            name: "b".into(),
+            family: "a".into(),
+            dataset: None,
+            miou: None,
+            other_metric: None,
+            gpu: "rtx3090".into(),
+            vram_bytes: 1,
+            usable_bytes: 1,
+            status,
+            batch_size: None,
+            crop: None,
+            amp: None,
+            accumulation: None,
+            checkpoint: false,
+            num_points: None,
+            device_bytes: None,
+            images_per_s: None,
+            mode: None,
+            reason: Some("why".into()),
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_damaged_cache_is_kept_aside_and_its_readable_rows_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cache = RowCache::open(dir.path()).unwrap();
+        assert!(cache.note().is_none());
+        cache.put("k1".into(), &row(AtlasStatus::Fits)).unwrap();
+        let path = dir.path().join("rows.jsonl");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(&[0x9f, 0x00, 0x41, b'\n', 0xff]).unwrap();
+        drop(f);
+        let cache = RowCache::open(dir.path()).unwrap();
+        let note = cache.note().unwrap();
+        assert!(
+            note.contains("damaged") && note.contains("kept aside"),
+            "{note}"
+        );
+        assert!(cache.get("k1").is_some());
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rows.jsonl.damaged-")
+            })
+            .collect();
+        assert_eq!(aside.len(), 1);
+        // The fresh file reads clean.
+        let again = RowCache::open(dir.path()).unwrap();
+        assert!(again.note().is_none() && again.get("k1").is_some());
+    }
+
+    #[test]
+    fn an_edited_row_and_an_older_failed_row_are_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cache = RowCache::open(dir.path()).unwrap();
+        cache
+            .put("k1".into(), &row(AtlasStatus::NothingFits))
+            .unwrap();
+        let path = dir.path().join("rows.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("nothing_fits", "fits")).unwrap();
+        let cache = RowCache::open(dir.path()).unwrap();
+        assert!(cache.get("k1").is_none() && cache.note().is_some());
+        // An older segtune's failed row (no checksum, not marked judged).
+        let old = serde_json::json!({"key": "k2", "row": row(AtlasStatus::Failed)});
+        let fits = serde_json::json!({"key": "k3", "row": row(AtlasStatus::Fits)});
+        std::fs::write(&path, format!("{old}\n{fits}\n")).unwrap();
+        let cache = RowCache::open(dir.path()).unwrap();
+        assert!(cache.note().is_none());
+        assert!(cache.get("k2").is_none() && cache.get("k3").is_some());
     }
 }
