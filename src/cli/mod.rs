@@ -394,6 +394,7 @@ fn why(args: &SearchArgs, result: &SearchResult) -> Result<String> {
         config_hash: String::new(),
         cfg_options: args.common.cfg_options.clone(),
         gt_segments: args.step.gt_segments.0,
+        inputs: None,
     };
     let worker = Worker::locate()?;
     let won = saved::breakdown_of(

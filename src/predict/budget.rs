@@ -151,6 +151,17 @@ impl Gpu {
         compute_capability: Option<&str>,
     ) -> Result<Gpu> {
         match (preset, vram) {
+            // A preset is a card: its compute capability is its own, and
+            // one given beside it would be silently ignored.
+            (Some(name), _) if compute_capability.is_some() => {
+                let own = Gpu::preset(name)?.compute_capability;
+                Err(Error::Input(format!(
+                    "--compute-capability {} with --preset {name}: the preset is a card of \
+                     compute capability {own}; --compute-capability describes a --vram GPU \
+                     (give --vram SIZE --compute-capability X.Y for another card)",
+                    compute_capability.unwrap_or_default()
+                )))
+            }
             (Some(name), _) => Gpu::preset(name),
             (None, Some(v)) => Gpu::custom(
                 v,

@@ -156,7 +156,7 @@ pub fn search_inference(
     };
     let mut result = assemble(request, head, found, &journal)?;
     emit_inference_winner(request, &mut result)?;
-    saved::save_result(request, &result, prepared.config_hash)?;
+    saved::save_result(request, &result, prepared.config_hash, journal.inputs())?;
     Ok(result)
 }
 

@@ -115,6 +115,14 @@ impl Inputs {
         )
     }
 
+    /// Whether `row` was recorded under these inputs (its device's share
+    /// of them, and its key): a row of this search, not another's.
+    pub fn recorded(&self, row: &JournalRow) -> bool {
+        let expected = self.for_device(&row.device);
+        row.inputs.as_ref() == Some(&expected)
+            && row.key.as_deref() == Some(expected.key(&row.device).as_str())
+    }
+
     /// The row key of a record of `device` under these inputs.
     fn key(&self, device: &str) -> String {
         hash_text(&format!(
@@ -563,6 +571,11 @@ impl Journal {
         self.done
             .insert((self.device.clone(), c.key()), record.clone());
         Ok(())
+    }
+
+    /// The inputs of this search's rows.
+    pub fn inputs(&self) -> &Inputs {
+        &self.inputs
     }
 
     pub fn path(&self) -> &Path {

@@ -216,7 +216,7 @@ pub fn search_with(
     result.recipe_outcome =
         super::winner::recipe_outcome(&plan, &result, &mut predictors, &mut journal);
     super::winner::emit_training_winner(request, &prepared, &plan, &mut result)?;
-    saved::save_result(request, &result, prepared.config_hash)?;
+    saved::save_result(request, &result, prepared.config_hash, journal.inputs())?;
     Ok(result)
 }
 

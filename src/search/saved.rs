@@ -29,6 +29,11 @@ pub struct SavedSearch {
     pub config_hash: String,
     pub cfg_options: Vec<String>,
     pub gt_segments: Option<i64>,
+    /// The inputs its journal rows were recorded under: the report shows
+    /// those rows, not another search's in the same journal (absent in
+    /// searches of older segtunes: rows of the config's hash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<super::journal::Inputs>,
 }
 
 /// The mode a new file gets from the process's umask, as `open(2)` with
@@ -70,6 +75,7 @@ pub fn save_result(
     request: &super::SearchRequest,
     result: &SearchResult,
     config_hash: String,
+    inputs: &super::journal::Inputs,
 ) -> Result<()> {
     save(
         &request.out,
@@ -79,6 +85,7 @@ pub fn save_result(
             config_hash,
             cfg_options: request.cfg_options.clone(),
             gt_segments: request.gt_segments,
+            inputs: Some(inputs.clone()),
         },
     )
 }
@@ -136,6 +143,7 @@ pub fn load(dir: &Path) -> Result<(SavedSearch, Vec<JournalRow>)> {
     let rows = super::journal::rows(dir)?
         .into_iter()
         .filter(|r| r.config_hash == saved.config_hash)
+        .filter(|r| saved.inputs.as_ref().is_none_or(|i| i.recorded(r)))
         .collect();
     Ok((saved, rows))
 }

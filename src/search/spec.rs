@@ -221,7 +221,13 @@ impl SearchSpec {
             margin: self.margin.or(fallback.margin),
             objective: self.objective.or(fallback.objective),
             device: self.device.or(fallback.device),
-            compute_capability: self.compute_capability.or(fallback.compute_capability),
+            // The GPU is named as a whole, on the command line or in the
+            // config: a config's compute capability is of its GPU.
+            compute_capability: self.compute_capability.or(if names_gpu {
+                None
+            } else {
+                fallback.compute_capability
+            }),
             gpus: self.gpus.or(fallback.gpus),
             torch: self.torch.or(fallback.torch),
             effective_batch: self.effective_batch.or(fallback.effective_batch),
