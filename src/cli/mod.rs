@@ -344,6 +344,24 @@ fn atlas_command(args: &args::AtlasArgs) -> Result<Output> {
         &args.out.join("atlas.html"),
         report::atlas::page(&atlas).as_bytes(),
     )?;
+    // Tables whose every row is a failure of this machine say nothing of
+    // the configs: written (each row says why), but not an answer.
+    if let Some(first) = atlas
+        .rows
+        .first()
+        .filter(|_| atlas.rows.iter().all(|r| r.unjudged))
+    {
+        return Err(crate::error::Error::environment(format!(
+            "no row could be judged: all {} failed for a reason of this machine or the moment, \
+             not of the configs (the first, {} on {}: {}); nothing is kept as their result \
+             (the tables in {} say so): re-run the atlas once the cause is gone",
+            atlas.rows.len(),
+            first.name,
+            first.gpu,
+            first.reason.as_deref().unwrap_or("no reason given"),
+            args.out.display()
+        )));
+    }
     Ok(Output::ok(if args.common.json {
         text
     } else {

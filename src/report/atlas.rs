@@ -382,6 +382,7 @@ mod tests {
             images_per_s: Some(20.5),
             mode: Some(crate::search::Mode::Predicted),
             reason: None,
+            unjudged: false,
             seconds: 1.0,
         }
     }

@@ -147,6 +147,11 @@ pub struct AtlasRow {
     /// Whether the figures were predicted or measured.
     pub mode: Option<Mode>,
     pub reason: Option<String>,
+    /// A failure of the host or the moment (a killed worker, the host's
+    /// memory, a held lock), not a judgement of the config: searched
+    /// again next time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unjudged: bool,
     /// Seconds its search took (0 when the row was reused).
     pub seconds: f64,
 }
@@ -442,6 +447,7 @@ fn base_row(
         images_per_s: None,
         mode: None,
         reason: None,
+        unjudged: false,
         seconds: 0.0,
     }
 }
@@ -476,6 +482,7 @@ fn searched_row(
         Err(e) => (
             AtlasRow {
                 reason: Some(short(&e)),
+                unjudged: !is_judgement(&e),
                 ..base
             },
             is_judgement(&e),

@@ -173,6 +173,7 @@ mod tests {
             images_per_s: None,
             mode: None,
             reason: Some("why".into()),
+            unjudged: false,
             seconds: 0.0,
         }
     }
