@@ -67,7 +67,7 @@ pub fn check_replaceable(out: &Path, targets: &[(PathBuf, Output)]) -> Result<()
             continue;
         };
         let what = if meta.file_type().is_symlink() {
-            Some("is a symbolic link (not a regular file)".to_string())
+            Some("is a symbolic link, which is not a regular file".to_string())
         } else if !meta.is_file() {
             Some("is not a regular file".to_string())
         } else {
