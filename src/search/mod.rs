@@ -26,13 +26,15 @@
 //! - `emit.rs`: the winner written as an MMSeg config;
 //!   `emit_hf.rs`: for a Hugging Face model, as `training_args.json` and
 //!   `preprocessor_config.json`.
-//! - `record.rs`: the records and the result; `run.rs`: the whole search.
+//! - `record.rs`: the records and the result; `run.rs`: the whole search;
+//!   `checks.rs`: what it refuses before and after its trials.
 //! - `saved.rs`: `search.json`, the finished search for `segtune report`;
 //!   `owned.rs`: which files in `--out` are segtune's to replace.
 //! - `atlas.rs`: `segtune atlas`, a search per config and GPU, with the
 //!   published results beside them and the traces shared.
 
 pub mod atlas;
+pub mod checks;
 pub mod confirm;
 pub mod edits;
 pub mod emit;

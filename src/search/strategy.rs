@@ -54,7 +54,7 @@ const UNJUDGED_BEFORE_GIVING_UP: usize = 3;
 impl Explored {
     /// Whether nothing has been judged and the last
     /// [`UNJUDGED_BEFORE_GIVING_UP`] candidates all failed without a
-    /// verdict: the search stops and says why (`run::some_verdict`).
+    /// verdict: the search stops and says why (`checks::some_verdict`).
     fn host_fails_everything(&self) -> bool {
         self.outcomes.len() >= UNJUDGED_BEFORE_GIVING_UP
             && self.outcomes.iter().all(|o| !o.record.status.is_verdict())

@@ -213,7 +213,7 @@ fn a_host_that_fails_every_trial_stops_the_search_early() {
     let (explored, evaluator) = explore_on(evaluator, Objective::KeepCrop, dir.path(), false, &[]);
     assert_eq!(explored.outcomes.len(), UNJUDGED_BEFORE_GIVING_UP);
     assert_eq!(evaluator.evaluated.len(), 2 * UNJUDGED_BEFORE_GIVING_UP);
-    assert!(crate::search::run::some_verdict(&explored.outcomes).is_err());
+    assert!(crate::search::checks::some_verdict(&explored.outcomes).is_err());
 }
 
 #[test]

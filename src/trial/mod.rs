@@ -14,7 +14,8 @@
 //! worker side).
 //!
 //! - `request.rs`, `report.rs`: the protocol's two types.
-//! - `worker.rs`: the parent side (spawn, timeout, crash, reply);
+//! - `worker.rs`: the parent side (spawn, timeout, crash, reply); `child.rs`:
+//!   one worker process, its group killed whole, the live registry;
 //!   `launcher.rs`: the worker run as a Slurm job step (`srun`, `scancel`).
 //! - `execute.rs`: the worker side (resolve, check, run, inspect).
 //! - `run.rs`, `batch.rs`, `setup.rs`: one trial in this process
@@ -34,6 +35,7 @@
 pub mod amp;
 pub mod autocast_lists;
 pub mod batch;
+mod child;
 pub mod ddp;
 pub mod emulation;
 pub mod error;
