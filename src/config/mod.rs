@@ -40,6 +40,7 @@ pub mod presets;
 pub mod pyops;
 pub mod source;
 mod substitute;
+pub mod train_loop;
 pub mod translate;
 pub mod value;
 pub mod written;

@@ -9,6 +9,7 @@ use super::estimate::{
     KernelSetup, TracedInput,
 };
 use super::extrapolate::{extrapolate, TRACED_BATCHES};
+use super::speed::{Card, ScheduleTime, SpeedSetup, StepWork};
 use super::step_trace::{default_deadline, trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
@@ -98,7 +99,66 @@ pub fn estimate_config(request: &EstimateRequest, worker: &Worker) -> Result<Est
         &estimate::BatchLayout::of(&cfg).device_batch(batch, crop, request.mode),
     );
     add_notes(&mut e, request, &cfg, batch, &traced);
+    if let Some(work) = &traced.work {
+        add_step_time(&mut e, request, &cfg, work, (batch, crop, amp));
+    }
     Ok(e)
+}
+
+/// The request's step as the step-time model times it, and what it is run
+/// with (for fitting the model's efficiencies: `tests/speed_logs.rs`).
+pub fn step_work(
+    request: &EstimateRequest,
+    worker: &Worker,
+) -> Result<Option<(StepWork, SpeedSetup)>> {
+    let cfg = config::resolve(&request.config, &request.cfg_options)?;
+    let (batch, crop, amp) = step_setting(request, &cfg)?;
+    let traced = trace_for_estimate(request, worker, batch, crop, amp)?;
+    Ok(traced
+        .work
+        .map(|w| (w, speed_setup(request, &cfg, (batch, crop, amp)))))
+}
+
+fn speed_setup(
+    request: &EstimateRequest,
+    cfg: &Dict,
+    (batch, crop, amp): (i64, (i64, i64), Amp),
+) -> SpeedSetup {
+    let train = request.mode == RunMode::Train;
+    SpeedSetup {
+        mode: request.mode,
+        amp,
+        gpus: request.setup.gpus,
+        accumulation: if train {
+            config::train_loop::accumulation(cfg)
+        } else {
+            1
+        },
+        // uint8 images and int64 label maps (PackSegInputs).
+        input_bytes: (batch * crop.0 * crop.1) as f64 * if train { 11.0 } else { 3.0 },
+    }
+}
+
+/// The step's time on the request's card, and the recipe's schedule at it.
+fn add_step_time(
+    e: &mut Estimate,
+    request: &EstimateRequest,
+    cfg: &Dict,
+    work: &StepWork,
+    (batch, crop, amp): (i64, (i64, i64), Amp),
+) {
+    let train = request.mode == RunMode::Train;
+    let setup = speed_setup(request, cfg, (batch, crop, amp));
+    let t = work.time(&Card::of_gpu(&request.gpu), &setup);
+    e.predicted_step_seconds = Some(t.step_s);
+    e.predicted_step_seconds_low = Some(t.low_s);
+    e.predicted_step_seconds_high = Some(t.high_s);
+    e.predicted_images_per_s = Some(t.images_per_s(batch));
+    e.predicted_step_time = Some(t);
+    if train {
+        e.predicted_schedule =
+            config::train_loop::max_iters(cfg).map(|iters| ScheduleTime::of(iters, &t));
+    }
 }
 
 /// The step to predict: the batch, crop and precision given or the
@@ -164,6 +224,8 @@ struct EstimateTrace {
     kind: TraceKind,
     /// Why the Python worker's meta trace failed, when it fell back.
     meta_failure: Option<String>,
+    /// The step's kernels, for its time (none without every op's work).
+    work: Option<StepWork>,
 }
 
 /// Traces the step at `batch`; a CPU-allocator trace of a batch above 3 is
@@ -223,6 +285,7 @@ fn trace_as(
     if batch <= 3 || kind != TraceKind::CpuAllocator {
         let step = trace(batch)?;
         return Ok(EstimateTrace {
+            work: StepWork::from_trace(&step, amp),
             events: step.events,
             calls: step.kernel_calls,
             cpu_peak: Some(step.cpu_peak_bytes),
@@ -234,7 +297,15 @@ fn trace_as(
     let (ba, bb) = TRACED_BATCHES;
     let one = trace(ba)?;
     let two = trace(bb)?;
+    let work = match (
+        StepWork::from_trace(&one, amp),
+        StepWork::from_trace(&two, amp),
+    ) {
+        (Some(a), Some(b)) => StepWork::lerp((ba, &a), (bb, &b), batch),
+        _ => None,
+    };
     Ok(EstimateTrace {
+        work,
         events: extrapolate(&one.events, &two.events, batch).map_err(Error::Trial)?,
         calls: Vec::new(),
         cpu_peak: None,

@@ -11,6 +11,7 @@
 //! - `kernels/`: what CUDA kernels allocate at their calls (cuDNN's
 //!   convolution workspaces, ATen kernels' scratch, cuBLAS workspaces).
 //! - `breakdown.rs`: the predicted peak split into what it holds.
+//! - `speed/`: the step time on a card, kernel by kernel from the trace.
 //! - `estimate.rs`: the estimate with its fixed terms; `from_config.rs`:
 //!   `segtune estimate` as a library call.
 
@@ -23,11 +24,12 @@ pub mod extrapolate;
 pub mod from_config;
 pub mod kernels;
 pub mod replay;
+pub mod speed;
 pub mod step_trace;
 pub mod trace_cache;
 
 pub use budget::{Budget, Gpu};
 pub use estimate::Estimate;
-pub use from_config::{estimate_config, EstimateRequest};
+pub use from_config::{estimate_config, step_work, EstimateRequest};
 pub use step_trace::{trace_step, trace_step_cached, StepToTrace, TraceKind, TracedStep};
 pub use trace_cache::TraceCache;

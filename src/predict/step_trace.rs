@@ -29,6 +29,10 @@ pub struct TracedStep {
     pub recompute_flops: f64,
     /// The model parts the events' scopes name, by id.
     pub model_scopes: Vec<String>,
+    /// Every op of the step with its bytes (op-level traces of the native
+    /// worker; empty otherwise): what the step-time model times.
+    #[serde(default)]
+    pub ops: Vec<crate::trial::op_work::OpWork>,
 }
 
 /// How a step is traced for a prediction.
@@ -139,13 +143,7 @@ pub fn warmup_steps_for(accumulation: i64) -> usize {
 pub fn config_accumulation(config: &Path, cfg_options: &[String]) -> i64 {
     crate::config::resolve(config, cfg_options)
         .ok()
-        .and_then(|cfg| {
-            cfg.get("optim_wrapper")
-                .and_then(|o| o.get_path("accumulative_counts"))
-                .and_then(crate::config::Value::as_i64)
-        })
-        .unwrap_or(1)
-        .max(1)
+        .map_or(1, |cfg| crate::config::train_loop::accumulation(&cfg))
 }
 
 /// [`trace_step`], answered from `cache` when it holds the step (and the
@@ -252,6 +250,7 @@ pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
         forward_flops: report.forward_flops,
         recompute_flops: report.recompute_flops,
         model_scopes: report.model_scopes,
+        ops: trace::work_from_text(&text).map_err(|e| Error::Trial(e.to_string()))?,
     })
 }
 

@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Bump when what a trace holds changes (2: entries hold their key and
-/// a checksum).
-const FORMAT: u32 = 2;
+/// a checksum; 3: every op's work, for the step-time model).
+const FORMAT: u32 = 3;
 
 /// The most of a `.failed` marker read back, and of its reason kept: a
 /// reason is a line or two of a worker's message.
@@ -427,6 +427,7 @@ mod tests {
                 scope: 2,
             }],
             kernel_calls: Vec::new(),
+            ops: Vec::new(),
             cpu_peak_bytes: bytes,
             forward_flops: 1e9,
             recompute_flops: 0.0,
@@ -542,6 +543,7 @@ mod tests {
                 scope: 2,
             }],
             kernel_calls: Vec::new(),
+            ops: Vec::new(),
             cpu_peak_bytes: 4096,
             forward_flops: 1e9,
             recompute_flops: 0.0,

@@ -1,15 +1,15 @@
 //! `segtune atlas`'s outputs: `atlas.csv` (one row per config and GPU),
 //! `atlas.html` (one self-contained page: the table, sortable by any column
 //! and filterable by GPU, family, dataset, "fits" and text; a chart per GPU
-//! of published mIoU against predicted memory with the budget line), and the
-//! summary printed at the end.
+//! of published mIoU against the predicted hours to train, each point
+//! named), and the summary printed at the end.
 //!
 //! The page's filters also read the address's fragment
 //! (`atlas.html#gpu=rtx3050ti&fits=yes`), and the page says how many rows
 //! it shows in `<body data-visible="N">`: a browser test checks a filter
 //! through the DOM.
 
-use super::svg::{self, escape, Line, Point, Scatter, Series};
+use super::svg::{self, escape, Point, Scatter, Series};
 use crate::search::atlas::{Atlas, AtlasRow, AtlasStatus};
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -70,6 +70,7 @@ pub fn csv(atlas: &Atlas) -> String {
         "num_points",
         "device_gib",
         "images_per_s",
+        "training_hours",
         "mode",
         "reason",
     ]);
@@ -92,6 +93,7 @@ pub fn csv(atlas: &Atlas) -> String {
             opt(r.num_points.map(|p| p.to_string())),
             opt(r.device_bytes.map(|b| format!("{:.3}", gib(b)))),
             opt(r.images_per_s.map(|v| format!("{v:.2}"))),
+            opt(r.training_hours.map(|h| format!("{h:.2}"))),
             opt(r.mode.map(|m| m.name().to_string())),
             opt(r.reason.clone()),
         ]);
@@ -149,52 +151,42 @@ pub fn summary(atlas: &Atlas, out: &std::path::Path) -> String {
     s
 }
 
-/// The chart of one GPU: published mIoU (x) against the row's device
-/// memory (y: the winner's, or the least needed when nothing fits), the
-/// usable budget drawn; configs without an mIoU are left out (counted).
-fn chart(atlas: &Atlas, label: &str, usable: u64) -> (String, usize) {
+/// The chart of one GPU: published mIoU (y) against the hours its winner
+/// takes to train the written schedule on the card (x, predicted), each
+/// point named; configs without an mIoU or a training time (nothing fits,
+/// an epoch-based loop) are left out (counted).
+fn chart(atlas: &Atlas, label: &str) -> (String, usize) {
     let mut fits = Series {
         label: "fits".into(),
         points: Vec::new(),
     };
-    let mut misses = Series {
-        label: "does not fit".into(),
-        points: Vec::new(),
-    };
     let mut left_out = 0;
     for r in atlas.rows.iter().filter(|r| r.gpu == label) {
-        let (Some(miou), Some(bytes)) = (r.miou, r.device_bytes) else {
+        let (Some(miou), Some(hours)) = (r.miou, r.training_hours) else {
             left_out += 1;
             continue;
         };
-        let point = Point {
-            x: miou,
-            y: Some(gib(bytes)),
+        fits.points.push(Point {
+            x: hours,
+            y: Some(miou),
             title: format!(
-                "{} ({} mIoU {miou}) {}",
+                "{} ({} mIoU {miou}) {}: {:.1} h to train (predicted)",
                 r.name,
                 r.dataset.as_deref().unwrap_or("?"),
-                settings(r)
+                settings(r),
+                hours
             ),
-            fits: r.status == AtlasStatus::Fits,
+            fits: true,
             winner: false,
-        };
-        if point.fits {
-            fits.points.push(point);
-        } else {
-            misses.points.push(point);
-        }
+            label: Some(r.name.clone()),
+        });
     }
     let scatter = Scatter {
-        title: format!("{label}: published mIoU against predicted memory"),
-        x_label: "published mIoU (%)".into(),
-        y_label: "device memory (GiB): the winner's, or the least needed".into(),
-        series: vec![fits, misses],
-        lines: vec![Line {
-            y: gib(usable),
-            label: format!("usable {:.2} GiB", gib(usable)),
-            color: "#d62728",
-        }],
+        title: format!("{label}: published mIoU against hours to train (predicted)"),
+        x_label: "hours to train the written schedule (predicted)".into(),
+        y_label: "published mIoU (%)".into(),
+        series: vec![fits],
+        lines: Vec::new(),
         continuous_x: true,
     };
     (svg::scatter(&scatter), left_out)
@@ -293,6 +285,7 @@ pub fn page(atlas: &Atlas) -> String {
         ("setting", false),
         ("device GiB", true),
         ("images/s", true),
+        ("hours to train", true),
         ("mode", false),
         ("why", false),
     ] {
@@ -315,7 +308,7 @@ pub fn page(atlas: &Atlas) -> String {
         };
         let _ = write!(
             html,
-            "<tr class=\"{status}\" data-gpu=\"{}\" data-family=\"{}\" data-dataset=\"{}\" data-fits=\"{}\" data-config=\"{}\"><td>{}</td><td>{}</td><td>{}</td>{}<td>{}</td><td class=\"status\">{}</td><td>{}</td>{}{}<td>{}</td><td>{}</td></tr>",
+            "<tr class=\"{status}\" data-gpu=\"{}\" data-family=\"{}\" data-dataset=\"{}\" data-fits=\"{}\" data-config=\"{}\"><td>{}</td><td>{}</td><td>{}</td>{}<td>{}</td><td class=\"status\">{}</td><td>{}</td>{}{}{}<td>{}</td><td>{}</td></tr>",
             escape(&r.gpu),
             escape(&r.family),
             escape(r.dataset.as_deref().unwrap_or("")),
@@ -336,18 +329,19 @@ pub fn page(atlas: &Atlas) -> String {
             escape(&settings(r)),
             num(r.device_bytes.map(gib), 2),
             num(r.images_per_s, 1),
+            num(r.training_hours, 1),
             r.mode.map_or("", |m| m.name()),
             escape(r.reason.as_deref().unwrap_or("")),
         );
     }
     html.push_str(
-        "</tbody></table><h2>Published mIoU against predicted memory</h2><div class=\"charts\">",
+        "</tbody></table><h2>Published mIoU against hours to train (predicted)</h2><div class=\"charts\">",
     );
     for g in &atlas.gpus {
-        let (svg, left_out) = chart(atlas, &g.label, g.usable_bytes);
+        let (svg, left_out) = chart(atlas, &g.label);
         let _ = write!(
             html,
-            "<figure id=\"chart-{}\">{svg}<figcaption>{left_out} rows without a published mIoU or a memory figure are not drawn.</figcaption></figure>",
+            "<figure id=\"chart-{}\">{svg}<figcaption>{left_out} rows without a published mIoU or a training time (nothing fits, or the loop counts epochs) are not drawn.</figcaption></figure>",
             escape(&g.label)
         );
     }
@@ -380,6 +374,7 @@ mod tests {
             num_points: None,
             device_bytes: Some(2 << 30),
             images_per_s: Some(20.5),
+            training_hours: (status == AtlasStatus::Fits).then_some(6.5),
             mode: Some(crate::search::Mode::Predicted),
             reason: None,
             unjudged: false,
@@ -437,10 +432,12 @@ mod tests {
             assert!(html.contains(&format!("id=\"{id}\"")), "{id}");
         }
         assert!(html.contains("id=\"chart-rtx3050ti\""));
-        // Two rows with an mIoU and a memory figure are drawn; one is not.
-        assert_eq!(html.matches("class=\"point\"").count(), 2);
-        assert!(html.contains("1 rows without a published mIoU"));
-        assert!(html.contains("usable 3.00 GiB"));
+        // The one row with an mIoU and a training time is drawn, named;
+        // the two others are not.
+        assert_eq!(html.matches("class=\"point\"").count(), 1);
+        assert!(html.contains("class=\"point-label\""));
+        assert!(html.contains("2 rows without a published mIoU"));
+        assert!(html.contains("hours to train"));
         assert!(!html.contains("b5, \"big\"\""), "attribute text is escaped");
     }
 }

@@ -79,10 +79,29 @@ pub fn estimate(e: &Estimate) -> String {
         e.gpu,
         if e.fits { "yes" } else { "no" }
     ));
+    if let Some(words) = step_time_words(e) {
+        out.push_str(&format!("  {words}\n"));
+    }
+    if let Some(schedule) = &e.predicted_schedule {
+        out.push_str(&format!("  {}\n", schedule.words(&e.gpu)));
+    }
     for n in &e.notes {
         out.push_str(&format!("  note: {n}\n"));
     }
     out
+}
+
+/// "step time: 39 ms per iteration (30 to 53 ms), 405 images/s
+/// (predicted)": what MMEngine's log will show as `time` less `data_time`.
+pub fn step_time_words(e: &Estimate) -> Option<String> {
+    let t = e.predicted_step_time?;
+    Some(format!(
+        "step time: {} per iteration ({} to {}; `time` less `data_time` in MMEngine's log), {:.1} images/s (predicted)",
+        crate::predict::speed::seconds_words(t.step_s),
+        crate::predict::speed::seconds_words(t.low_s),
+        crate::predict::speed::seconds_words(t.high_s),
+        t.images_per_s(e.batch_size)
+    ))
 }
 
 fn gib2(bytes: u64) -> String {

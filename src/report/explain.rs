@@ -79,7 +79,50 @@ pub fn explain(e: &Estimate) -> String {
          of the weights the part cast. parameter gradients: the backward's allocations that \
          live into the optimizer step; gradients in flight: the backward's other allocations\n",
     );
+    if let Some(t) = e.predicted_step_time {
+        out.push_str(&step_time_split(&t, e.batch_size));
+        if let Some(schedule) = &e.predicted_schedule {
+            out.push_str(&schedule.words(&e.gpu));
+            out.push('\n');
+        }
+    }
     out
+}
+
+/// The step time split into forward, backward, optimizer, communication
+/// and overhead, each with its share.
+fn step_time_split(t: &crate::predict::speed::StepTime, batch: i64) -> String {
+    use crate::predict::speed::seconds_words;
+    let ms = |s: f64| format!("{:.1}", s * 1e3);
+    let share = |s: f64| format!("{:.0}%", 100.0 * s / t.step_s.max(1e-12));
+    let parts = [
+        (
+            "forward (GPU, the data preprocessor and the batch's copy included)",
+            t.forward_s,
+        ),
+        ("backward (GPU)", t.backward_s),
+        ("optimizer (GPU, its share per iteration)", t.optimizer_s),
+        (
+            "communication (DDP all-reduce left exposed)",
+            t.communication_s,
+        ),
+        (
+            "overhead (the GPU waiting for the host's dispatch and syncs)",
+            t.overhead_s,
+        ),
+    ];
+    let rows = parts
+        .iter()
+        .map(|(name, s)| [name.to_string(), ms(*s), share(*s)]);
+    format!(
+        "\nstep time: {} per iteration ({} to {}), {:.1} images/s, {} kernels (predicted):\n{}\n",
+        seconds_words(t.step_s),
+        seconds_words(t.low_s),
+        seconds_words(t.high_s),
+        t.images_per_s(batch),
+        t.kernels,
+        table(["part", "ms", "share"], rows)
+    )
 }
 
 fn candidate_name(c: &Candidate) -> String {

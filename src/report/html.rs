@@ -72,6 +72,7 @@ fn chart(
             fits: row.record.fits(),
             winner: winner
                 .is_some_and(|w| w.candidate.key() == c.key() && w.record.mode == row.record.mode),
+            label: None,
         };
         match series.iter_mut().find(|s| s.label == label) {
             Some(s) => s.points.push(point),

@@ -29,6 +29,8 @@ pub struct Point {
     pub title: String,
     pub fits: bool,
     pub winner: bool,
+    /// A name drawn beside the point (the tooltip holds the rest).
+    pub label: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -236,6 +238,15 @@ fn scatter_series(out: &mut String, series: &Series, i: usize, count: usize, fra
                         &title
                     )
                 );
+                if let Some(label) = &p.label {
+                    let _ = write!(
+                        out,
+                        r##"<text class="point-label" x="{:.1}" y="{:.1}" font-size="10" fill="#444">{}</text>"##,
+                        x + 6.0,
+                        frame.sy(y) - 4.0,
+                        escape(label)
+                    );
+                }
                 if p.winner {
                     let _ = write!(
                         out,
@@ -362,6 +373,7 @@ mod tests {
             title: format!("b{x}"),
             fits: y.is_some_and(|y| y < 3.0),
             winner,
+            label: None,
         };
         let chart = Scatter {
             title: "memory <GiB>".into(),

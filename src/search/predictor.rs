@@ -90,7 +90,8 @@ pub fn predictor(
         request.trace != TraceKind::CpuAllocator,
         layout,
     )
-    .with_kernels(kernels);
+    .with_kernels(kernels)
+    .with_gpus(setup.gpus);
     // Op-level traces of training steps: a candidate that accumulates is
     // predicted from the pair of batch 2 and 4 where the two align and
     // were traced already.

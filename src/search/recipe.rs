@@ -270,19 +270,7 @@ pub struct Counted {
     pub new: Value,
 }
 
-/// Whether the training loop counts iterations (`IterBasedTrainLoop`, or a
-/// `train_cfg` with `max_iters` and no type).
-pub fn iteration_based(cfg: &Dict) -> bool {
-    let Some(t) = cfg.get("train_cfg") else {
-        return false;
-    };
-    match t.get_path("type").and_then(Value::as_str) {
-        Some(ty) => ty == "IterBasedTrainLoop",
-        None => {
-            t.get_path("max_iters").is_some() || t.get_path("by_epoch") == Some(&Value::Bool(false))
-        }
-    }
-}
+pub use crate::config::train_loop::{iteration_based, max_iters};
 
 /// The scheduler keys that count iterations where `by_epoch=False`.
 const SCHEDULER_KEYS: [&str; 7] = [
@@ -374,13 +362,6 @@ pub fn counted_settings(cfg: &Dict, factor: f64) -> Vec<Counted> {
         }
     }
     out
-}
-
-/// The recipe's `train_cfg.max_iters`, where its loop counts iterations.
-pub fn max_iters(cfg: &Dict) -> Option<i64> {
-    iteration_based(cfg)
-        .then(|| cfg.get("train_cfg")?.get_path("max_iters")?.as_i64())
-        .flatten()
 }
 
 /// "160k" for 160000, else the number.

@@ -97,6 +97,10 @@ pub struct TrialRecord {
     /// Reserved + CUDA context, compared with the usable budget.
     pub device_bytes: Option<u64>,
     pub images_per_s: Option<f64>,
+    /// The predicted step time and its parts, where the trace has every
+    /// op's work (`images_per_s` is the batch over its `step_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time: Option<crate::predict::speed::StepTime>,
     pub mode: Mode,
     /// With gradient checkpointing, the step time it adds, as a fraction
     /// of the step without it (predicted: the recomputed forward's FLOPs
@@ -141,6 +145,7 @@ impl TrialRecord {
             peak_reserved_bytes: None,
             device_bytes: None,
             images_per_s: None,
+            step_time: None,
             mode,
             checkpoint_cost: None,
             predicted: None,
@@ -213,6 +218,10 @@ pub struct SearchResult {
     /// updates, images seen), for an iteration-based loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
+    /// The written schedule's training time at the winner's predicted
+    /// step time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_time: Option<crate::predict::speed::ScheduleTime>,
     /// The user's own recipe as a candidate (its batch, crop, precision and
     /// the accumulation keeping its effective batch), judged.
     #[serde(default, skip_serializing_if = "Option::is_none")]

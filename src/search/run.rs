@@ -448,10 +448,11 @@ impl TrainingPlan {
         );
         let effective = recipe.effective_batch;
         let objective = spec.objective.unwrap_or_default();
-        // Half precision for speed only where the user allows it and the
-        // card runs it fast; else the recipe's precision wherever it fits.
-        let amp_for_speed = (request.precisions.is_some() || objective == Objective::Throughput)
-            && budget.fast_half();
+        // Half precision for speed only where the user allows it; whether
+        // it is faster on this card is the step-time model's to say (a
+        // card without tensor cores gains nothing, and pays the casts).
+        // Else the recipe's precision wherever it fits.
+        let amp_for_speed = request.precisions.is_some() || objective == Objective::Throughput;
         let ranking = Ranking {
             objective,
             keep_precision: (!amp_for_speed).then_some(recipe.amp),
@@ -632,6 +633,7 @@ pub(super) fn assemble(
         auto_scale_lr: false,
         changes: Vec::new(),
         schedule: None,
+        training_time: None,
         recipe_outcome: None,
         journal: journal.path().display().to_string(),
         journal_skipped_lines: journal.skipped_lines(),

@@ -33,7 +33,7 @@ pub fn execute(request: &TrialRequest) -> Result<TrialReport> {
     };
     let mut report = super::run(&cfg, request, device);
     if let (Some(path), Some(trace)) = (&request.trace_out, report.trace.take()) {
-        let text = super::trace::to_text_with_calls(&trace, &report.kernel_calls);
+        let text = super::trace::to_text_with_work(&trace, &report.kernel_calls, &report.op_work);
         std::fs::write(path, text)
             .map_err(|e| Error::io(format!("cannot write the trace to {}", path.display()), e))?;
     }

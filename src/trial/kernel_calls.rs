@@ -288,11 +288,26 @@ pub fn record(on: bool) -> Result<(), ShimError> {
     }
 }
 
-/// Takes the calls recorded so far.
-pub fn take() -> Result<Vec<KernelCall>, KernelCallParseError> {
+/// Takes the calls recorded so far, and every op's work recorded with them.
+pub fn take() -> Result<(Vec<KernelCall>, Vec<super::op_work::OpWork>), ShimError> {
     // SAFETY: the shim returns a NUL-terminated string it keeps until the next call.
     let text = unsafe { ffi::shim_string(ffi::segtune_kernel_calls_take()) };
-    text.lines().map(KernelCall::from_line).collect()
+    let shim_error = |message: String| ShimError {
+        call: "segtune_kernel_calls_take",
+        message,
+    };
+    let mut calls = Vec::new();
+    let mut work = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("w ") {
+            work.push(
+                super::op_work::OpWork::from_line(line).map_err(|e| shim_error(e.to_string()))?,
+            );
+        } else {
+            calls.push(KernelCall::from_line(line).map_err(|e| shim_error(e.to_string()))?);
+        }
+    }
+    Ok((calls, work))
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ pub mod infer;
 pub mod kernel_calls;
 pub mod launcher;
 pub mod memory;
+pub mod op_work;
 pub mod optim;
 pub mod python_worker;
 pub mod report;

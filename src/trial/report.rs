@@ -184,6 +184,9 @@ pub struct TrialReport {
     /// The kernel calls recorded with an op-level trace (written with it).
     #[serde(skip)]
     pub kernel_calls: Vec<super::kernel_calls::KernelCall>,
+    /// Every op's work recorded with them (written with the trace).
+    #[serde(skip)]
+    pub op_work: Vec<super::op_work::OpWork>,
     /// The model parts a trace's events name (`TraceEvent::scope` ids).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub model_scopes: Vec<String>,
@@ -240,6 +243,7 @@ impl TrialReport {
             steps: Vec::new(),
             trace: None,
             kernel_calls: Vec::new(),
+            op_work: Vec::new(),
             model_scopes: Vec::new(),
             op_trace: request.op_trace,
             meta_ops_on_cpu: Vec::new(),

@@ -575,8 +575,9 @@ fn collect_traces(
         report.trace = Some(counter.take_trace());
         report.model_scopes = crate::models::scope::names();
     }
-    if let Some(calls) = recorded_calls {
+    if let Some((calls, work)) = recorded_calls {
         report.kernel_calls = calls;
+        report.op_work = work;
     }
     report.optimizer_state_bytes = trainee.optimizer.state_bytes();
     Ok(())

@@ -667,8 +667,13 @@ void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
   // exist, where the CUDA kernel's scratch would be taken.
   std::string call;
   if (segtune_shim::kernel_call_recorded(op)) call = segtune_shim::describe_kernel_call(op, *stack);
-  auto record = [&call] {
-    if (call.empty()) return;
+  // Every op's bytes, for the step-time model (its arguments are gone from
+  // the stack once it has run).
+  const bool work = segtune_shim::op_work_recorded();
+  const int64_t in_bytes =
+      work ? segtune_shim::tensor_bytes(*stack, stack->size() - op.schema().arguments().size()) : 0;
+  auto record = [&call, &op, &stack, work, in_bytes] {
+    if (call.empty() && !work) return;
     uint64_t at;
     uint32_t phase, scope;
     {
@@ -678,7 +683,8 @@ void op_level_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
       phase = g_phase;
       scope = g_scope;
     }
-    segtune_shim::record_kernel_call(at, phase, scope, call);
+    if (!call.empty()) segtune_shim::record_kernel_call(at, phase, scope, call);
+    if (work) segtune_shim::record_op_work(phase, op, in_bytes, *stack);
   };
   if (g_op_mode.load() == 2) {
     run_on_meta(op, stack);

@@ -44,5 +44,13 @@ bool meta_by_rule(const std::string& name, torch::jit::Stack* stack, size_t firs
 bool kernel_call_recorded(const c10::OperatorHandle& op);
 std::string describe_kernel_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 void record_kernel_call(uint64_t at_event, uint32_t phase, uint32_t scope, const std::string& call);
+// Whether every op's work is recorded (while kernel calls are: an op-level
+// trace), and the bytes of the tensors among the op's arguments or returns.
+bool op_work_recorded();
+int64_t tensor_bytes(const torch::jit::Stack& stack, size_t first);
+// One op's work (`w PHASE OP IN_BYTES OUT_BYTES VIEW`), for the step-time
+// model: `returns` are the top of `stack` once the op has run.
+void record_op_work(uint32_t phase, const c10::OperatorHandle& op, int64_t in_bytes,
+                    const torch::jit::Stack& stack);
 
 }  // namespace segtune_shim

@@ -111,6 +111,51 @@ std::string describe_kernel_call(const c10::OperatorHandle& op, const torch::jit
   return out.str();
 }
 
+bool op_work_recorded() {
+  std::lock_guard<std::mutex> lk(g_calls_mu);
+  return !g_recorded.empty();
+}
+
+int64_t tensor_bytes(const torch::jit::Stack& stack, size_t first) {
+  int64_t bytes = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    if (t.defined()) bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  };
+  for (size_t i = first; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+    } else if (v.isList()) {
+      for (const c10::IValue& item : v.toListRef()) {
+        if (item.isTensor()) add(item.toTensor());
+      }
+    }
+  }
+  return bytes;
+}
+
+void record_op_work(uint32_t phase, const c10::OperatorHandle& op, int64_t in_bytes,
+                    const torch::jit::Stack& stack) {
+  const auto& schema = op.schema();
+  const auto& returns = schema.returns();
+  // A view (every return aliases an argument, none written) launches no
+  // kernel on CUDA; an in-place or out= op writes its alias and does.
+  bool view = !returns.empty();
+  for (const auto& r : returns) {
+    if (!r.alias_info() || r.alias_info()->isWrite()) view = false;
+  }
+  size_t first = stack.size() >= returns.size() ? stack.size() - returns.size() : 0;
+  int64_t out_bytes = view ? 0 : tensor_bytes(stack, first);
+  std::ostringstream line;
+  line << "w " << phase << " " << schema.name();
+  if (!schema.overload_name().empty()) line << "." << schema.overload_name();
+  line << " " << in_bytes << " " << out_bytes << " " << (view ? 1 : 0);
+  std::lock_guard<std::mutex> lk(g_calls_mu);
+  g_calls.push_back(line.str());
+}
+
 void record_kernel_call(uint64_t at_event, uint32_t phase, uint32_t scope, const std::string& call) {
   std::ostringstream line;
   line << "k " << at_event << " " << phase << " " << scope << " " << call;

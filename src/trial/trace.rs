@@ -4,6 +4,7 @@
 //! `kernel_calls.rs`) between processes.
 
 use super::kernel_calls::KernelCall;
+use super::op_work::OpWork;
 use std::fmt::Write as _;
 
 /// One allocator event: an allocation (`bytes > 0`) or a free (`bytes < 0`)
@@ -57,6 +58,7 @@ const HEADER_V1: &str = "# segtune trace v1: id bytes phase";
 const HEADER_V2: &str = "# segtune trace v2: id bytes phase scope";
 const HEADER_V3: &str =
     "# segtune trace v3: id bytes phase scope; kernel calls: k at phase scope op args";
+// Op work lines (`w phase op in out view`) ride in v3 traces: older readers skip them.
 
 /// Writes events as text: a header line, then `id bytes phase scope` per line.
 pub fn to_text(events: &[TraceEvent]) -> String {
@@ -66,8 +68,14 @@ pub fn to_text(events: &[TraceEvent]) -> String {
 /// Writes events and the kernel calls recorded with them: the events as
 /// [`to_text`] does, then one `k ...` line per call ([`KernelCall::to_line`]).
 pub fn to_text_with_calls(events: &[TraceEvent], calls: &[KernelCall]) -> String {
-    let mut out = String::with_capacity(events.len() * 26 + calls.len() * 80 + 96);
-    out.push_str(if calls.is_empty() {
+    to_text_with_work(events, calls, &[])
+}
+
+/// [`to_text_with_calls`], then one `w ...` line per op ([`OpWork::to_line`]).
+pub fn to_text_with_work(events: &[TraceEvent], calls: &[KernelCall], work: &[OpWork]) -> String {
+    let mut out =
+        String::with_capacity(events.len() * 26 + calls.len() * 80 + work.len() * 40 + 96);
+    out.push_str(if calls.is_empty() && work.is_empty() {
         HEADER_V2
     } else {
         HEADER_V3
@@ -80,7 +88,20 @@ pub fn to_text_with_calls(events: &[TraceEvent], calls: &[KernelCall]) -> String
         out.push_str(&c.to_line());
         out.push('\n');
     }
+    for w in work {
+        out.push_str(&w.to_line());
+        out.push('\n');
+    }
     out
+}
+
+/// The ops' work of a trace written with it (none in older traces).
+pub fn work_from_text(text: &str) -> Result<Vec<OpWork>, TraceParseError> {
+    text.lines()
+        .skip(1)
+        .filter(|l| l.starts_with("w "))
+        .map(|l| OpWork::from_line(l).map_err(TraceParseError::from))
+        .collect()
 }
 
 /// The kernel calls of a v3 trace (none in v1 and v2).
@@ -102,6 +123,8 @@ pub enum TraceParseError {
     BadLine { line: usize, what: String },
     #[error(transparent)]
     KernelCall(#[from] super::kernel_calls::KernelCallParseError),
+    #[error(transparent)]
+    OpWork(#[from] super::op_work::OpWorkParseError),
 }
 
 /// Parses [`to_text`]'s output (and v1 traces, without scopes); the kernel
@@ -115,7 +138,7 @@ pub fn from_text(text: &str) -> Result<Vec<TraceEvent>, TraceParseError> {
     };
     lines
         .enumerate()
-        .filter(|(_, line)| !line.starts_with("k "))
+        .filter(|(_, line)| !line.starts_with("k ") && !line.starts_with("w "))
         .map(|(i, line)| {
             let mut parts = line.split_ascii_whitespace();
             let bad = |what: String| TraceParseError::BadLine { line: i + 2, what };

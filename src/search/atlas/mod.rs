@@ -144,6 +144,10 @@ pub struct AtlasRow {
     /// fitting, the least any candidate needed.
     pub device_bytes: Option<u64>,
     pub images_per_s: Option<f64>,
+    /// The written schedule's training time at the winner's predicted step
+    /// time, hours (an iteration-based loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_hours: Option<f64>,
     /// Whether the figures were predicted or measured.
     pub mode: Option<Mode>,
     pub reason: Option<String>,
@@ -358,6 +362,7 @@ fn row_of(base: AtlasRow, result: &SearchResult) -> AtlasRow {
             row.num_points = c.num_points;
             row.device_bytes = w.record.device_bytes;
             row.images_per_s = w.record.images_per_s;
+            row.training_hours = result.training_time.as_ref().map(|t| t.hours);
         }
         None => {
             row.status = AtlasStatus::NothingFits;
@@ -445,6 +450,7 @@ fn base_row(
         num_points: None,
         device_bytes: None,
         images_per_s: None,
+        training_hours: None,
         mode: None,
         reason: None,
         unjudged: false,

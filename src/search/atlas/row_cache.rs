@@ -171,6 +171,7 @@ mod tests {
             num_points: None,
             device_bytes: None,
             images_per_s: None,
+            training_hours: None,
             mode: None,
             reason: Some("why".into()),
             unjudged: false,

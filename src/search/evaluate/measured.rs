@@ -109,6 +109,7 @@ impl Evaluator for MeasuredEvaluator {
             peak_reserved_bytes: Some(reserved),
             device_bytes: Some(device),
             images_per_s: report.images_per_s,
+            step_time: None,
             mode: Mode::Measured,
             checkpoint_cost: None,
             predicted: None,

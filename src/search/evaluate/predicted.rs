@@ -15,6 +15,7 @@ use crate::predict::kernels::cudnn::Figure;
 use crate::predict::replay::{
     replay_kernels, replay_kernels_unless_out_of_memory, Kernels, ReplayInputs, ReplayResult,
 };
+use crate::predict::speed::{Card, SpeedSetup, StepWork};
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
@@ -40,6 +41,8 @@ pub type Peek = Box<dyn Fn(i64, (i64, i64), Amp, ModelKnobs, bool) -> Option<Tra
 struct TracePair {
     one: Vec<TraceEvent>,
     two: Vec<TraceEvent>,
+    /// The two steps' kernels, for the step time (none without op work).
+    work: (Option<StepWork>, Option<StepWork>),
     flops: (f64, f64),
     recompute_flops: (f64, f64),
     step_bytes: (f64, f64),
@@ -144,12 +147,16 @@ pub struct PredictedEvaluator {
     unaligned: std::collections::HashSet<PairKey>,
     /// Steps traced before this search (its pair members may be there).
     peek: Option<Peek>,
+    /// GPUs of data-parallel training.
+    gpus: i64,
 }
 
 /// What every replay of one evaluator shares besides the candidate.
 #[derive(Debug, Clone, Copy)]
 struct ReplayContext {
     mode: RunMode,
+    /// GPUs of data-parallel training (the step time's all-reduce).
+    gpus: i64,
     layout: BatchLayout,
     expandable_segments: bool,
     kernels: KernelSetup,
@@ -159,6 +166,7 @@ struct ReplayContext {
 struct SmallTrace {
     events: Vec<TraceEvent>,
     calls: Vec<KernelCall>,
+    work: Option<StepWork>,
     flops: f64,
     recompute_flops: f64,
     step_bytes: f64,
@@ -188,7 +196,15 @@ impl PredictedEvaluator {
             extrapolate_aligned: false,
             unaligned: Default::default(),
             peek: None,
+            gpus: 1,
         }
+    }
+
+    /// Predicts steps of data-parallel training on `gpus` cards (their
+    /// all-reduce in the step time).
+    pub fn with_gpus(mut self, gpus: i64) -> PredictedEvaluator {
+        self.gpus = gpus.max(1);
+        self
     }
 
     /// Predicts a direct evaluator's accumulating candidates above the
@@ -221,6 +237,7 @@ impl PredictedEvaluator {
                 step_bytes: step_bytes(&step.events),
                 flops: step.forward_flops,
                 recompute_flops: step.recompute_flops,
+                work: StepWork::from_trace(&step, c.amp),
                 events: step.events,
                 calls: step.kernel_calls,
             }),
@@ -264,12 +281,19 @@ impl PredictedEvaluator {
             at((one.recompute_flops, two.recompute_flops)),
         );
         let bytes = at((one.step_bytes, two.step_bytes));
+        let work = match (&one.work, &two.work) {
+            (Some(a), Some(b)) => StepWork::lerp((ba, a), (bb, b), c.batch_size),
+            _ => None,
+        };
         Some(replay_against_budget(
             &self.budget,
             c,
             (&events, &calls),
-            flops,
-            bytes,
+            Speed {
+                flops,
+                bytes,
+                work: work.as_ref(),
+            },
             cx,
         ))
     }
@@ -316,6 +340,10 @@ impl PredictedEvaluator {
             let pair = run(ba).and_then(|one| {
                 let two = run(bb)?;
                 Ok(TracePair {
+                    work: (
+                        StepWork::from_trace(&one, amp),
+                        StepWork::from_trace(&two, amp),
+                    ),
                     step_bytes: (step_bytes(&one.events), step_bytes(&two.events)),
                     flops: (one.forward_flops, two.forward_flops),
                     recompute_flops: (one.recompute_flops, two.recompute_flops),
@@ -354,6 +382,7 @@ impl PredictedEvaluator {
             self.traces_run += 1;
             let step = (self.tracer)(batch, crop, traced, knobs, accumulates)
                 .map(|s| SmallTrace {
+                    work: StepWork::from_trace(&s, amp),
                     step_bytes: step_bytes(&s.events),
                     flops: s.forward_flops,
                     recompute_flops: s.recompute_flops,
@@ -409,6 +438,7 @@ impl Evaluator for PredictedEvaluator {
         let budget = self.budget.clone();
         let mode = ReplayContext {
             mode: self.mode,
+            gpus: self.gpus,
             layout: self.layout,
             expandable_segments: self.expandable_segments,
             kernels: self.kernels,
@@ -431,15 +461,23 @@ impl Evaluator for PredictedEvaluator {
                     &budget,
                     c,
                     (&s.events, &s.calls),
-                    (s.flops, s.recompute_flops),
-                    s.step_bytes,
+                    Speed {
+                        flops: (s.flops, s.recompute_flops),
+                        bytes: s.step_bytes,
+                        work: s.work.as_ref(),
+                    },
                     mode,
                 ),
             };
         }
-        let (events, flops, bytes) = match self.pair(c.crop, c.amp, c.knobs(), accumulates) {
+        let (events, flops, bytes, work) = match self.pair(c.crop, c.amp, c.knobs(), accumulates) {
             Err(e) => return e.record(),
             Ok(p) => {
+                let (ba, bb) = TRACED_BATCHES;
+                let work = match &p.work {
+                    (Some(a), Some(b)) => StepWork::lerp((ba, a), (bb, b), c.batch_size),
+                    _ => None,
+                };
                 let (ba, bb) = TRACED_BATCHES;
                 // The traced batch sizes replay their own trace, without a copy.
                 let events = if c.batch_size == ba {
@@ -456,6 +494,7 @@ impl Evaluator for PredictedEvaluator {
                         lerp(p.recompute_flops, c.batch_size),
                     ),
                     lerp(p.step_bytes, c.batch_size),
+                    work,
                 )
             }
         };
@@ -465,7 +504,12 @@ impl Evaluator for PredictedEvaluator {
                 return TrialRecord::failed(CandidateStatus::Error, e, Mode::Predicted);
             }
         };
-        replay_against_budget(&budget, c, (&events, &[]), flops, bytes, mode)
+        let speed = Speed {
+            flops,
+            bytes,
+            work: work.as_ref(),
+        };
+        replay_against_budget(&budget, c, (&events, &[]), speed, mode)
     }
 }
 
@@ -477,21 +521,11 @@ fn replay_against_budget(
     budget: &Budget,
     c: &Candidate,
     traced: (&[TraceEvent], &[KernelCall]),
-    flops: (f64, f64),
-    bytes: f64,
+    speed: Speed,
     cx: ReplayContext,
 ) -> TrialRecord {
-    let replay_with = |settings, verdict_only| {
-        replay_with(
-            budget,
-            c,
-            traced,
-            (flops, bytes),
-            settings,
-            cx,
-            verdict_only,
-        )
-    };
+    let replay_with =
+        |settings, verdict_only| replay_with(budget, c, traced, speed, settings, cx, verdict_only);
     let (record, beyond_capacity) = replay_with(AllocatorSettings::default(), false);
     if record.fits() || !cx.expandable_segments || beyond_capacity {
         return record;
@@ -523,7 +557,7 @@ fn replay_with(
     budget: &Budget,
     c: &Candidate,
     (events, calls): (&[TraceEvent], &[KernelCall]),
-    (flops, bytes): ((f64, f64), f64),
+    speed: Speed,
     settings: AllocatorSettings,
     cx: ReplayContext,
     verdict_only: bool,
@@ -589,19 +623,29 @@ fn replay_with(
         least
     };
     let shown = if likely.out_of_memory { least } else { likely };
+    let Speed { flops, bytes, work } = speed;
     let passes = if mode == RunMode::Infer { 1.0 } else { 3.0 };
     let slowdown = shown
         .kernels
         .map_or(1.0, |k| k.step_slowdown(passes * flops.0 + flops.1));
+    // The step time kernel by kernel where the trace has every op's work;
+    // a roofline of the whole step where it has not (the Python worker's).
+    let step_time = work.map(|w| {
+        let t = w.time(&Card::of_budget(budget), &speed_setup(c, cx));
+        t.scaled(slowdown)
+    });
+    let images_per_s = match &step_time {
+        Some(t) => c.batch_size as f64 / t.step_s.max(1e-9),
+        None => PredictedEvaluator::images_per_s(budget, c, flops, bytes, mode) / slowdown,
+    };
     let mut record = TrialRecord {
         status: CandidateStatus::Fits,
         reason: None,
         peak_allocated_bytes: Some(shown.peak_allocated),
         peak_reserved_bytes: Some(shown.peak_reserved),
         device_bytes: Some(device),
-        images_per_s: Some(
-            PredictedEvaluator::images_per_s(budget, c, flops, bytes, mode) / slowdown,
-        ),
+        images_per_s: Some(images_per_s),
+        step_time,
         mode: Mode::Predicted,
         checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
         predicted: None,
@@ -615,6 +659,32 @@ fn replay_with(
     (record, beyond_capacity)
 }
 
+/// What a candidate's step time is predicted from: its FLOPs and bytes (a
+/// roofline) and, where the trace has them, its kernels.
+#[derive(Clone, Copy)]
+struct Speed<'a> {
+    flops: (f64, f64),
+    bytes: f64,
+    work: Option<&'a StepWork>,
+}
+
+/// The candidate's step as the step-time model needs it.
+fn speed_setup(c: &Candidate, cx: ReplayContext) -> SpeedSetup {
+    SpeedSetup {
+        mode: cx.mode,
+        gpus: cx.gpus.max(1),
+        accumulation: if cx.mode == RunMode::Train {
+            c.accumulation
+        } else {
+            1
+        },
+        amp: c.amp,
+        // uint8 images and int64 label maps (PackSegInputs) of the batch.
+        input_bytes: (c.batch_size * c.crop.0 * c.crop.1) as f64
+            * if cx.mode == RunMode::Train { 11.0 } else { 3.0 },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,6 +692,14 @@ mod tests {
     use crate::trial::trace::phase_code;
 
     const MIB: i64 = 1 << 20;
+
+    fn roofline(flops: (f64, f64)) -> Speed<'static> {
+        Speed {
+            flops,
+            bytes: 1.0,
+            work: None,
+        }
+    }
 
     /// A 64x64 fp32 candidate of `batch_size` images.
     fn candidate(batch_size: i64) -> Candidate {
@@ -640,6 +718,7 @@ mod tests {
     fn training(expandable_segments: bool) -> ReplayContext {
         ReplayContext {
             mode: RunMode::Train,
+            gpus: 1,
             layout: BatchLayout::MmSeg,
             expandable_segments,
             kernels: KernelSetup::newest(),
@@ -672,14 +751,18 @@ mod tests {
             &budget,
             &c,
             (&events, &[]),
-            (flops, 1.0),
+            Speed {
+                flops,
+                bytes: 1.0,
+                work: None,
+            },
             AllocatorSettings::default(),
             training,
             false,
         )
         .0;
         assert!(!default.fits(), "{default:?}");
-        let record = replay_against_budget(&budget, &c, (&events, &[]), flops, 1.0, training);
+        let record = replay_against_budget(&budget, &c, (&events, &[]), roofline(flops), training);
         assert!(record.fits(), "{record:?}");
         assert_eq!(
             record.alloc_conf.as_deref(),
@@ -691,7 +774,7 @@ mod tests {
             expandable_segments: false,
             ..training
         };
-        let record = replay_against_budget(&budget, &c, (&events, &[]), flops, 1.0, without);
+        let record = replay_against_budget(&budget, &c, (&events, &[]), roofline(flops), without);
         assert!(!record.fits() && record.alloc_conf.is_none(), "{record:?}");
     }
 
@@ -723,7 +806,7 @@ mod tests {
                 &budget,
                 &c,
                 (&events, &calls),
-                ((1.0, 0.0), 1.0),
+                roofline((1.0, 0.0)),
                 AllocatorSettings::default(),
                 cx,
                 false,

@@ -1,0 +1,89 @@
+//! A card's rates as the step-time model needs them: math rates by data
+//! type and kernel class (tensor cores only where the card and the data
+//! type allow), memory bandwidth, and the links a step's bytes cross.
+
+use super::rules::KernelClass;
+use crate::predict::kernels::conv::DataType;
+use crate::predict::Budget;
+
+/// A GPU's rates (TFLOPS, GB/s).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Card {
+    pub fp32_tflops: f64,
+    /// TF32 tensor cores (0: none).
+    pub tf32_tflops: f64,
+    /// fp16 tensor cores, fp32 accumulate (0 or below fp32: none).
+    pub fp16_tflops: f64,
+    pub bf16_tflops: f64,
+    pub bandwidth_gbs: f64,
+    /// The link DDP all-reduces over, one direction.
+    pub link_gbs: f64,
+    /// The host-to-device copy of the batch (pinned PCIe).
+    pub host_link_gbs: f64,
+}
+
+impl Card {
+    /// The rates of the budget's card.
+    pub fn of_budget(budget: &Budget) -> Card {
+        Card {
+            fp32_tflops: budget.fp32_tflops,
+            tf32_tflops: budget.tf32_tflops,
+            fp16_tflops: budget.fp16_tflops,
+            bf16_tflops: if budget.bf16 { budget.bf16_tflops } else { 0.0 },
+            bandwidth_gbs: budget.bandwidth_gbs.max(1.0),
+            link_gbs: default_link_gbs(&budget.compute_capability),
+            host_link_gbs: 12.0,
+        }
+    }
+
+    /// The rates of a card.
+    pub fn of_gpu(gpu: &crate::predict::Gpu) -> Card {
+        Card {
+            fp32_tflops: gpu.fp32_tflops,
+            tf32_tflops: gpu.tf32_tflops,
+            fp16_tflops: gpu.fp16_tflops,
+            bf16_tflops: if gpu.bf16 { gpu.bf16_tflops } else { 0.0 },
+            bandwidth_gbs: gpu.bandwidth_gbs.max(1.0),
+            link_gbs: default_link_gbs(&gpu.compute_capability),
+            host_link_gbs: 12.0,
+        }
+    }
+
+    /// The peak (TFLOPS) a GEMM (cuBLAS) or convolution (cuDNN) of `dtype`
+    /// runs at, and whether it is the tensor cores'. fp32 convolutions take
+    /// TF32 where the card has it (`cudnn.allow_tf32`, True by default);
+    /// fp32 matmuls do not (`cuda.matmul.allow_tf32`, False by default);
+    /// half precision without tensor cores computes in fp32.
+    pub fn math_rate(&self, class: KernelClass, dtype: DataType) -> (f64, bool) {
+        let fp32 = (self.fp32_tflops.max(0.1), false);
+        let tensor = |rate: f64| {
+            if rate > self.fp32_tflops * 1.2 {
+                (rate, true)
+            } else {
+                fp32
+            }
+        };
+        match dtype {
+            DataType::F16 => tensor(self.fp16_tflops),
+            DataType::Bf16 => tensor(self.bf16_tflops),
+            DataType::F32 if class == KernelClass::Conv => tensor(self.tf32_tflops),
+            DataType::F32 | DataType::F64 => fp32,
+        }
+    }
+}
+
+/// PCIe's one-direction bandwidth a card of `compute_capability` most
+/// often sits on (GB/s): 3.0 x16 before Ampere, 4.0 x16 from it, 5.0 x16
+/// on Hopper's PCIe cards and Blackwell. An NVLink card states its own.
+pub fn default_link_gbs(compute_capability: &str) -> f64 {
+    let major: u32 = compute_capability
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(8);
+    match major {
+        0..=7 => 15.75,
+        8 => 31.5,
+        _ => 63.0,
+    }
+}
