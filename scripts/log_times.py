@@ -13,7 +13,9 @@ Stdlib only (Python 3.11). Three modes:
       for each `url` (a pinned GitHub blob URL) in RUNS.tsv, `git show`
       commit:path from the mirror <mirror>/<owner>+<repo>/repo into
       <logdir>/<log_name(url)> (falls back to the newest commit that has
-      the path, and says so on stderr).
+      the path, and says so on stderr). A Jupyter notebook's url ends in
+      `#run-K`: the K-th training run its cell outputs printed (see
+      notebook_runs) is written instead of the notebook.
 
   log_times.py --fixture RUNS.tsv --logdir /tmp/logs
       re-derives tests/fixtures/mmseg_log_times.tsv: RUNS.tsv has at least
@@ -460,6 +462,7 @@ def parse_log(path: str) -> dict:
 
 # --------------------------------------------------------------- helpers --
 def split_url(url: str):
+    url = url.split("#", 1)[0]
     p = url.split("/")
     owner, repo, commit = p[3], p[4], p[6]
     path = urllib.parse.unquote("/".join(p[7:]))
@@ -470,6 +473,39 @@ def log_name(url: str) -> str:
     _, _, _, path = split_url(url)
     return hashlib.sha1(url.encode()).hexdigest()[:10] + "_" + \
         os.path.basename(path)
+
+
+RUN_START = re.compile(r"^\s*System environment:\s*$")
+
+
+def notebook_runs(raw: bytes) -> list[str]:
+    """The text a Jupyter notebook's cells printed (stream and text/plain
+    outputs, in cell order), cut into one piece per MMEngine Runner: each
+    piece starts at the timestamped line before a `System environment:`
+    line. Only pieces with `Iter(train)` lines are kept."""
+    import json
+    nb = json.loads(raw.decode("utf-8", errors="replace"))
+    parts = []
+    for cell in nb.get("cells", []):
+        for o in cell.get("outputs", []) or []:
+            t = o.get("text")
+            if t is None:
+                t = (o.get("data") or {}).get("text/plain")
+            if t is None:
+                continue
+            parts.append("".join(t) if isinstance(t, list) else str(t))
+    lines = "".join(p if p.endswith("\n") else p + "\n"
+                    for p in parts).splitlines(True)
+    starts = [max(i - 1, 0) for i, ln in enumerate(lines)
+              if RUN_START.match(ln)]
+    if not starts:
+        starts = [0]
+    runs = []
+    for a, b in zip(starts, starts[1:] + [len(lines)]):
+        piece = "".join(lines[a:b])
+        if "Iter(train)" in piece or "Epoch(train)" in piece:
+            runs.append(piece)
+    return runs
 
 
 def read_runs(path: str) -> list[dict]:
@@ -497,8 +533,18 @@ def extract(runs_tsv: str, mirror: str, logdir: str) -> None:
                                capture_output=True)
             print(f"{row['url']}: commit absent, took newest {hs[0]}",
                   file=sys.stderr)
+        data = p.stdout
+        if path.lower().endswith(".ipynb"):
+            m = re.search(r"#run-(\d+)$", row["url"])
+            k = int(m.group(1)) if m else 1
+            runs = notebook_runs(data)
+            if k > len(runs):
+                print(f"{row['url']}: notebook has {len(runs)} run(s)",
+                      file=sys.stderr)
+                continue
+            data = runs[k - 1].encode()
         with open(out, "wb") as f:
-            f.write(p.stdout)
+            f.write(data)
 
 
 def fixture(runs_tsv: str, logdir: str) -> None:

@@ -31,6 +31,8 @@ struct LoggedRun {
     gpus: i64,
     torch: String,
     amp: String,
+    /// Training iterations, or MMSeg's inference benchmark (batch 1).
+    mode: RunMode,
     step_s: f64,
 }
 
@@ -38,8 +40,15 @@ impl LoggedRun {
     /// Runs of one setup share a prediction and a side of the split.
     fn setup_key(&self) -> String {
         format!(
-            "{}|{}|{:?}|{}|{:?}|{}|{}",
-            self.gpu, self.config, self.cfg_options, self.batch, self.crop, self.amp, self.gpus
+            "{}|{}|{:?}|{}|{:?}|{}|{}|{:?}",
+            self.gpu,
+            self.config,
+            self.cfg_options,
+            self.batch,
+            self.crop,
+            self.amp,
+            self.gpus,
+            self.mode
         )
     }
 
@@ -101,10 +110,96 @@ fn runs() -> Vec<LoggedRun> {
                 gpus: c[gpus].parse().unwrap_or(1),
                 torch: c[torch].into(),
                 amp: c[amp].into(),
+                mode: RunMode::Train,
                 step_s: c[step].parse().ok()?,
             })
         })
         .collect()
+}
+
+/// MMSeg's published inference speeds on a V100 (`Inf time (fps)` of the
+/// config READMEs: `tools/analysis_tools/benchmark.py`, batch 1, the
+/// test pipeline's image size: the short side of its `Resize` scale, 4:3,
+/// or Cityscapes' 1024x2048), each as a step of 1/fps seconds.
+fn inference_runs(shared: &std::path::Path) -> Vec<LoggedRun> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/mmseg_inf_fps.tsv");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("column {name}"))
+    };
+    let (config, family, fps, device, readme) = (
+        col("config"),
+        col("family"),
+        col("inf_fps"),
+        col("device"),
+        col("readme"),
+    );
+    let configs = common::configs_under(&shared.join("mmseg-configs/configs"));
+    lines
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split('\t').collect::<Vec<&str>>())
+        .filter(|c| c[device].contains("V100"))
+        .filter_map(|c| {
+            let fps: f64 = c[fps].parse().ok().filter(|f: &f64| *f > 0.0)?;
+            let path = configs
+                .iter()
+                .find(|p| p.file_stem().is_some_and(|s| s == c[config]))?;
+            Some(LoggedRun {
+                url: format!("{} ({})", c[readme], c[config]),
+                family: c[family].into(),
+                config: c[config].into(),
+                cfg_options: Vec::new(),
+                batch: 1,
+                crop: test_image_size(path),
+                gpu: "Tesla V100-SXM2-16GB".into(),
+                gpus: 1,
+                torch: "1.13".into(),
+                amp: "off".into(),
+                mode: RunMode::Infer,
+                step_s: 1.0 / fps,
+            })
+        })
+        .collect()
+}
+
+/// The image size of a config's test pipeline: Cityscapes' 1024x2048 for a
+/// 2:1 `Resize` scale, else a 4:3 image with the scale's short side.
+fn test_image_size(config: &std::path::Path) -> (i64, i64) {
+    let cfg = segtune::config::resolve(config, &[]).unwrap();
+    let scale = cfg
+        .get("test_pipeline")
+        .and_then(|p| match p {
+            segtune::config::Value::List(steps) => steps
+                .iter()
+                .find(|s| {
+                    s.get_path("type")
+                        .and_then(segtune::config::Value::as_str)
+                        .is_some_and(|t| t == "Resize")
+                })
+                .and_then(|s| s.get_path("scale"))
+                .cloned(),
+            _ => None,
+        })
+        .and_then(|v| match v {
+            segtune::config::Value::List(xs) | segtune::config::Value::Tuple(xs) => {
+                let n: Vec<i64> = xs.iter().filter_map(|x| x.as_i64()).collect();
+                (n.len() == 2).then(|| (n[0].max(n[1]), n[0].min(n[1])))
+            }
+            _ => None,
+        });
+    match scale {
+        Some((long, short)) if long == 2 * short => (short, long),
+        Some((_, short)) => (short, (short * 4 + 2) / 3),
+        None => (512, 683),
+    }
 }
 
 /// A run's traced step and its card (`None`: a card or config segtune
@@ -151,7 +246,7 @@ fn trace(shared: &std::path::Path, run: &LoggedRun) -> Traced {
         torch_source: String::new(),
         trace: TraceKind::Meta,
         alloc_conf: Default::default(),
-        mode: RunMode::Train,
+        mode: run.mode,
         cudnn_benchmark: None,
         trace_timeout: None,
         python: None,
@@ -171,10 +266,13 @@ fn trace(shared: &std::path::Path, run: &LoggedRun) -> Traced {
 }
 
 /// Every run with its trace (one trace per setup).
-fn traced_runs(shared: &std::path::Path) -> Vec<(LoggedRun, StepWork, SpeedSetup, Card)> {
+fn traced_runs(
+    shared: &std::path::Path,
+    runs: Vec<LoggedRun>,
+) -> Vec<(LoggedRun, StepWork, SpeedSetup, Card)> {
     let mut cache: HashMap<String, Traced> = HashMap::new();
     let mut out = Vec::new();
-    for run in runs() {
+    for run in runs {
         let key = run.setup_key();
         let traced = cache
             .entry(key)
@@ -292,11 +390,11 @@ fn held_out_logs_match_the_predicted_step_time() {
     let Some(shared) = common::require_shared("speed_logs") else {
         return;
     };
-    let traced = traced_runs(&shared);
+    let traced = traced_runs(&shared, runs());
     let all = errors(&traced, &Efficiencies::FITTED);
     let (fit, held): (Vec<_>, Vec<_>) = all.into_iter().partition(|(r, _, _)| !r.held_out());
-    report("fitting part", &fit);
-    let (median_error, within_30, (pairs, right)) = report("held-out part", &held);
+    report("training logs, fitting part", &fit);
+    let (median_error, within_30, (pairs, right)) = report("training logs, held-out part", &held);
     assert!(held.len() >= 8, "{} held-out runs", held.len());
     assert!(median_error <= 0.15, "median |error| {median_error:.3}");
     assert!(within_30 >= 0.8, "{within_30:.2} within 30%");
@@ -304,6 +402,23 @@ fn held_out_logs_match_the_predicted_step_time() {
         right as f64 >= 0.9 * pairs as f64,
         "{right} of {pairs} pairs ordered right"
     );
+}
+
+/// MMSeg's published V100 inference speeds (`--mode infer`), the
+/// held-out third: median |error| at most 20%.
+#[test]
+fn published_v100_inference_speeds_match_mode_infer() {
+    let Some(shared) = common::require_shared("speed_logs") else {
+        return;
+    };
+    let runs = inference_runs(&shared);
+    let traced = traced_runs(&shared, runs);
+    let rows = errors(&traced, &Efficiencies::FITTED);
+    let (fit, held): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(r, _, _)| !r.held_out());
+    report("published V100 inference speeds, fitting part", &fit);
+    let (median_error, _, _) = report("published V100 inference speeds, held-out part", &held);
+    assert!(held.len() >= 10, "{} held-out rows", held.len());
+    assert!(median_error <= 0.20, "median |error| {median_error:.3}");
 }
 
 /// Fits the efficiencies on the fitting part (Nelder-Mead on the squared
@@ -315,7 +430,9 @@ fn fit_the_efficiencies() {
     let Some(shared) = common::require_shared("speed_logs") else {
         return;
     };
-    let traced = traced_runs(&shared);
+    let mut runs = runs();
+    runs.extend(inference_runs(&shared));
+    let traced = traced_runs(&shared, runs);
     let (fit, _): (Vec<_>, Vec<_>) = traced.iter().cloned().partition(|(r, ..)| !r.held_out());
     let start = Efficiencies::FITTED;
     let to_params = |e: &Efficiencies| {
@@ -348,9 +465,13 @@ fn fit_the_efficiencies() {
     let fitted = of_params(&best);
     eprintln!("fitted: {fitted:#?}");
     let all = errors(&traced, &fitted);
-    let (fit_rows, held): (Vec<_>, Vec<_>) = all.into_iter().partition(|(r, _, _)| !r.held_out());
-    report("fitting part (fitted)", &fit_rows);
-    report("held-out part (fitted)", &held);
+    for mode in [RunMode::Train, RunMode::Infer] {
+        let of_mode: Vec<_> = all.iter().filter(|r| r.0.mode == mode).cloned().collect();
+        let (fit_rows, held): (Vec<_>, Vec<_>) =
+            of_mode.into_iter().partition(|(r, _, _)| !r.held_out());
+        report(&format!("{mode:?}: fitting part (fitted)"), &fit_rows);
+        report(&format!("{mode:?}: held-out part (fitted)"), &held);
+    }
 }
 
 /// Minimises `f` from `start` (Nelder-Mead, the standard coefficients).

@@ -370,9 +370,6 @@ impl Worker {
             timeout,
             &mut |stderr, ran| controller_gone(slurm, stderr, ran),
         )?;
-        if run.timed_out || run.stopped.is_some() {
-            slurm.cancel(&name);
-        }
         let mut srun = SrunOutcome::parse(&String::from_utf8_lossy(&run.stderr));
         if let Some(step) = &srun.step_id {
             launcher::note_launched_job(step);
@@ -382,10 +379,30 @@ impl Worker {
             srun.line = Some(why.clone());
         }
         let failed = !run.status.is_some_and(|s| s.success());
+        let lost = launcher::controller_lost();
         if srun.end.is_none() && failed && !run.timed_out {
-            srun.end_from_slurm(slurm, run.status);
+            match &lost {
+                // Another trial found the controller gone: asking it why
+                // this job ended would wait for nothing.
+                Some(why) => {
+                    srun.end = Some(launcher::SlurmEnd::Unreachable);
+                    srun.line = Some(why.clone());
+                }
+                None => srun.end_from_slurm(slurm, run.status),
+            }
         }
-        if srun.end == Some(launcher::SlurmEnd::Unreachable) {
+        // A job whose srun was stopped (its deadline, a lost controller,
+        // segtune's own teardown), or gave up on the controller by itself,
+        // may still sit in slurmctld's saved state: cancelled, or named
+        // with the command to cancel it once the controller answers.
+        let unreachable = srun.end == Some(launcher::SlurmEnd::Unreachable);
+        let killed = run
+            .status
+            .is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s).is_some());
+        if run.timed_out || run.stopped.is_some() || unreachable || killed {
+            slurm.cancel(&name);
+        }
+        if unreachable {
             launcher::note_controller_lost(&format!(
                 "the Slurm controller (slurmctld) does not answer ({}); start it again, or \
                  search without --launcher slurm",
