@@ -454,6 +454,15 @@ def parse_log(path: str) -> dict:
             r["pipeline_crop"] != r["pad_size"]:
         notes.append(f"pipeline crop {r['pipeline_crop']} padded to "
                      f"{r['pad_size']}")
+    ctext = config_text(lines)
+    if gpus == 1 and "SyncBN" in ctext:
+        notes.append("SyncBN in config but non-distributed: MMEngine "
+                     "reverts SyncBN->BN")
+    if not r["gpu"]:
+        cuda = re.search(r"CUDA available: (\S+)", "".join(lines[:60]))
+        notes.append("no GPU in the env dump" +
+                     (f" (CUDA available: {cuda.group(1)})" if cuda else ""))
+    r["restarts"] = restarts
     if r["amp"] == "unknown":
         notes.append("optim_wrapper type not found")
     r["notes"] = "; ".join(notes)
@@ -562,7 +571,16 @@ def fixture(runs_tsv: str, logdir: str) -> None:
             d = int(r["pad_size"][3:])
             h, w = (int(x) for x in r["crop_size"].split("x"))
             crop = f"{-(-h // d) * d}x{-(-w // d) * d}"
-        notes = [n for n in (run.get("src_note", ""), r["notes"]) if n]
+        # hand-written remarks ("src: ...") survive a regeneration from
+        # the fixture itself
+        src = run.get("src_note") or "; ".join(
+            seg for seg in (run.get("notes") or "").split("; ")
+            if seg.startswith("src: "))
+        if src and not src.startswith("src: "):
+            src = "src: " + src
+        notes = [n for n in (src, r["notes"]) if n]
+        if split_url(run["url"])[3].lower().endswith(".ipynb"):
+            notes.append("log text taken from the notebook's cell outputs")
         if r["platform"]:
             notes.append(f"platform={r['platform']}")
         notes.append(f"first_iter={r['first_iter']}/{r['max_iters']} "
@@ -572,6 +590,10 @@ def fixture(runs_tsv: str, logdir: str) -> None:
         d = float(r["data_time_s"]) if r["data_time_s"] else None
         if hint in ("not built", "no config"):
             use = hint
+        elif not r["gpu"]:
+            use = "no gpu"
+        elif r.get("restarts", 0) > 3:
+            use = "mixed"
         elif not run.get("config"):
             use = "no config"
         elif r["gpus"] != "1":
@@ -693,7 +715,15 @@ def readme_fps(gitdir: str, commit: str, prefix: str, urlbase: str,
             if not cfg:
                 notes.append("row links no config")
             elif configdir and cfg not in have:
-                notes.append("config not in MMSeg 1.2.2 wheel configs")
+                import difflib
+                # same model tokens (r50, s36, b0, mg124 ...), closest text
+                toks = {t for t in re.split(r"[_-]", cfg)
+                        if re.fullmatch(r"[a-z]+\d+", t)}
+                pool = [h for h in sorted(have)
+                        if toks <= set(re.split(r"[_-]", h))]
+                near = difflib.get_close_matches(cfg, pool, n=1, cutoff=0.6)
+                notes.append("config not in MMSeg 1.2.2 wheel configs" +
+                             (f" (nearest: {near[0]})" if near else ""))
             w.writerow([cfg, family, crop, f"{fps_v:g}", col("device"), url,
                         "; ".join(notes)])
 

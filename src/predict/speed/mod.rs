@@ -336,6 +336,30 @@ impl StepWork {
             launched += u64::from(k.launches);
             busy[k.part as usize] += t;
         }
+        if setup.amp == Amp::Fp16 && setup.mode == RunMode::Train && self.gradient_bytes > 0.0 {
+            // GradScaler: `_amp_foreach_non_finite_check_and_unscale_` reads
+            // and writes every gradient (one for-each pass), then `step`
+            // reads `found_inf` back (a synchronisation) and
+            // `_amp_update_scale_` is one tiny kernel.
+            let before = host.max(device);
+            step_without_optimizer.get_or_insert((before, host, device));
+            let unscale = Kernel {
+                part: Part::Optimizer,
+                class: KernelClass::Memory,
+                flops: 0.0,
+                bytes: 2.0 * self.gradient_bytes,
+                dtype: None,
+                launches: 2,
+                dispatches: 2,
+                view_dispatches: 0,
+            };
+            host += 2.0 * e.backward_dispatch_s;
+            let t = kernel_seconds(&unscale, card, e, setup.amp);
+            device = device.max(host) + t;
+            busy[Part::Optimizer as usize] += t;
+            launched += 2;
+            host = host.max(device) + 10e-6;
+        }
         let end = host.max(device);
         let accumulation = setup.accumulation.max(1) as f64;
         // The optimizer runs once per `accumulation` micro-steps.
