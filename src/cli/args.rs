@@ -207,9 +207,14 @@ pub enum Command {
         #[arg(value_parser = ["search", "result", "atlas"])]
         which: String,
     },
-    /// List the shipped GPU presets (for --preset and `import` in .rhai configs).
-    #[command(after_help = "Example:\n  segtune presets")]
-    Presets,
+    /// List the shipped GPU presets (for --preset and `import` in .rhai
+    /// configs): every NVIDIA card of the table, Pascal to Blackwell.
+    #[command(after_help = "Examples:\n  segtune presets\n  segtune presets --json\n  segtune estimate my_config.py --preset \"NVIDIA GeForce RTX 3060 Laptop GPU\"")]
+    Presets {
+        /// Every field of every card as a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "Examples:\n  segtune completions bash > ~/.local/share/bash-completion/completions/segtune\n  segtune completions zsh > ~/.zfunc/_segtune\n  segtune completions fish > ~/.config/fish/completions/segtune.fish"
@@ -224,7 +229,10 @@ pub enum Command {
 /// and the card's compute capability.
 #[derive(clap::Args, Debug, Clone, Default, PartialEq)]
 pub struct GpuArgs {
-    /// A shipped GPU preset (see `segtune presets`).
+    /// A shipped GPU preset (see `segtune presets`): its slug (`rtx3060`)
+    /// or the name nvidia-smi prints ("NVIDIA GeForce RTX 3060 Laptop
+    /// GPU"), case-insensitive. Neither --preset nor --vram: the card
+    /// nvidia-smi finds.
     #[arg(long)]
     pub preset: Option<String>,
     /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units

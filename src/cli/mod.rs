@@ -173,7 +173,14 @@ fn run(cli: Cli) -> Result<Output> {
             };
             Ok(Output::ok(json(&schema)))
         }
-        Command::Presets => Ok(Output::ok(report::presets(&Gpu::presets()?))),
+        Command::Presets { json: false } => Ok(Output::ok(report::presets(&Gpu::presets()?))),
+        Command::Presets { json: true } => {
+            let all = crate::config::presets::names()
+                .into_iter()
+                .map(crate::config::presets::load)
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Ok(Output::ok(report::presets_json(&all)))
+        }
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(

@@ -7,7 +7,6 @@ use super::budget;
 use super::error::{ConfigError, ErrorKind};
 use super::guarded;
 use super::imports;
-use super::presets;
 use super::pyops::{self, BinOp, CmpOp, PyError};
 use super::value::{python_repr, python_str, Dict, Value};
 use rhai::{Array, Dynamic, Engine, EvalAltResult, ImmutableString, Map, Position, Scope, INT};
@@ -681,7 +680,7 @@ pub fn rhai_error(e: &EvalAltResult) -> ConfigError {
             ErrorKind::Evaluation,
             format!("module `{name}` not found: neither a .rhai file next to the config nor a shipped preset"),
         )
-        .with_help(format!("shipped presets: {}", presets::names().join(", "))),
+        .with_help("`segtune presets` lists the shipped GPU presets"),
         other => {
             let mut text = other.to_string();
             if let Some(i) = text.rfind(" (line ") {

@@ -34,6 +34,67 @@ pub struct Gpu {
     /// What the device holds besides the tensors: the preset's, or the
     /// compute capability's typical figures for a card known by `--vram`.
     pub overheads: DeviceOverheads,
+    /// The architecture: "Pascal", "Volta", "Turing", "Ampere", "Ada",
+    /// "Hopper" or "Blackwell" (a `custom` card: its representative's).
+    pub architecture: String,
+    /// "desktop", "laptop" or "datacenter" for a preset; "custom" for a
+    /// card known only by `--vram`.
+    pub form: String,
+    /// The boost clock in MHz the TFLOPS figures are at (a laptop's: the
+    /// reference one; its maker's power limit sets the real one).
+    pub boost_clock_mhz: f64,
+    /// The L2 cache, bytes.
+    pub l2_bytes: u64,
+    /// The link the GPUs all-reduce over: "PCIe 4.0 x16", "NVLink 3 (600 GB/s)", ...
+    pub link: String,
+    /// That link's bandwidth in one direction, GB/s (PCIe 4.0 x16: 31.5;
+    /// NVLink: the per-direction aggregate, A100 SXM 300).
+    pub link_gbs: f64,
+    /// Whether the card has tensor cores (compute capability 7.0 and newer,
+    /// but not the GTX 16 series); without them `fp16_tflops` is the native
+    /// half-precision rate (Pascal: 1/64 of FP32, or twice it on GP100).
+    pub tensor_cores: bool,
+}
+
+/// The card whose rates a `custom` GPU (known only by `--vram` and its
+/// compute capability) takes: the commonest card of that compute
+/// capability in the table, or of the nearest one below.
+const REPRESENTATIVES: &[((u32, u32), &str)] = &[
+    ((6, 0), "p100-pcie-16gb"),
+    ((6, 1), "gtx1080ti"),
+    ((7, 0), "v100-sxm2-16gb"),
+    ((7, 5), "rtx2070"),
+    ((8, 0), "a100-sxm4-40gb"),
+    ((8, 6), "rtx3060"),
+    ((8, 9), "rtx4070"),
+    ((9, 0), "h100-sxm"),
+    ((10, 0), "b200"),
+    ((12, 0), "rtx5080"),
+];
+
+/// The major version of a compute capability ("8.6": 8; unreadable: 0).
+fn major_of(compute_capability: &str) -> u32 {
+    compute_capability
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The preset whose rates a card of `compute_capability` takes (see
+/// [`REPRESENTATIVES`]; an unreadable capability: the default's).
+pub fn representative_preset(compute_capability: &str) -> &'static str {
+    let mut parts = compute_capability.trim().split('.');
+    let number = |p: Option<&str>| p.and_then(|m| m.trim().parse::<u32>().ok());
+    let Some(major) = number(parts.next()) else {
+        return "rtx3060";
+    };
+    let cc = (major, number(parts.next()).unwrap_or(0));
+    REPRESENTATIVES
+        .iter()
+        .rev()
+        .find(|(c, _)| *c <= cc)
+        .map_or(REPRESENTATIVES[0].1, |(_, p)| p)
 }
 
 /// Device memory a training process holds besides its tensors.
@@ -114,12 +175,24 @@ impl Gpu {
             sms: p.get("sms").and_then(Value::as_i64).unwrap_or(typical.sms),
             bandwidth_gbs: num(&p, "memory_bandwidth_gbs", 500.0),
             overheads: DeviceOverheads::of_preset(&p, &compute_capability),
+            architecture: text("architecture").unwrap_or_default(),
+            form: text("form").unwrap_or_else(|| "desktop".into()),
+            boost_clock_mhz: num(&p, "boost_clock_mhz", 0.0),
+            l2_bytes: (num(&p, "l2_kib", 0.0).max(0.0) as u64) << 10,
+            link: text("link").unwrap_or_else(|| "PCIe 4.0 x16".into()),
+            link_gbs: num(&p, "link_gbs", 31.5),
+            tensor_cores: p
+                .get("tensor_cores")
+                .map_or(major_of(&compute_capability) >= 7, Value::truthy),
             compute_capability,
         })
     }
 
     /// A GPU known only by its memory (`4G`, `4096MiB`, ...) and compute
-    /// capability; its speed figures are generic (for ranking only).
+    /// capability: its memory figures are the compute capability's typical
+    /// ones, its rates (for speed and ranking) those of the table's
+    /// representative card of that capability ([`representative_preset`]),
+    /// which its `description` names.
     pub fn custom(vram: &str, compute_capability: &str) -> Result<Gpu> {
         let vram_bytes = parse_vram(vram).map_err(|e| Error::Input(format!("vram {e}")))?;
         let bf16 = compute_capability
@@ -127,20 +200,26 @@ impl Gpu {
             .next()
             .and_then(|m| m.parse::<u32>().ok())
             .is_some_and(|major| major >= 8);
-        let typical = GpuMath::of_compute_capability(compute_capability);
+        let card = Gpu::preset(representative_preset(compute_capability))?;
+        let card_name = card.description.clone().unwrap_or_else(|| card.name.clone());
+        let article = if card_name.starts_with(['A', 'E', 'I', 'O', 'U']) || card_name.starts_with("NVIDIA") {
+            "an"
+        } else {
+            "a"
+        };
         Ok(Gpu {
             name: "custom".into(),
-            description: None,
+            description: Some(format!(
+                "rates of {article} {card_name} (compute capability {})",
+                card.compute_capability
+            )),
             vram_bytes,
             compute_capability: compute_capability.to_string(),
             bf16,
-            fp32_tflops: 10.0,
-            fp16_tflops: 40.0,
-            bf16_tflops: if bf16 { 40.0 } else { 0.0 },
-            tf32_tflops: typical.tf32,
-            sms: typical.sms,
-            bandwidth_gbs: 500.0,
+            bf16_tflops: if bf16 { card.bf16_tflops } else { 0.0 },
             overheads: DeviceOverheads::of_compute_capability(compute_capability),
+            form: "custom".into(),
+            ..card
         })
     }
 
@@ -167,9 +246,13 @@ impl Gpu {
                 v,
                 compute_capability.unwrap_or(DEFAULT_COMPUTE_CAPABILITY),
             ),
-            (None, None) => Err(Error::Input(
-                "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into(),
-            )),
+            // Neither: the local card, where nvidia-smi names one.
+            (None, None) => match (compute_capability, super::local_gpu::detect()) {
+                (None, Some(found)) => found.gpu(),
+                _ => Err(Error::Input(
+                    "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into(),
+                )),
+            },
         }
     }
 
@@ -447,6 +530,77 @@ mod tests {
             "{err}"
         );
         assert!(Budget::new(&Gpu::preset("rtx3050ti").unwrap(), 0.95).is_err());
+    }
+
+    #[test]
+    fn a_custom_card_takes_the_rates_of_its_compute_capabilitys_card() {
+        for (cc, card) in [
+            ("6.0", "p100-pcie-16gb"),
+            ("6.1", "gtx1080ti"),
+            ("7.0", "v100-sxm2-16gb"),
+            ("7.2", "v100-sxm2-16gb"),
+            ("7.5", "rtx2070"),
+            ("8.0", "a100-sxm4-40gb"),
+            ("8.6", "rtx3060"),
+            ("8.7", "rtx3060"),
+            ("8.9", "rtx4070"),
+            ("9.0", "h100-sxm"),
+            ("10.0", "b200"),
+            ("12.0", "rtx5080"),
+            ("5.2", "p100-pcie-16gb"),
+            ("x", "rtx3060"),
+        ] {
+            assert_eq!(representative_preset(cc), card, "{cc}");
+        }
+        let gpu = Gpu::custom("6G", "8.6").unwrap();
+        let rtx3060 = Gpu::preset("rtx3060").unwrap();
+        assert_eq!(gpu.name, "custom");
+        assert_eq!(gpu.form, "custom");
+        assert_eq!(gpu.vram_bytes, 6 << 30);
+        assert_eq!(
+            gpu.description.as_deref(),
+            Some("rates of a GeForce RTX 3060 (compute capability 8.6)")
+        );
+        assert_eq!(
+            (gpu.fp32_tflops, gpu.fp16_tflops, gpu.bf16_tflops, gpu.bandwidth_gbs),
+            (12.74, 25.5, 25.5, 360.0)
+        );
+        assert_eq!((gpu.architecture.as_str(), gpu.link_gbs), ("Ampere", 31.5));
+        assert_eq!(gpu.l2_bytes, rtx3060.l2_bytes);
+        // Memory figures stay the compute capability's, and cuDNN's choice
+        // a typical card's (as before the table).
+        assert_eq!(gpu.overheads, DeviceOverheads::of_compute_capability("8.6"));
+        assert_eq!(gpu.conv_math(), GpuMath::of_compute_capability("8.6"));
+        let budget = Budget::new(&gpu, 0.05).unwrap();
+        assert_eq!(budget.conv_math(), GpuMath::of_compute_capability("8.6"));
+        let volta = Gpu::custom("16G", "7.0").unwrap();
+        assert_eq!(
+            volta.description.as_deref(),
+            Some("rates of a Tesla V100 SXM2 16 GB (compute capability 7.0)")
+        );
+        assert!(!volta.bf16 && volta.bf16_tflops == 0.0 && volta.tensor_cores);
+        let ampere = Gpu::custom("40G", "8.0").unwrap();
+        assert!(ampere.description.unwrap().starts_with("rates of an NVIDIA A100"));
+        // A Pascal card's FP16 is its native rate, without tensor cores.
+        let pascal = Gpu::custom("11G", "6.1").unwrap();
+        assert!(!pascal.tensor_cores && pascal.fp16_tflops < 1.0);
+    }
+
+    #[test]
+    fn presets_carry_the_step_time_models_figures() {
+        let a100 = Gpu::preset("NVIDIA A100-SXM4-80GB").unwrap();
+        assert_eq!(a100.name, "a100-sxm4-80gb");
+        assert_eq!(a100.description.as_deref(), Some("NVIDIA A100 SXM4 80 GB"));
+        assert_eq!(a100.l2_bytes, 40 << 20);
+        assert_eq!((a100.link.as_str(), a100.link_gbs), ("NVLink 3 (600 GB/s)", 300.0));
+        assert_eq!((a100.form.as_str(), a100.boost_clock_mhz), ("datacenter", 1410.0));
+        let laptop = Gpu::preset("nvidia geforce rtx 3060 laptop gpu").unwrap();
+        assert_eq!((laptop.name.as_str(), laptop.form.as_str()), ("rtx3060-laptop", "laptop"));
+        let t4 = Gpu::preset("Tesla T4").unwrap();
+        assert_eq!((t4.architecture.as_str(), t4.tensor_cores), ("Turing", true));
+        assert_eq!(t4.vram_bytes, 15360 << 20);
+        let err = Gpu::preset("RTX 3060 Laptp").unwrap_err().to_string();
+        assert!(err.contains("did you mean `rtx3060-laptop`"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod expandable;
 pub mod extrapolate;
 pub mod from_config;
 pub mod kernels;
+pub mod local_gpu;
 pub mod replay;
 pub mod speed;
 pub mod step_trace;

@@ -18,7 +18,7 @@ pub use estimate::estimate;
 pub use explain::{explain, why};
 pub use html::{page, ReportPage};
 pub use inspect::inspect;
-pub use presets::presets;
+pub use presets::{presets, presets_json};
 pub use search::{progress_line, search};
 pub use trial::trial;
 
