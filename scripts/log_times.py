@@ -248,6 +248,15 @@ def parse_log(path: str) -> dict:
         m2 = re.search(r"- CuDNN ([0-9.]+)", ln)
         if m2 and not r["cudnn"]:
             r["cudnn"] = m2.group(1)
+            # PyTorch >= 2.3 prints cuDNN 9.x.y (version 9xy00) as "9x.y"
+            # (and 9.x.y as "9x.y.z"-like "90.5.1", "91.0.2")
+            mm = re.fullmatch(r"(\d{2,})\.(\d+)(\.\d+)?", r["cudnn"])
+            if mm and int(mm.group(1)) >= 10:
+                x, y = int(mm.group(1)), int(mm.group(2))
+                r["cudnn"] = f"{x // 10}.{(x % 10) * 10 + y}" + \
+                    (mm.group(3) or "")
+                notes.append(f"env prints CuDNN {mm.group(0)} (cuDNN "
+                             f"{r['cudnn']})")
         m2 = re.search(r"sys\.platform: (\S+)", ln)
         if m2 and not r["platform"]:
             r["platform"] = m2.group(1)
@@ -420,7 +429,8 @@ def parse_log(path: str) -> dict:
     if tm is not None:
         r["time_s"] = f"{tm:.4f}"
         r["data_time_s"] = f"{dm:.4f}"
-        r["step_s"] = f"{tm - dm:.4f}"
+        # step_s = time_s - data_time_s as printed (4 decimals each)
+        r["step_s"] = f"{float(r['time_s']) - float(r['data_time_s']):.4f}"
     # --- remarks
     if not rec:
         notes.append("no Iter(train) lines")
