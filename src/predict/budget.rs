@@ -326,6 +326,13 @@ pub struct Budget {
     pub cublas_workspace_bytes: u64,
     /// VRAM x (1 - margin): what reserved memory + context may use.
     pub usable_bytes: u64,
+    /// The link data-parallel GPUs all-reduce over, one direction, GB/s
+    /// (the step time's communication; 0 in searches saved before it).
+    #[serde(default)]
+    pub link_gbs: f64,
+    /// Tensor cores (Volta and newer).
+    #[serde(default)]
+    pub tensor_cores: bool,
 }
 
 impl Budget {
@@ -393,6 +400,8 @@ impl Budget {
             cuda_context_bytes: context,
             cublas_workspace_bytes: gpu.overheads.cublas_workspace_bytes,
             usable_bytes: usable,
+            link_gbs: gpu.link_gbs,
+            tensor_cores: gpu.tensor_cores,
         })
     }
 

@@ -20,6 +20,10 @@ pub struct Card {
     pub link_gbs: f64,
     /// The host-to-device copy of the batch (pinned PCIe).
     pub host_link_gbs: f64,
+    /// Tensor cores (Volta and newer): half precision and TF32 GEMMs run on
+    /// them, at their efficiency; else half precision runs on CUDA cores
+    /// (the P100's double-rate fp16) or in fp32.
+    pub tensor_cores: bool,
 }
 
 impl Card {
@@ -31,8 +35,13 @@ impl Card {
             fp16_tflops: budget.fp16_tflops,
             bf16_tflops: if budget.bf16 { budget.bf16_tflops } else { 0.0 },
             bandwidth_gbs: budget.bandwidth_gbs.max(1.0),
-            link_gbs: default_link_gbs(&budget.compute_capability),
+            link_gbs: if budget.link_gbs > 0.0 {
+                budget.link_gbs
+            } else {
+                default_link_gbs(&budget.compute_capability)
+            },
             host_link_gbs: 12.0,
+            tensor_cores: budget.tensor_cores || budget.fast_half() && !budget.compute_capability.starts_with("6"),
         }
     }
 
@@ -44,13 +53,19 @@ impl Card {
             fp16_tflops: gpu.fp16_tflops,
             bf16_tflops: if gpu.bf16 { gpu.bf16_tflops } else { 0.0 },
             bandwidth_gbs: gpu.bandwidth_gbs.max(1.0),
-            link_gbs: default_link_gbs(&gpu.compute_capability),
+            link_gbs: if gpu.link_gbs > 0.0 {
+                gpu.link_gbs
+            } else {
+                default_link_gbs(&gpu.compute_capability)
+            },
             host_link_gbs: 12.0,
+            tensor_cores: gpu.tensor_cores,
         }
     }
 
     /// The peak (TFLOPS) a GEMM (cuBLAS) or convolution (cuDNN) of `dtype`
-    /// runs at, and whether it is the tensor cores'. fp32 convolutions take
+    /// runs at, and whether it is the tensor cores' (else the CUDA cores',
+    /// at their efficiency). fp32 convolutions take
     /// TF32 where the card has it (`cudnn.allow_tf32`, True by default);
     /// fp32 matmuls do not (`cuda.matmul.allow_tf32`, False by default);
     /// half precision without tensor cores computes in fp32.
@@ -58,7 +73,7 @@ impl Card {
         let fp32 = (self.fp32_tflops.max(0.1), false);
         let tensor = |rate: f64| {
             if rate > self.fp32_tflops * 1.2 {
-                (rate, true)
+                (rate, self.tensor_cores)
             } else {
                 fp32
             }

@@ -47,6 +47,10 @@ pub struct Kernel {
     pub dispatches: u32,
     /// Host dispatches of views and allocations before it (no kernel).
     pub view_dispatches: u32,
+    /// A 3x3, stride-1, undilated, ungrouped convolution: cuDNN's Winograd
+    /// kernels run it on CUDA cores with fewer multiplies.
+    #[serde(default)]
+    pub winograd: bool,
 }
 
 /// A traced step's kernels, in order: what [`StepWork::time`] times.
@@ -247,6 +251,18 @@ impl StepWork {
             }
             dispatches += 1;
             let bytes = (op.in_bytes + op.out_bytes) as f64;
+            let shapes = call.and_then(|c| gemm_or_conv(c, half_is_fp16));
+            let winograd = call
+                .and_then(|c| conv_call(c, half_is_fp16))
+                .is_some_and(|c| {
+                    let p = c.problem;
+                    (p.r, p.s) == (3, 3)
+                        && !p.is_strided()
+                        && !p.is_dilated()
+                        && p.groups == 1
+                        && p.c >= 16
+                        && p.k >= 16
+                });
             let mut push = |class, flops, dtype, bytes: f64, launches| {
                 kernels.push(Kernel {
                     part,
@@ -257,9 +273,10 @@ impl StepWork {
                     launches,
                     dispatches: std::mem::take(&mut dispatches),
                     view_dispatches: std::mem::take(&mut views),
+                    winograd,
                 });
             };
-            match call.and_then(|c| gemm_or_conv(c, half_is_fp16)) {
+            match shapes {
                 Some(shapes) => {
                     let n = shapes.len().max(1) as f64;
                     for (class, flops, dtype) in shapes {
@@ -284,6 +301,7 @@ impl StepWork {
                 launches: chunks_by_tensors.max(chunks_by_size).max(1) as u32,
                 dispatches: 1,
                 view_dispatches: 0,
+                winograd: false,
             });
         }
         for (_, tensors, bytes, _) in &foreach {
@@ -352,6 +370,7 @@ impl StepWork {
                 launches: 2,
                 dispatches: 2,
                 view_dispatches: 0,
+                winograd: false,
             };
             host += 2.0 * e.backward_dispatch_s;
             let t = kernel_seconds(&unscale, card, e, setup.amp);
@@ -443,11 +462,14 @@ fn kernel_seconds(k: &Kernel, card: &Card, e: &Efficiencies, amp: Amp) -> f64 {
             let efficiency = if tensor { e.tensor_core } else { e.cuda_core };
             // cuDNN's backward-data and backward-filter kernels reach less
             // of the peak than its forward kernels.
-            let slower = if k.class == KernelClass::Conv && k.part == Part::Backward {
+            let mut slower = if k.class == KernelClass::Conv && k.part == Part::Backward {
                 e.conv_backward
             } else {
                 1.0
             };
+            if k.winograd && !tensor {
+                slower /= e.winograd;
+            }
             (slower * k.flops / (rate * 1e12 * efficiency)).max(memory)
         }
         KernelClass::Atomic => memory * e.atomic_slowdown,

@@ -188,6 +188,11 @@ pub struct Efficiencies {
     /// A convolution's backward directions against its forward (cuDNN's
     /// wgrad/dgrad kernels reach less of the peak).
     pub conv_backward: f64,
+    /// How much faster than implicit GEMM cuDNN's Winograd kernels run a
+    /// 3x3 convolution on CUDA cores (F(4x4, 3x3) does a quarter of the
+    /// multiplies, plus its transforms: 1.6x to 2.5x on the timed shapes of
+    /// `kernels/cudnn_speed.rs`).
+    pub winograd: f64,
 }
 
 impl Efficiencies {
@@ -204,6 +209,7 @@ impl Efficiencies {
         bandwidth: 0.7,
         atomic_slowdown: 3.0,
         conv_backward: 1.2,
+        winograd: 1.8,
     };
 }
 

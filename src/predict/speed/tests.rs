@@ -21,6 +21,7 @@ fn card() -> Card {
         bandwidth_gbs: 936.0,
         link_gbs: 31.5,
         host_link_gbs: 12.0,
+        tensor_cores: true,
     }
 }
 
@@ -151,6 +152,7 @@ fn half_precision_is_faster_only_with_tensor_cores() {
         tf32_tflops: 0.0,
         fp16_tflops: 0.18,
         bf16_tflops: 0.0,
+        tensor_cores: false,
         ..card()
     };
     assert!(ampere.math_rate(KernelClass::Gemm, DataType::F16).1);
