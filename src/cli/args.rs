@@ -469,7 +469,7 @@ impl SetupArgs {
 
 /// `segtune estimate` arguments.
 #[derive(clap::Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("gpu").required(true).args(["preset", "vram"])))]
+#[command(group(clap::ArgGroup::new("gpu").required(false).args(["preset", "vram"])))]
 pub struct EstimateArgs {
     /// The config (.py or .rhai).
     pub config: PathBuf,
