@@ -15,7 +15,11 @@ fn segtune() -> Command {
 /// `segtune presets --json`, parsed.
 fn presets_json() -> Vec<serde_json::Value> {
     let out = segtune().args(["presets", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice::<serde_json::Value>(&out.stdout)
         .unwrap()
         .as_array()
@@ -85,13 +89,7 @@ fn presets_json_has_every_card_with_every_field() {
     assert!(cards.len() >= 45, "{} cards", cards.len());
     for card in &cards {
         let slug = card["preset"].as_str().unwrap();
-        for field in [
-            "name",
-            "architecture",
-            "form",
-            "compute_capability",
-            "link",
-        ] {
+        for field in ["name", "architecture", "form", "compute_capability", "link"] {
             assert!(card[field].is_string(), "{slug} {field}");
         }
         for field in [
@@ -108,10 +106,19 @@ fn presets_json_has_every_card_with_every_field() {
         ] {
             assert!(card[field].is_number(), "{slug} {field}");
         }
-        assert!(card["bf16"].is_boolean() && card["tensor_cores"].is_boolean(), "{slug}");
-        assert!(!card["nvidia_smi_names"].as_array().unwrap().is_empty(), "{slug}");
+        assert!(
+            card["bf16"].is_boolean() && card["tensor_cores"].is_boolean(),
+            "{slug}"
+        );
+        assert!(
+            !card["nvidia_smi_names"].as_array().unwrap().is_empty(),
+            "{slug}"
+        );
     }
-    let slugs: Vec<&str> = cards.iter().map(|c| c["preset"].as_str().unwrap()).collect();
+    let slugs: Vec<&str> = cards
+        .iter()
+        .map(|c| c["preset"].as_str().unwrap())
+        .collect();
     for (_, slug) in ISSUE_47_CARDS {
         assert!(slugs.contains(slug), "{slug} missing from presets --json");
     }
@@ -120,9 +127,15 @@ fn presets_json_has_every_card_with_every_field() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success());
     for slug in slugs {
-        assert!(table.contains(&format!(" {slug} ")), "{slug} not in the table");
+        assert!(
+            table.contains(&format!(" {slug} ")),
+            "{slug} not in the table"
+        );
     }
-    assert!(table.contains("TF32") && table.contains("NVLink 3 (600 GB/s)"), "{table}");
+    assert!(
+        table.contains("TF32") && table.contains("NVLink 3 (600 GB/s)"),
+        "{table}"
+    );
 }
 
 /// `segtune estimate` of the README's example config on `gpu`, as JSON
@@ -205,8 +218,16 @@ fn a_misspelt_preset_gets_the_closest_card() {
         "c.rhai",
         "import \"NVIDIA GeForce RTX 3060 Laptop GPU\" as gpu;\nlet vram = gpu::vram_mib;\n",
     );
-    let out = segtune().args(["resolve", "--format", "json"]).arg(&cfg).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = segtune()
+        .args(["resolve", "--format", "json"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("6144"));
 }
 
@@ -217,7 +238,11 @@ fn fake_nvidia_smi(dir: &Path, script: &str) -> String {
     let smi = bin.join("nvidia-smi");
     std::fs::write(&smi, format!("#!/bin/sh\n{script}\n")).unwrap();
     std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default())
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 #[test]
@@ -254,7 +279,10 @@ fn the_local_card_is_found_by_nvidia_smi() {
     assert!(ok, "{err}");
     assert_eq!(json["gpu"], "custom");
     assert_eq!(json["vram_bytes"], 12282u64 << 20);
-    assert!(err.contains("GPU: NVIDIA RTX A2000 12GB (12282 MiB, compute capability 8.6"), "{err}");
+    assert!(
+        err.contains("GPU: NVIDIA RTX A2000 12GB (12282 MiB, compute capability 8.6"),
+        "{err}"
+    );
 
     // nvidia-smi failing (no driver): the error as before.
     let broken = tempfile::tempdir().unwrap();
