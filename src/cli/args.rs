@@ -188,7 +188,7 @@ pub enum Command {
     /// the config's published mIoU; atlas.html, atlas.csv and atlas.json in
     /// --out. Traces are shared between GPUs and kept for re-runs.
     #[command(
-        after_help = "Examples:\n  segtune atlas mmsegmentation/configs --all-presets\n  segtune atlas configs/segformer configs/pspnet --preset rtx3050ti --preset rtx3090 --out atlas\n  segtune atlas my_configs --vram 6G --results site-packages/mmseg/.mim/configs"
+        after_help = "Examples:\n  segtune atlas mmsegmentation/configs --preset rtx3060 --preset t4\n  segtune atlas configs/segformer --all-presets\n  segtune atlas configs/segformer configs/pspnet --preset rtx3050ti --preset rtx3090 --out atlas\n  segtune atlas my_configs --vram 6G --results site-packages/mmseg/.mim/configs"
     )]
     Atlas(AtlasArgs),
     /// Write a finished search's report: a self-contained HTML page and
@@ -209,7 +209,9 @@ pub enum Command {
     },
     /// List the shipped GPU presets (for --preset and `import` in .rhai
     /// configs): every NVIDIA card of the table, Pascal to Blackwell.
-    #[command(after_help = "Examples:\n  segtune presets\n  segtune presets --json\n  segtune estimate my_config.py --preset \"NVIDIA GeForce RTX 3060 Laptop GPU\"")]
+    #[command(
+        after_help = "Examples:\n  segtune presets\n  segtune presets --json\n  segtune estimate my_config.py --preset \"NVIDIA GeForce RTX 3060 Laptop GPU\""
+    )]
     Presets {
         /// Every field of every card as a JSON array.
         #[arg(long)]
@@ -469,7 +471,7 @@ impl SetupArgs {
 
 /// `segtune estimate` arguments.
 #[derive(clap::Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("gpu").required(true).args(["preset", "vram"])))]
+#[command(group(clap::ArgGroup::new("gpu").required(false).args(["preset", "vram"])))]
 pub struct EstimateArgs {
     /// The config (.py or .rhai).
     pub config: PathBuf,

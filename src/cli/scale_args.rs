@@ -100,10 +100,12 @@ pub struct AtlasArgs {
     /// left out), e.g. your mmsegmentation/configs; or config files.
     #[arg(required = true, value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
-    /// A shipped GPU preset; give it several times for several GPUs.
+    /// A shipped GPU preset (slug or the name nvidia-smi prints); give it
+    /// several times for several GPUs.
     #[arg(long, value_name = "NAME")]
     pub preset: Vec<String>,
-    /// Every shipped preset (`segtune presets`).
+    /// Every card of the table (`segtune presets`: 52, Pascal to
+    /// Blackwell; each is a search of its own).
     #[arg(long, conflicts_with = "preset")]
     pub all_presets: bool,
     /// A GPU by its memory (4G, 6GiB, ...); give it several times for several.

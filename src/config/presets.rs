@@ -12,7 +12,10 @@ use std::sync::OnceLock;
 /// `(slug, source)` of `presets/<slug>.rhai`.
 macro_rules! preset {
     ($slug:literal) => {
-        ($slug, include_str!(concat!("../../presets/", $slug, ".rhai")))
+        (
+            $slug,
+            include_str!(concat!("../../presets/", $slug, ".rhai")),
+        )
     };
 }
 
@@ -147,7 +150,9 @@ fn keys() -> &'static [(&'static str, String, String)] {
         let mut out = Vec::new();
         for (slug, _) in PRESETS {
             let aliases = ALIASES.iter().filter(|(_, c)| c == slug).map(|(a, _)| *a);
-            let names = std::iter::once(*slug).chain(aliases).chain(card_names(slug));
+            let names = std::iter::once(*slug)
+                .chain(aliases)
+                .chain(card_names(slug));
             for n in names {
                 out.push((*slug, normalized(n), compact(n)));
             }
@@ -178,7 +183,10 @@ pub fn resolve(text: &str) -> Option<&'static str> {
     if short.is_empty() {
         return None;
     }
-    let mut found = keys().iter().filter(|(_, _, c)| *c == short).map(|(n, _, _)| *n);
+    let mut found = keys()
+        .iter()
+        .filter(|(_, _, c)| *c == short)
+        .map(|(n, _, _)| *n);
     let first = found.next()?;
     found.all(|n| n == first).then_some(first)
 }

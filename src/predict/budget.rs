@@ -201,8 +201,13 @@ impl Gpu {
             .and_then(|m| m.parse::<u32>().ok())
             .is_some_and(|major| major >= 8);
         let card = Gpu::preset(representative_preset(compute_capability))?;
-        let card_name = card.description.clone().unwrap_or_else(|| card.name.clone());
-        let article = if card_name.starts_with(['A', 'E', 'I', 'O', 'U']) || card_name.starts_with("NVIDIA") {
+        let card_name = card
+            .description
+            .clone()
+            .unwrap_or_else(|| card.name.clone());
+        let article = if card_name.starts_with(['A', 'E', 'I', 'O', 'U'])
+            || card_name.starts_with("NVIDIA")
+        {
             "an"
         } else {
             "a"
@@ -250,7 +255,7 @@ impl Gpu {
             (None, None) => match (compute_capability, super::local_gpu::detect()) {
                 (None, Some(found)) => found.gpu(),
                 _ => Err(Error::Input(
-                    "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config)".into(),
+                    "give --vram SIZE or --preset NAME (or a `segtune` section with one of them in the config); nvidia-smi found no GPU here".into(),
                 )),
             },
         }
@@ -571,7 +576,12 @@ mod tests {
             Some("rates of a GeForce RTX 3060 (compute capability 8.6)")
         );
         assert_eq!(
-            (gpu.fp32_tflops, gpu.fp16_tflops, gpu.bf16_tflops, gpu.bandwidth_gbs),
+            (
+                gpu.fp32_tflops,
+                gpu.fp16_tflops,
+                gpu.bf16_tflops,
+                gpu.bandwidth_gbs
+            ),
             (12.74, 25.5, 25.5, 360.0)
         );
         assert_eq!((gpu.architecture.as_str(), gpu.link_gbs), ("Ampere", 31.5));
@@ -589,7 +599,10 @@ mod tests {
         );
         assert!(!volta.bf16 && volta.bf16_tflops == 0.0 && volta.tensor_cores);
         let ampere = Gpu::custom("40G", "8.0").unwrap();
-        assert!(ampere.description.unwrap().starts_with("rates of an NVIDIA A100"));
+        assert!(ampere
+            .description
+            .unwrap()
+            .starts_with("rates of an NVIDIA A100"));
         // A Pascal card's FP16 is its native rate, without tensor cores.
         let pascal = Gpu::custom("11G", "6.1").unwrap();
         assert!(!pascal.tensor_cores && pascal.fp16_tflops < 1.0);
@@ -601,12 +614,24 @@ mod tests {
         assert_eq!(a100.name, "a100-sxm4-80gb");
         assert_eq!(a100.description.as_deref(), Some("NVIDIA A100 SXM4 80 GB"));
         assert_eq!(a100.l2_bytes, 40 << 20);
-        assert_eq!((a100.link.as_str(), a100.link_gbs), ("NVLink 3 (600 GB/s)", 300.0));
-        assert_eq!((a100.form.as_str(), a100.boost_clock_mhz), ("datacenter", 1410.0));
+        assert_eq!(
+            (a100.link.as_str(), a100.link_gbs),
+            ("NVLink 3 (600 GB/s)", 300.0)
+        );
+        assert_eq!(
+            (a100.form.as_str(), a100.boost_clock_mhz),
+            ("datacenter", 1410.0)
+        );
         let laptop = Gpu::preset("nvidia geforce rtx 3060 laptop gpu").unwrap();
-        assert_eq!((laptop.name.as_str(), laptop.form.as_str()), ("rtx3060-laptop", "laptop"));
+        assert_eq!(
+            (laptop.name.as_str(), laptop.form.as_str()),
+            ("rtx3060-laptop", "laptop")
+        );
         let t4 = Gpu::preset("Tesla T4").unwrap();
-        assert_eq!((t4.architecture.as_str(), t4.tensor_cores), ("Turing", true));
+        assert_eq!(
+            (t4.architecture.as_str(), t4.tensor_cores),
+            ("Turing", true)
+        );
         assert_eq!(t4.vram_bytes, 15360 << 20);
         let err = Gpu::preset("RTX 3060 Laptp").unwrap_err().to_string();
         assert!(err.contains("did you mean `rtx3060-laptop`"), "{err}");

@@ -96,7 +96,9 @@ fn run(fields: &[&str]) -> Option<String> {
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < TIMEOUT => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) if started.elapsed() < TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -156,7 +158,13 @@ mod tests {
         let gpu = g.gpu().unwrap();
         assert_eq!((gpu.name.as_str(), gpu.vram_bytes), ("custom", 12282 << 20));
         assert!(g.said().contains("no preset names it"), "{}", g.said());
-        for bad in ["", "\n", "NVIDIA A10", "NVIDIA A10, lots, 8.6", ", 100, 8.6"] {
+        for bad in [
+            "",
+            "\n",
+            "NVIDIA A10",
+            "NVIDIA A10, lots, 8.6",
+            ", 100, 8.6",
+        ] {
             assert_eq!(parse(bad, true), None, "{bad:?}");
         }
     }

@@ -54,23 +54,16 @@ pub fn presets(gpus: &[Gpu]) -> String {
             rate(g.bf16_tflops),
             rate(g.tf32_tflops),
             format!("{:.0}", g.bandwidth_gbs),
-            format!("{} MiB", (g.l2_bytes as f64 / (1u64 << 20) as f64 * 100.0).round() / 100.0),
+            format!(
+                "{} MiB",
+                (g.l2_bytes as f64 / (1u64 << 20) as f64 * 100.0).round() / 100.0
+            ),
             g.link.clone(),
         ]
     });
     let mut out = table(
         [
-            "preset",
-            "GPU",
-            "VRAM",
-            "cc",
-            "SMs",
-            "FP32",
-            "FP16",
-            "BF16",
-            "TF32",
-            "GB/s",
-            "L2",
+            "preset", "GPU", "VRAM", "cc", "SMs", "FP32", "FP16", "BF16", "TF32", "GB/s", "L2",
             "link",
         ],
         rows,

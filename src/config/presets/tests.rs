@@ -57,7 +57,10 @@ fn every_preset_loads_with_every_field() {
         }
         assert_eq!(text(&p, "preset"), name);
         let smi = p["nvidia_smi_names"].as_seq().unwrap();
-        assert!(!smi.is_empty() && smi.iter().all(|s| s.as_str().is_some()), "{name}");
+        assert!(
+            !smi.is_empty() && smi.iter().all(|s| s.as_str().is_some()),
+            "{name}"
+        );
         assert_eq!(card_names(name).len(), 1 + smi.len(), "{name}");
         for k in FIELDS.iter().filter(|k| k.ends_with("_tflops")) {
             assert!(num(&p, k) >= 0.0, "{name} {k}");
@@ -223,7 +226,10 @@ fn a_miss_suggests_the_closest_card() {
     assert_eq!(suggestion("rtx4090x").map(|s| s.0), Some("rtx4090"));
     assert_eq!(suggestion("Tesla T5").map(|s| s.0), Some("t4"));
     let err = load("rtx 3060 laptopp").unwrap_err().to_string();
-    assert!(err.contains("unknown GPU preset `rtx 3060 laptopp`"), "{err}");
+    assert!(
+        err.contains("unknown GPU preset `rtx 3060 laptopp`"),
+        "{err}"
+    );
     assert!(
         err.contains("did you mean `rtx3060-laptop` (NVIDIA GeForce RTX 3060 Laptop GPU)?"),
         "{err}"

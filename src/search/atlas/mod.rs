@@ -50,13 +50,9 @@ pub struct AtlasGpu {
 }
 
 impl AtlasGpu {
-    /// Preset `name`: its slug where it names a card of the table (so that
-    /// "NVIDIA GeForce RTX 3060" and `rtx3060` are one column), else as
-    /// given (an unknown name fails when its budget is made).
     pub fn preset(name: &str) -> AtlasGpu {
-        let slug = crate::config::presets::resolve(name);
         AtlasGpu {
-            preset: Some(slug.map_or_else(|| name.to_string(), str::to_string)),
+            preset: Some(name.to_string()),
             vram: None,
             compute_capability: None,
         }
