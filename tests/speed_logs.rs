@@ -122,8 +122,8 @@ fn runs() -> Vec<LoggedRun> {
 /// test pipeline's image size: the short side of its `Resize` scale, 4:3,
 /// or Cityscapes' 1024x2048), each as a step of 1/fps seconds.
 fn inference_runs(shared: &std::path::Path) -> Vec<LoggedRun> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/mmseg_inf_fps.tsv");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mmseg_inf_fps.tsv");
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Vec::new();
     };
@@ -163,7 +163,12 @@ fn inference_runs(shared: &std::path::Path) -> Vec<LoggedRun> {
                 gpus: 1,
                 torch: "1.13".into(),
                 // An `-amp` config's row was measured in fp16.
-                amp: if c[config].contains("-amp") { "fp16" } else { "off" }.into(),
+                amp: if c[config].contains("-amp") {
+                    "fp16"
+                } else {
+                    "off"
+                }
+                .into(),
                 mode: RunMode::Infer,
                 step_s: 1.0 / fps,
             })
@@ -439,8 +444,8 @@ fn fit_the_efficiencies() {
     // Each figure within what the hardware allows (log-space, clamped):
     // host time per op 2-60 us, a kernel's latency 2-15 us, efficiencies
     // 0.2-0.95, a backward convolution 1-2.5 times its forward, Winograd
-    // 1-2.5 times faster, atomics 1-6 times slower.
-    const BOUNDS: [(f64, f64); 9] = [
+    // 1-2.5 times faster, atomics 1-6 times slower, L2 1-4 times DRAM.
+    const BOUNDS: [(f64, f64); 10] = [
         (2e-6, 60e-6),
         (2e-6, 60e-6),
         (2e-6, 15e-6),
@@ -450,6 +455,7 @@ fn fit_the_efficiencies() {
         (1.0, 2.5),
         (1.0, 2.5),
         (1.0, 6.0),
+        (1.0, 4.0),
     ];
     let to_params = |e: &Efficiencies| {
         vec![
@@ -462,6 +468,7 @@ fn fit_the_efficiencies() {
             e.conv_backward.ln(),
             e.winograd.ln(),
             e.atomic_slowdown.ln(),
+            (e.l2 + 0.5).ln(),
         ]
     };
     let clamp = |p: &[f64]| -> Vec<f64> {
@@ -482,6 +489,7 @@ fn fit_the_efficiencies() {
             conv_backward: v[6],
             winograd: v[7],
             atomic_slowdown: v[8],
+            l2: v[9],
             ..start
         }
     };

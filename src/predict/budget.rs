@@ -338,6 +338,9 @@ pub struct Budget {
     /// Tensor cores (Volta and newer).
     #[serde(default)]
     pub tensor_cores: bool,
+    /// The L2 cache (the step time's memory-bound kernels that fit in it).
+    #[serde(default)]
+    pub l2_bytes: u64,
 }
 
 impl Budget {
@@ -407,6 +410,7 @@ impl Budget {
             usable_bytes: usable,
             link_gbs: gpu.link_gbs,
             tensor_cores: gpu.tensor_cores,
+            l2_bytes: gpu.l2_bytes,
         })
     }
 

@@ -24,6 +24,10 @@ pub struct Card {
     /// them, at their efficiency; else half precision runs on CUDA cores
     /// (the P100's double-rate fp16) or in fp32.
     pub tensor_cores: bool,
+    /// The L2 cache: a memory-bound kernel's bytes that fit in it come
+    /// from it (a producer's output still there) at `Efficiencies::l2`
+    /// times the DRAM bandwidth.
+    pub l2_bytes: f64,
 }
 
 impl Card {
@@ -41,7 +45,9 @@ impl Card {
                 default_link_gbs(&budget.compute_capability)
             },
             host_link_gbs: 12.0,
-            tensor_cores: budget.tensor_cores || budget.fast_half() && !budget.compute_capability.starts_with("6"),
+            tensor_cores: budget.tensor_cores
+                || budget.fast_half() && !budget.compute_capability.starts_with('6'),
+            l2_bytes: budget.l2_bytes as f64,
         }
     }
 
@@ -60,6 +66,7 @@ impl Card {
             },
             host_link_gbs: 12.0,
             tensor_cores: gpu.tensor_cores,
+            l2_bytes: gpu.l2_bytes as f64,
         }
     }
 

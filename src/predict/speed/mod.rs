@@ -151,7 +151,7 @@ impl ScheduleTime {
     /// "160k iterations: about 7 h on this card (predicted, 5-9 h)".
     pub fn words(&self, card: &str) -> String {
         format!(
-            "{} iterations: about {} on the {card} (predicted, {}-{}; validation and data loading apart)",
+            "{} iterations: about {} on the {card} (predicted, {} to {}; validation and data loading apart)",
             iterations_words(self.iterations),
             duration_words(self.hours),
             duration_words(self.hours_low),
@@ -450,7 +450,14 @@ impl StepWork {
 /// One kernel's device time.
 fn kernel_seconds(k: &Kernel, card: &Card, e: &Efficiencies, amp: Amp) -> f64 {
     let latency = f64::from(k.launches) * e.kernel_latency_s;
-    let memory = k.bytes / (card.bandwidth_gbs * 1e9 * e.bandwidth);
+    // The share of the bytes that fits in L2 streams at its bandwidth.
+    let in_l2 = if k.bytes > 0.0 {
+        (card.l2_bytes / k.bytes).min(1.0)
+    } else {
+        0.0
+    };
+    let memory = k.bytes * (in_l2 / e.l2.max(1.0) + (1.0 - in_l2))
+        / (card.bandwidth_gbs * 1e9 * e.bandwidth);
     let work = match k.class {
         KernelClass::Gemm | KernelClass::Conv => {
             // One CPU trace (bf16 autocast) stands for fp16 and bf16.

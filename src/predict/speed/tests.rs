@@ -22,6 +22,7 @@ fn card() -> Card {
         link_gbs: 31.5,
         host_link_gbs: 12.0,
         tensor_cores: true,
+        l2_bytes: 6.0 * 1048576.0,
     }
 }
 
