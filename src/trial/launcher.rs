@@ -500,15 +500,26 @@ pub fn is_srun_line(line: &str) -> bool {
 /// them: [`cancel_live_jobs`] on a signal or a failed search.
 static LIVE_JOBS: Mutex<Vec<(String, OsString)>> = Mutex::new(Vec::new());
 
+/// Jobs whose `srun` ended lately, with when: a job that ended while the
+/// controller was already gone (but not yet found so) may still sit in its
+/// saved state, its end never recorded.
+static ENDED_JOBS: Mutex<Vec<(String, OsString, Instant)>> = Mutex::new(Vec::new());
+
+/// How long before the controller is found gone a job's end may not have
+/// reached it: the time an `srun` takes to find it so (no allocation after
+/// [`SlurmLauncher::check_after`], then `scontrol ping`'s [`ASK_WAIT`]),
+/// with room to spare.
+const UNRECORDED_END: Duration = Duration::from_secs(60);
+
 /// A job in [`LIVE_JOBS`] for as long as this lives.
-pub struct LiveJob(String);
+pub struct LiveJob(String, OsString);
 
 impl LiveJob {
     pub fn register(launcher: &SlurmLauncher, name: &str) -> LiveJob {
         if let Ok(mut live) = LIVE_JOBS.lock() {
             live.push((name.to_string(), launcher.scancel.clone()));
         }
-        LiveJob(name.to_string())
+        LiveJob(name.to_string(), launcher.scancel.clone())
     }
 }
 
@@ -516,6 +527,10 @@ impl Drop for LiveJob {
     fn drop(&mut self) {
         if let Ok(mut live) = LIVE_JOBS.lock() {
             live.retain(|(n, _)| *n != self.0);
+        }
+        if let Ok(mut ended) = ENDED_JOBS.lock() {
+            ended.retain(|(_, _, at)| at.elapsed() < UNRECORDED_END);
+            ended.push((self.0.clone(), self.1.clone(), Instant::now()));
         }
     }
 }
@@ -526,7 +541,18 @@ impl Drop for LiveJob {
 /// running on the cluster. Each job that could not be cancelled (the
 /// controller does not answer) is named on stderr with the command to run.
 pub fn cancel_live_jobs() {
-    let jobs: Vec<(String, OsString)> = LIVE_JOBS.lock().map(|l| l.clone()).unwrap_or_default();
+    let mut jobs: Vec<(String, OsString)> = LIVE_JOBS.lock().map(|l| l.clone()).unwrap_or_default();
+    // With the controller gone, the jobs that ended lately may not have
+    // been recorded as ended: cancelled too, or named.
+    if controller_lost().is_some() {
+        if let Ok(ended) = ENDED_JOBS.lock() {
+            for (name, scancel, at) in ended.iter() {
+                if at.elapsed() < UNRECORDED_END && !jobs.iter().any(|(n, _)| n == name) {
+                    jobs.push((name.clone(), scancel.clone()));
+                }
+            }
+        }
+    }
     cancel_all(&jobs);
 }
 
