@@ -34,17 +34,8 @@ struct LoggedRun {
 }
 
 fn runs() -> Vec<LoggedRun> {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mmseg_logs.tsv");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
-    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .unwrap_or_else(|| panic!("column {name}"))
-    };
+    let table = common::Fixture::read("mmseg_logs.tsv");
+    let col = |name: &str| table.col(name);
     let (use_, gpu) = (col("use"), col("gpu"));
     let (url, config, options, batch, crop, vram, cc, torch, gpus, amp, steady, first, family) = (
         col("url"),
@@ -61,9 +52,8 @@ fn runs() -> Vec<LoggedRun> {
         col("first_mib"),
         col("family"),
     );
-    lines
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.split('\t').collect::<Vec<&str>>())
+    table
+        .rows()
         // Models segtune does not build yet are listed, not predicted.
         .filter(|c| c[use_] != "not built")
         .map(|c| LoggedRun {

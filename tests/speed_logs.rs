@@ -66,17 +66,8 @@ impl LoggedRun {
 }
 
 fn runs() -> Vec<LoggedRun> {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mmseg_log_times.tsv");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
-    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .unwrap_or_else(|| panic!("column {name}"))
-    };
+    let table = common::Fixture::read("mmseg_log_times.tsv");
+    let col = |name: &str| table.col(name);
     let (url, family, config, options, batch, crop) = (
         col("url"),
         col("family"),
@@ -93,9 +84,8 @@ fn runs() -> Vec<LoggedRun> {
         col("step_s"),
         col("use"),
     );
-    lines
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.split('\t').collect::<Vec<&str>>())
+    table
+        .rows()
         .filter(|c| matches!(c[use_], "yes" | "multi-gpu"))
         .filter_map(|c| {
             let (h, w) = c[crop].split_once('x')?;
@@ -122,19 +112,8 @@ fn runs() -> Vec<LoggedRun> {
 /// test pipeline's image size: the short side of its `Resize` scale, 4:3,
 /// or Cityscapes' 1024x2048), each as a step of 1/fps seconds.
 fn inference_runs(shared: &std::path::Path) -> Vec<LoggedRun> {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mmseg_inf_fps.tsv");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Vec::new();
-    };
-    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
-    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .unwrap_or_else(|| panic!("column {name}"))
-    };
+    let table = common::Fixture::read("mmseg_inf_fps.tsv");
+    let col = |name: &str| table.col(name);
     let (config, family, fps, device, readme) = (
         col("config"),
         col("family"),
@@ -143,9 +122,8 @@ fn inference_runs(shared: &std::path::Path) -> Vec<LoggedRun> {
         col("readme"),
     );
     let configs = common::configs_under(&shared.join("mmseg-configs/configs"));
-    lines
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.split('\t').collect::<Vec<&str>>())
+    table
+        .rows()
         .filter(|c| c[device].contains("V100"))
         .filter_map(|c| {
             let fps: f64 = c[fps].parse().ok().filter(|f: &f64| *f > 0.0)?;

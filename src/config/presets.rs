@@ -76,6 +76,34 @@ const PRESETS: &[(&str, &str)] = &[
     preset!("b200"),
 ];
 
+/// Every field a card states (docs/gpus.md), in the order `segtune
+/// presets --json` writes them; the six calibrated presets also state
+/// [`OVERHEAD_FIELDS`].
+pub const CARD_FIELDS: &[&str] = &[
+    "preset",
+    "name",
+    "nvidia_smi_names",
+    "architecture",
+    "form",
+    "vram_mib",
+    "compute_capability",
+    "bf16",
+    "tensor_cores",
+    "sms",
+    "boost_clock_mhz",
+    "fp32_tflops",
+    "fp16_tflops",
+    "bf16_tflops",
+    "tf32_tflops",
+    "memory_bandwidth_gbs",
+    "l2_kib",
+    "link",
+    "link_gbs",
+];
+
+/// The device-memory overheads only calibrated presets state.
+pub const OVERHEAD_FIELDS: &[&str] = &["cuda_context_mib", "cublas_workspace_kib"];
+
 /// Other names users type for the same cards.
 const ALIASES: &[(&str, &str)] = &[
     ("rtx3050ti", "rtx3050ti-laptop"),

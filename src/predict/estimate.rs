@@ -125,26 +125,10 @@ pub struct Estimate {
     pub predicted_peak_phase: String,
     pub fixed_terms: Vec<FixedTerm>,
     pub fits: bool,
-    /// One iteration's GPU time (what MMEngine logs as `time` less
-    /// `data_time`), seconds, from the trace kernel by kernel (predicted;
-    /// absent for a trace without every op's work: the Python worker's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_step_seconds: Option<f64>,
-    /// Its likely range (the fitted model's spread on held-out logs).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_step_seconds_low: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_step_seconds_high: Option<f64>,
-    /// Images per second per GPU at that step time (predicted).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_images_per_s: Option<f64>,
-    /// The step time split into forward, backward, optimizer,
-    /// communication and overhead (predicted).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_step_time: Option<crate::predict::speed::StepTime>,
-    /// The recipe's schedule at that step time (predicted).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_schedule: Option<crate::predict::speed::ScheduleTime>,
+    /// The step time on this card and the schedule's (predicted; empty
+    /// for a trace without every op's work: the Python worker's).
+    #[serde(flatten)]
+    pub speed: PredictedSpeed,
     /// What the kernels' calls did in the likeliest replay (none for a
     /// trace without kernel calls).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -162,6 +146,30 @@ pub struct Estimate {
     /// so what `search --why` sets beside the budget.
     #[serde(skip)]
     pub least_breakdown: PeakBreakdown,
+}
+
+/// What `estimate` predicts of the step's time (flattened into its JSON).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PredictedSpeed {
+    /// One iteration's GPU time (what MMEngine logs as `time` less
+    /// `data_time`), seconds, from the trace kernel by kernel.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_step_seconds: Option<f64>,
+    /// Its likely range (the fitted model's spread on held-out logs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_step_seconds_low: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_step_seconds_high: Option<f64>,
+    /// Images per second per GPU at that step time (predicted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_images_per_s: Option<f64>,
+    /// The step time split into forward, backward, optimizer,
+    /// communication and overhead (predicted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_step_time: Option<crate::predict::speed::StepTime>,
+    /// The recipe's schedule at that step time (predicted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_schedule: Option<crate::predict::speed::ScheduleTime>,
 }
 
 /// A traced step to predict from.
@@ -316,12 +324,7 @@ pub fn estimate(
         predicted_peak_phase: format!("{:?}", likely.peak_phase).to_lowercase(),
         fixed_terms,
         fits: !least_on_card.out_of_memory,
-        predicted_step_seconds: None,
-        predicted_step_seconds_low: None,
-        predicted_step_seconds_high: None,
-        predicted_images_per_s: None,
-        predicted_step_time: None,
-        predicted_schedule: None,
+        speed: PredictedSpeed::default(),
         kernels: likely.kernels,
         cpu_trace_peak_bytes: traced.cpu_trace_peak_bytes,
         alloc_conf: alloc_conf.env_value(),

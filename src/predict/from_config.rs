@@ -124,19 +124,19 @@ fn speed_setup(
     cfg: &Dict,
     (batch, crop, amp): (i64, (i64, i64), Amp),
 ) -> SpeedSetup {
-    let train = request.mode == RunMode::Train;
-    SpeedSetup {
-        mode: request.mode,
+    let accumulation = if request.mode == RunMode::Train {
+        config::train_loop::accumulation(cfg)
+    } else {
+        1
+    };
+    SpeedSetup::of_step(
+        request.mode,
         amp,
-        gpus: request.setup.gpus,
-        accumulation: if train {
-            config::train_loop::accumulation(cfg)
-        } else {
-            1
-        },
-        // uint8 images and int64 label maps (PackSegInputs).
-        input_bytes: (batch * crop.0 * crop.1) as f64 * if train { 11.0 } else { 3.0 },
-    }
+        request.setup.gpus,
+        accumulation,
+        batch,
+        crop,
+    )
 }
 
 /// The step's time on the request's card, and the recipe's schedule at it.
@@ -150,13 +150,13 @@ fn add_step_time(
     let train = request.mode == RunMode::Train;
     let setup = speed_setup(request, cfg, (batch, crop, amp));
     let t = work.time(&Card::of_gpu(&request.gpu), &setup);
-    e.predicted_step_seconds = Some(t.step_s);
-    e.predicted_step_seconds_low = Some(t.low_s);
-    e.predicted_step_seconds_high = Some(t.high_s);
-    e.predicted_images_per_s = Some(t.images_per_s(batch));
-    e.predicted_step_time = Some(t);
+    e.speed.predicted_step_seconds = Some(t.step_s);
+    e.speed.predicted_step_seconds_low = Some(t.low_s);
+    e.speed.predicted_step_seconds_high = Some(t.high_s);
+    e.speed.predicted_images_per_s = Some(t.images_per_s(batch));
+    e.speed.predicted_step_time = Some(t);
     if train {
-        e.predicted_schedule =
+        e.speed.predicted_schedule =
             config::train_loop::max_iters(cfg).map(|iters| ScheduleTime::of(iters, &t));
     }
 }

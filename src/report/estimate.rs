@@ -82,7 +82,7 @@ pub fn estimate(e: &Estimate) -> String {
     if let Some(words) = step_time_words(e) {
         out.push_str(&format!("  {words}\n"));
     }
-    if let Some(schedule) = &e.predicted_schedule {
+    if let Some(schedule) = &e.speed.predicted_schedule {
         out.push_str(&format!("  {}\n", schedule.words(&e.gpu)));
     }
     for n in &e.notes {
@@ -94,7 +94,7 @@ pub fn estimate(e: &Estimate) -> String {
 /// "step time: 39 ms per iteration (30 to 53 ms), 405 images/s
 /// (predicted)": what MMEngine's log will show as `time` less `data_time`.
 pub fn step_time_words(e: &Estimate) -> Option<String> {
-    let t = e.predicted_step_time?;
+    let t = e.speed.predicted_step_time?;
     Some(format!(
         "step time: {} per iteration ({} to {}; `time` less `data_time` in MMEngine's log), {:.1} images/s (predicted)",
         crate::predict::speed::seconds_words(t.step_s),

@@ -79,9 +79,9 @@ pub fn explain(e: &Estimate) -> String {
          of the weights the part cast. parameter gradients: the backward's allocations that \
          live into the optimizer step; gradients in flight: the backward's other allocations\n",
     );
-    if let Some(t) = e.predicted_step_time {
+    if let Some(t) = e.speed.predicted_step_time {
         out.push_str(&step_time_split(&t, e.batch_size));
-        if let Some(schedule) = &e.predicted_schedule {
+        if let Some(schedule) = &e.speed.predicted_schedule {
             out.push_str(&schedule.words(&e.gpu));
             out.push('\n');
         }

@@ -2,34 +2,8 @@
 //! every field of each.
 
 use super::table;
-use crate::config::{dump, Dict, Value};
+use crate::config::{dump, presets, Dict, Value};
 use crate::predict::Gpu;
-
-/// The fields of a preset in the order `--json` writes them (any other a
-/// preset states follows them).
-const FIELD_ORDER: &[&str] = &[
-    "preset",
-    "name",
-    "nvidia_smi_names",
-    "architecture",
-    "form",
-    "vram_mib",
-    "compute_capability",
-    "bf16",
-    "tensor_cores",
-    "sms",
-    "boost_clock_mhz",
-    "fp32_tflops",
-    "fp16_tflops",
-    "bf16_tflops",
-    "tf32_tflops",
-    "memory_bandwidth_gbs",
-    "l2_kib",
-    "link",
-    "link_gbs",
-    "cuda_context_mib",
-    "cublas_workspace_kib",
-];
 
 /// The presets as a table.
 pub fn presets(gpus: &[Gpu]) -> String {
@@ -81,7 +55,7 @@ pub fn presets(gpus: &[Gpu]) -> String {
 pub fn presets_json(presets: &[Dict]) -> String {
     let ordered = presets.iter().map(|p| {
         let mut d = Dict::new();
-        for k in FIELD_ORDER {
+        for k in presets::CARD_FIELDS.iter().chain(presets::OVERHEAD_FIELDS) {
             if let Some(v) = p.get(*k) {
                 d.insert((*k).to_string(), v.clone());
             }

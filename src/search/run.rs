@@ -376,6 +376,68 @@ pub(super) struct TrainingPlan {
     pub(super) trial_suffix: String,
 }
 
+/// The CUDA device a search's real trials check on, and the devices its
+/// trials are measured on (none: predicted only).
+fn measuring_devices(
+    placement: &crate::search::Placement,
+    spec: &SearchSpec,
+    visible: usize,
+    slots: usize,
+    torch: TorchVersion,
+) -> Result<(Option<usize>, Vec<usize>)> {
+    Ok(match &placement.devices {
+        Some(d) if d.cpu_only() => (None, Vec::new()),
+        Some(d) => {
+            let listed = d.cuda(visible);
+            let Some(first) = listed.first().copied() else {
+                return Err(Error::Input(
+                    "--devices all, but no CUDA device is visible".into(),
+                ));
+            };
+            let spec = SearchSpec {
+                device: Some(format!("cuda:{first}")),
+                ..spec.clone()
+            };
+            (cuda_device(&spec, visible, torch)?, listed)
+        }
+        None => {
+            let cuda = cuda_device(spec, visible, torch)?;
+            let times = if placement.slurm.is_some() { slots } else { 1 };
+            (cuda, cuda.map_or(Vec::new(), |i| vec![i; times]))
+        }
+    })
+}
+
+/// The journal's device key of predictions, and the suffix of real
+/// trials' keys: what makes a row another setup's.
+fn journal_devices(
+    budget: &Budget,
+    request: &SearchRequest,
+    gpus: i64,
+    torch: TorchVersion,
+) -> (String, String) {
+    let mut trial_suffix = if gpus > 1 {
+        format!(":x{gpus}")
+    } else {
+        String::new()
+    };
+    if torch != TorchVersion::NEWEST {
+        trial_suffix.push_str(&format!(":torch{torch}"));
+    }
+    if let Some(n) = request.gt_segments {
+        trial_suffix.push_str(&format!(":segments{n}"));
+    }
+    // MMSeg's own step is another answer than segtune's rebuild.
+    let python = request.python.as_ref().map_or(String::new(), |p| {
+        format!(":python={}", p.python().display())
+    });
+    let predicted_device = format!(
+        "predicted:{}:{}:{:.3}:{}{trial_suffix}{python}",
+        budget.gpu, budget.vram_bytes, budget.margin, request.trace
+    );
+    (predicted_device, trial_suffix)
+}
+
 impl TrainingPlan {
     fn of(prepared: &Prepared, request: &SearchRequest, real: &dyn RealTrials) -> Result<Self> {
         let (cfg, spec) = (&prepared.cfg, &prepared.spec);
@@ -406,46 +468,8 @@ impl TrainingPlan {
         let visible = if cpu_only { 0 } else { real.devices() };
         placement.check(visible)?;
         let slots = placement.slots(visible);
-        let (cuda, measure_on) = match &placement.devices {
-            Some(d) if d.cpu_only() => (None, Vec::new()),
-            Some(d) => {
-                let listed = d.cuda(visible);
-                let Some(first) = listed.first().copied() else {
-                    return Err(Error::Input(
-                        "--devices all, but no CUDA device is visible".into(),
-                    ));
-                };
-                let spec = SearchSpec {
-                    device: Some(format!("cuda:{first}")),
-                    ..spec.clone()
-                };
-                (cuda_device(&spec, visible, torch)?, listed)
-            }
-            None => {
-                let cuda = cuda_device(spec, visible, torch)?;
-                let times = if placement.slurm.is_some() { slots } else { 1 };
-                (cuda, cuda.map_or(Vec::new(), |i| vec![i; times]))
-            }
-        };
-        let mut trial_suffix = if gpus > 1 {
-            format!(":x{gpus}")
-        } else {
-            String::new()
-        };
-        if torch != TorchVersion::NEWEST {
-            trial_suffix.push_str(&format!(":torch{torch}"));
-        }
-        if let Some(n) = request.gt_segments {
-            trial_suffix.push_str(&format!(":segments{n}"));
-        }
-        // MMSeg's own step is another answer than segtune's rebuild.
-        let python = request.python.as_ref().map_or(String::new(), |p| {
-            format!(":python={}", p.python().display())
-        });
-        let predicted_device = format!(
-            "predicted:{}:{}:{:.3}:{}{trial_suffix}{python}",
-            budget.gpu, budget.vram_bytes, budget.margin, request.trace
-        );
+        let (cuda, measure_on) = measuring_devices(placement, spec, visible, slots, torch)?;
+        let (predicted_device, trial_suffix) = journal_devices(&budget, request, gpus, torch);
         let effective = recipe.effective_batch;
         let objective = spec.objective.unwrap_or_default();
         // Half precision for speed only where the user allows it; whether

@@ -54,6 +54,50 @@ pub fn configs_under(dir: &std::path::Path) -> Vec<PathBuf> {
     out
 }
 
+/// A table of `tests/fixtures/`: `#` comment lines, a header row, then
+/// tab-separated rows (blank lines skipped).
+pub struct Fixture {
+    text: String,
+    header: Vec<String>,
+}
+
+impl Fixture {
+    pub fn read(name: &str) -> Fixture {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let header = Self::lines(&text)
+            .next()
+            .unwrap_or_else(|| panic!("{name} has no header row"))
+            .split('\t')
+            .map(str::to_string)
+            .collect();
+        Fixture { text, header }
+    }
+
+    fn lines(text: &str) -> impl Iterator<Item = &str> {
+        text.lines().filter(|l| !l.starts_with('#'))
+    }
+
+    /// The index of column `name`.
+    pub fn col(&self, name: &str) -> usize {
+        self.header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("column {name}"))
+    }
+
+    /// The rows after the header, each split into its fields.
+    pub fn rows(&self) -> impl Iterator<Item = Vec<&str>> {
+        Self::lines(&self.text)
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.split('\t').collect())
+    }
+}
+
 /// Writes `text` to `dir/name`; returns the path.
 pub fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
     let p = dir.path().join(name);

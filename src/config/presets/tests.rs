@@ -1,29 +1,7 @@
 use super::*;
 use rhai::Dynamic;
 
-/// Every field of a card (docs/gpus.md); the memory overheads only the
-/// six calibrated presets state.
-const FIELDS: &[&str] = &[
-    "preset",
-    "name",
-    "nvidia_smi_names",
-    "architecture",
-    "form",
-    "vram_mib",
-    "compute_capability",
-    "bf16",
-    "tensor_cores",
-    "sms",
-    "boost_clock_mhz",
-    "fp32_tflops",
-    "fp16_tflops",
-    "bf16_tflops",
-    "tf32_tflops",
-    "memory_bandwidth_gbs",
-    "l2_kib",
-    "link",
-    "link_gbs",
-];
+const FIELDS: &[&str] = CARD_FIELDS;
 
 fn num(p: &Dict, k: &str) -> f64 {
     p.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)

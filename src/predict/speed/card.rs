@@ -32,41 +32,51 @@ pub struct Card {
 
 impl Card {
     /// The rates of the budget's card.
-    pub fn of_budget(budget: &Budget) -> Card {
-        Card {
-            fp32_tflops: budget.fp32_tflops,
-            tf32_tflops: budget.tf32_tflops,
-            fp16_tflops: budget.fp16_tflops,
-            bf16_tflops: if budget.bf16 { budget.bf16_tflops } else { 0.0 },
-            bandwidth_gbs: budget.bandwidth_gbs.max(1.0),
-            link_gbs: if budget.link_gbs > 0.0 {
-                budget.link_gbs
-            } else {
-                default_link_gbs(&budget.compute_capability)
-            },
-            host_link_gbs: 12.0,
-            tensor_cores: budget.tensor_cores
-                || budget.fast_half() && !budget.compute_capability.starts_with('6'),
-            l2_bytes: budget.l2_bytes as f64,
-        }
+    pub fn of_budget(b: &Budget) -> Card {
+        let rates = [b.fp32_tflops, b.tf32_tflops, b.fp16_tflops, b.bf16_tflops];
+        Card::of_rates(
+            rates,
+            b.bf16,
+            b.bandwidth_gbs,
+            b.link_gbs,
+            b.tensor_cores,
+            b.l2_bytes,
+        )
     }
 
     /// The rates of a card.
-    pub fn of_gpu(gpu: &crate::predict::Gpu) -> Card {
+    pub fn of_gpu(g: &crate::predict::Gpu) -> Card {
+        let rates = [g.fp32_tflops, g.tf32_tflops, g.fp16_tflops, g.bf16_tflops];
+        Card::of_rates(
+            rates,
+            g.bf16,
+            g.bandwidth_gbs,
+            g.link_gbs,
+            g.tensor_cores,
+            g.l2_bytes,
+        )
+    }
+
+    /// `[fp32, tf32, fp16, bf16]` TFLOPS (bf16 counted where the card runs
+    /// it), bandwidth and link in GB/s, L2 in bytes.
+    fn of_rates(
+        [fp32, tf32, fp16, bf16]: [f64; 4],
+        has_bf16: bool,
+        bandwidth_gbs: f64,
+        link_gbs: f64,
+        tensor_cores: bool,
+        l2_bytes: u64,
+    ) -> Card {
         Card {
-            fp32_tflops: gpu.fp32_tflops,
-            tf32_tflops: gpu.tf32_tflops,
-            fp16_tflops: gpu.fp16_tflops,
-            bf16_tflops: if gpu.bf16 { gpu.bf16_tflops } else { 0.0 },
-            bandwidth_gbs: gpu.bandwidth_gbs.max(1.0),
-            link_gbs: if gpu.link_gbs > 0.0 {
-                gpu.link_gbs
-            } else {
-                default_link_gbs(&gpu.compute_capability)
-            },
+            fp32_tflops: fp32,
+            tf32_tflops: tf32,
+            fp16_tflops: fp16,
+            bf16_tflops: if has_bf16 { bf16 } else { 0.0 },
+            bandwidth_gbs: bandwidth_gbs.max(1.0),
+            link_gbs: link_gbs.max(1.0),
             host_link_gbs: 12.0,
-            tensor_cores: gpu.tensor_cores,
-            l2_bytes: gpu.l2_bytes as f64,
+            tensor_cores,
+            l2_bytes: l2_bytes as f64,
         }
     }
 
@@ -91,21 +101,5 @@ impl Card {
             DataType::F32 if class == KernelClass::Conv => tensor(self.tf32_tflops),
             DataType::F32 | DataType::F64 => fp32,
         }
-    }
-}
-
-/// PCIe's one-direction bandwidth a card of `compute_capability` most
-/// often sits on (GB/s): 3.0 x16 before Ampere, 4.0 x16 from it, 5.0 x16
-/// on Hopper's PCIe cards and Blackwell. An NVLink card states its own.
-pub fn default_link_gbs(compute_capability: &str) -> f64 {
-    let major: u32 = compute_capability
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(8);
-    match major {
-        0..=7 => 15.75,
-        8 => 31.5,
-        _ => 63.0,
     }
 }

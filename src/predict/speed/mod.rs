@@ -16,9 +16,10 @@ pub mod rules;
 pub use card::Card;
 use rules::{Efficiencies, KernelClass, FOREACH_MAX_ELEMENTS, FOREACH_MAX_TENSORS};
 
-use super::kernels::conv::{conv_call, DataType, Direction};
+use super::kernels::conv::{conv_call, DataType};
 use super::step_trace::TracedStep;
 use crate::trial::kernel_calls::KernelCall;
+use crate::trial::op_work::OpWork;
 use crate::trial::trace::{phase_of, Phase};
 use crate::trial::{Amp, RunMode};
 
@@ -74,6 +75,29 @@ pub struct SpeedSetup {
     pub accumulation: i64,
     /// Bytes of the batch copied from the host (uint8 images and labels).
     pub input_bytes: f64,
+}
+
+impl SpeedSetup {
+    /// The setup of a step of `batch` images of `crop`: its input is the
+    /// uint8 images and, for training, the int64 label maps (MMSeg's
+    /// `PackSegInputs`) copied from the host.
+    pub fn of_step(
+        mode: RunMode,
+        amp: Amp,
+        gpus: i64,
+        accumulation: i64,
+        batch: i64,
+        crop: (i64, i64),
+    ) -> SpeedSetup {
+        let bytes_per_pixel = if mode == RunMode::Train { 11.0 } else { 3.0 };
+        SpeedSetup {
+            mode,
+            amp,
+            gpus: gpus.max(1),
+            accumulation,
+            input_bytes: (batch * crop.0 * crop.1) as f64 * bytes_per_pixel,
+        }
+    }
 }
 
 /// A predicted step time and its parts (seconds).
@@ -210,7 +234,7 @@ impl StepWork {
         let last = step.ops.iter().map(|o| phase_of(o.phase).0).max()?;
         let mut calls = step.kernel_calls.iter();
         let mut kernels = Vec::new();
-        let mut foreach: Vec<(String, usize, f64, f64)> = Vec::new();
+        let mut foreach: Vec<ForeachGroup> = Vec::new();
         let (mut dispatches, mut views) = (0u32, 0u32);
         for op in &step.ops {
             // Kernel calls are recorded with the same ops, in the same order.
@@ -232,92 +256,26 @@ impl StepWork {
             let rule = rules::rule_of(&op.op);
             if op.view || rule.class == KernelClass::None {
                 views += 1;
-                continue;
-            }
-            if part == Part::Optimizer {
-                if rule.class == KernelClass::Sync {
-                    continue;
+            } else if part == Part::Optimizer {
+                if rule.class != KernelClass::Sync {
+                    ForeachGroup::add(&mut foreach, op);
                 }
-                let bytes = (op.in_bytes + op.out_bytes) as f64;
-                match foreach.iter_mut().find(|g| g.0 == op.op) {
-                    Some(g) => {
-                        g.1 += 1;
-                        g.2 += bytes;
-                        g.3 = g.3.min(op.in_bytes as f64);
-                    }
-                    None => foreach.push((op.op.clone(), 1, bytes, op.in_bytes as f64)),
+            } else {
+                dispatches += 1;
+                let first = kernels.len();
+                kernels.extend(op_kernels(op, call, part, rule, half_is_fp16));
+                // The host's dispatches since the last kernel precede this
+                // op's first.
+                if let Some(k) = kernels.get_mut(first) {
+                    k.dispatches = std::mem::take(&mut dispatches);
+                    k.view_dispatches = std::mem::take(&mut views);
                 }
-                continue;
-            }
-            dispatches += 1;
-            let bytes = (op.in_bytes + op.out_bytes) as f64;
-            let shapes = call.and_then(|c| gemm_or_conv(c, half_is_fp16));
-            let winograd = call
-                .and_then(|c| conv_call(c, half_is_fp16))
-                .is_some_and(|c| {
-                    let p = c.problem;
-                    (p.r, p.s) == (3, 3)
-                        && !p.is_strided()
-                        && !p.is_dilated()
-                        && p.groups == 1
-                        && p.c >= 16
-                        && p.k >= 16
-                });
-            let mut push = |class, flops, dtype, bytes: f64, launches| {
-                kernels.push(Kernel {
-                    part,
-                    class,
-                    flops,
-                    bytes,
-                    dtype,
-                    launches,
-                    dispatches: std::mem::take(&mut dispatches),
-                    view_dispatches: std::mem::take(&mut views),
-                    winograd,
-                });
-            };
-            match shapes {
-                Some(shapes) => {
-                    let n = shapes.len().max(1) as f64;
-                    for (class, flops, dtype) in shapes {
-                        push(class, flops, Some(dtype), bytes / n, 1);
-                    }
-                }
-                None => push(rule.class, 0.0, None, bytes * rule.passes, rule.launches),
             }
         }
-        // One for-each launch per op kind and chunk, one dispatch per kind.
-        let mut gradient_bytes = 0.0f64;
-        let most = foreach.iter().map(|g| g.1).max().unwrap_or(0);
-        for (_, tensors, bytes, _) in &foreach {
-            let chunks_by_tensors = tensors.div_ceil(FOREACH_MAX_TENSORS);
-            let chunks_by_size = (bytes / 4.0 / FOREACH_MAX_ELEMENTS).ceil() as usize;
-            kernels.push(Kernel {
-                part: Part::Optimizer,
-                class: KernelClass::Memory,
-                flops: 0.0,
-                bytes: *bytes,
-                dtype: None,
-                launches: chunks_by_tensors.max(chunks_by_size).max(1) as u32,
-                dispatches: 1,
-                view_dispatches: 0,
-                winograd: false,
-            });
-        }
-        for (_, tensors, bytes, _) in &foreach {
-            if *tensors == most {
-                // The cheapest op over every parameter reads each once.
-                let per_op = bytes / 2.0;
-                gradient_bytes = if gradient_bytes == 0.0 {
-                    per_op
-                } else {
-                    gradient_bytes.min(per_op)
-                };
-            }
-        }
+        kernels.extend(foreach.iter().map(ForeachGroup::kernel));
         Some(StepWork {
             kernels,
-            gradient_bytes,
+            gradient_bytes: ForeachGroup::gradient_bytes(&foreach),
         })
     }
 
@@ -509,12 +467,115 @@ fn next_call<'a>(calls: &mut std::slice::Iter<'a, KernelCall>, op: &str) -> Opti
     None
 }
 
-/// A GEMM's or convolution's kernels: class, FLOPs and data type per
-/// direction (`None` for another op or arguments it cannot read).
-fn gemm_or_conv(
-    call: &KernelCall,
+/// An op's kernels, before the host's dispatch counts are set: one per
+/// direction of a GEMM or convolution (its bytes shared between them),
+/// else the op's rule.
+fn op_kernels(
+    op: &OpWork,
+    call: Option<&KernelCall>,
+    part: Part,
+    rule: rules::OpRule,
     half_is_fp16: bool,
-) -> Option<Vec<(KernelClass, f64, DataType)>> {
+) -> Vec<Kernel> {
+    let bytes = (op.in_bytes + op.out_bytes) as f64;
+    let kernel = |class, flops, dtype, bytes, launches, winograd| Kernel {
+        part,
+        class,
+        flops,
+        bytes,
+        dtype,
+        launches,
+        dispatches: 0,
+        view_dispatches: 0,
+        winograd,
+    };
+    match call.and_then(|c| gemm_or_conv(c, half_is_fp16)) {
+        Some(g) => {
+            let n = g.directions.max(1) as f64;
+            (0..g.directions)
+                .map(|_| kernel(g.class, g.flops, Some(g.dtype), bytes / n, 1, g.winograd))
+                .collect()
+        }
+        None => vec![kernel(
+            rule.class,
+            0.0,
+            None,
+            bytes * rule.passes,
+            rule.launches,
+            false,
+        )],
+    }
+}
+
+/// The optimizer's per-parameter ops of one kind, which PyTorch runs as one
+/// for-each op.
+struct ForeachGroup {
+    op: String,
+    tensors: usize,
+    bytes: f64,
+}
+
+impl ForeachGroup {
+    fn add(groups: &mut Vec<ForeachGroup>, op: &OpWork) {
+        let bytes = (op.in_bytes + op.out_bytes) as f64;
+        match groups.iter_mut().find(|g| g.op == op.op) {
+            Some(g) => {
+                g.tensors += 1;
+                g.bytes += bytes;
+            }
+            None => groups.push(ForeachGroup {
+                op: op.op.clone(),
+                tensors: 1,
+                bytes,
+            }),
+        }
+    }
+
+    /// One launch per `multi_tensor_apply` chunk, one dispatch.
+    fn kernel(&self) -> Kernel {
+        let chunks_by_tensors = self.tensors.div_ceil(FOREACH_MAX_TENSORS);
+        let chunks_by_size = (self.bytes / 4.0 / FOREACH_MAX_ELEMENTS).ceil() as usize;
+        Kernel {
+            part: Part::Optimizer,
+            class: KernelClass::Memory,
+            flops: 0.0,
+            bytes: self.bytes,
+            dtype: None,
+            launches: chunks_by_tensors.max(chunks_by_size).max(1) as u32,
+            dispatches: 1,
+            view_dispatches: 0,
+            winograd: false,
+        }
+    }
+
+    /// One copy of the gradients: the cheapest op over every parameter
+    /// reads and writes each once.
+    fn gradient_bytes(groups: &[ForeachGroup]) -> f64 {
+        let most = groups.iter().map(|g| g.tensors).max().unwrap_or(0);
+        groups
+            .iter()
+            .filter(|g| g.tensors == most)
+            .map(|g| g.bytes / 2.0)
+            .reduce(f64::min)
+            .unwrap_or(0.0)
+    }
+}
+
+/// A GEMM's or convolution's kernels, as [`gemm_or_conv`] reads them.
+struct GemmOrConv {
+    class: KernelClass,
+    /// FLOPs of each direction.
+    flops: f64,
+    dtype: DataType,
+    /// Directions computed (a convolution's backward: one or two).
+    directions: usize,
+    /// A 3x3, stride-1, undilated, ungrouped convolution.
+    winograd: bool,
+}
+
+/// A GEMM's or convolution's kernels (`None` for another op or arguments
+/// it cannot read).
+fn gemm_or_conv(call: &KernelCall, half_is_fp16: bool) -> Option<GemmOrConv> {
     if GEMM_OPS.contains(&call.op.as_str()) {
         let at = usize::from(matches!(call.op.as_str(), "aten::addmm" | "aten::baddbmm"));
         let (dtype, a, _) = call.tensor(at)?;
@@ -525,24 +586,32 @@ fn gemm_or_conv(
             ([batch, m, k], [_, _, n]) => 2.0 * (batch * m * k * n) as f64,
             _ => return None,
         };
-        return Some(vec![(KernelClass::Gemm, flops, dtype)]);
+        return Some(GemmOrConv {
+            class: KernelClass::Gemm,
+            flops,
+            dtype,
+            directions: 1,
+            winograd: false,
+        });
     }
     let conv = conv_call(call, half_is_fp16)?;
-    let class = if conv.problem.is_depthwise() {
-        KernelClass::DepthwiseConv
-    } else {
-        KernelClass::Conv
-    };
-    let flops = conv.problem.flops();
-    Some(
-        conv.directions
-            .iter()
-            .map(|d| {
-                let _: &Direction = d;
-                (class, flops, conv.problem.dtype)
-            })
-            .collect(),
-    )
+    let p = conv.problem;
+    Some(GemmOrConv {
+        class: if p.is_depthwise() {
+            KernelClass::DepthwiseConv
+        } else {
+            KernelClass::Conv
+        },
+        flops: p.flops(),
+        dtype: p.dtype,
+        directions: conv.directions.len(),
+        winograd: (p.r, p.s) == (3, 3)
+            && !p.is_strided()
+            && !p.is_dilated()
+            && p.groups == 1
+            && p.c >= 16
+            && p.k >= 16,
+    })
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! ([`MeasuredEvaluator`]) or predicted from CPU traces
 //! ([`PredictedEvaluator`]). The strategy sees only the [`Evaluator`] trait.
 
+mod against_budget;
 mod measured;
 mod predicted;
 

@@ -5,17 +5,13 @@
 //! larger batch extrapolated from them, a smaller one traced itself (batch
 //! 1 can fail where 2 trains: BatchNorm after global pooling).
 
+use super::against_budget::{replay_against_budget, Speed};
 use super::Evaluator;
 use crate::error::Result;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
-use crate::predict::allocator::AllocatorSettings;
 use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::extrapolate::{extrapolate, extrapolate_aligned, ALIGNED_PAIR, TRACED_BATCHES};
-use crate::predict::kernels::cudnn::Figure;
-use crate::predict::replay::{
-    replay_kernels, replay_kernels_unless_out_of_memory, Kernels, ReplayInputs, ReplayResult,
-};
-use crate::predict::speed::{Card, SpeedSetup, StepWork};
+use crate::predict::speed::StepWork;
 use crate::predict::{Budget, TracedStep};
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
@@ -153,13 +149,13 @@ pub struct PredictedEvaluator {
 
 /// What every replay of one evaluator shares besides the candidate.
 #[derive(Debug, Clone, Copy)]
-struct ReplayContext {
-    mode: RunMode,
+pub(super) struct ReplayContext {
+    pub mode: RunMode,
     /// GPUs of data-parallel training (the step time's all-reduce).
-    gpus: i64,
-    layout: BatchLayout,
-    expandable_segments: bool,
-    kernels: KernelSetup,
+    pub gpus: i64,
+    pub layout: BatchLayout,
+    pub expandable_segments: bool,
+    pub kernels: KernelSetup,
 }
 
 /// One traced step at a batch below [`TRACED_BATCHES`].
@@ -399,30 +395,6 @@ impl PredictedEvaluator {
         }
         self.small[&key].as_ref().map_err(Clone::clone)
     }
-
-    /// Step time from FLOPs and bytes against the GPU's peak rates (an
-    /// estimate for ranking only: 40% of peak FLOPs, 60% of bandwidth):
-    /// the forward, a backward of twice its FLOPs, and the forward that
-    /// gradient checkpointing runs again in the backward.
-    fn images_per_s(
-        budget: &Budget,
-        c: &Candidate,
-        flops: (f64, f64),
-        bytes: f64,
-        mode: RunMode,
-    ) -> f64 {
-        let (flops, recompute) = flops;
-        // An inference step is the forward alone.
-        let passes = if mode == RunMode::Infer { 1.0 } else { 3.0 };
-        let tflops = match c.amp {
-            Amp::Off => budget.fp32_tflops,
-            Amp::Fp16 => budget.fp16_tflops,
-            Amp::Bf16 => budget.bf16_tflops,
-        };
-        let compute = (passes * flops + recompute) / (tflops.max(0.1) * 1e12 * 0.4);
-        let memory = 2.0 * bytes / (budget.bandwidth_gbs.max(1.0) * 1e9 * 0.6);
-        c.batch_size as f64 / (compute + memory)
-    }
 }
 
 impl Evaluator for PredictedEvaluator {
@@ -513,181 +485,11 @@ impl Evaluator for PredictedEvaluator {
     }
 }
 
-/// Replays one step's events for `c` and compares with the budget; a
-/// candidate that does not fit with the allocator's defaults is replayed
-/// with `expandable_segments:True` (less fragmentation), and fits with that
-/// setting if it fits then.
-fn replay_against_budget(
-    budget: &Budget,
-    c: &Candidate,
-    traced: (&[TraceEvent], &[KernelCall]),
-    speed: Speed,
-    cx: ReplayContext,
-) -> TrialRecord {
-    let replay_with =
-        |settings, verdict_only| replay_with(budget, c, traced, speed, settings, cx, verdict_only);
-    let (record, beyond_capacity) = replay_with(AllocatorSettings::default(), false);
-    if record.fits() || !cx.expandable_segments || beyond_capacity {
-        return record;
-    }
-    let expandable = AllocatorSettings {
-        expandable_segments: true,
-        ..AllocatorSettings::default()
-    };
-    let (with_setting, _) = replay_with(expandable, true);
-    if with_setting.fits() {
-        TrialRecord {
-            alloc_conf: Some(expandable.env_value()),
-            ..with_setting
-        }
-    } else {
-        record
-    }
-}
-
-/// Replays one step's events for `c` under `settings` against the budget:
-/// the least the step needs decides whether it fits (cuDNN falls back to
-/// smaller workspaces where memory is short); the figures shown are the
-/// likeliest (the workspaces cuDNN takes on this card), and where the card
-/// forces slower convolutions the images/s says so. With `verdict_only`, a
-/// step that does not fit has no figures. Also returns whether the step
-/// needs more than the allocator's capacity under any setting
-/// ([`ReplayResult::least_demand`]).
-fn replay_with(
-    budget: &Budget,
-    c: &Candidate,
-    (events, calls): (&[TraceEvent], &[KernelCall]),
-    speed: Speed,
-    settings: AllocatorSettings,
-    cx: ReplayContext,
-    verdict_only: bool,
-) -> (TrialRecord, bool) {
-    let mode = cx.mode;
-    let kernels = KernelSetup {
-        amp: c.amp,
-        ..cx.kernels
-    };
-    let with_calls = !calls.is_empty();
-    let inputs = ReplayInputs {
-        batch_copies: cx.layout.tensors(c.batch_size, c.crop, mode),
-        cublas_workspace: if with_calls {
-            0
-        } else {
-            kernels.cublas_workspace(budget.cublas_workspace_bytes)
-        },
-        capacity: Some(budget.allocator_capacity()),
-        settings,
-    };
-    let run = |figure: Figure, verdict_only: bool| -> Option<ReplayResult> {
-        let model = kernels.model(
-            &budget.compute_capability,
-            budget.cublas_workspace_bytes,
-            budget.conv_math(),
-            figure,
-        );
-        let kernels = with_calls.then_some(Kernels {
-            calls,
-            model: &model,
-        });
-        if verdict_only {
-            replay_kernels_unless_out_of_memory(events, &inputs, kernels)
-        } else {
-            Some(replay_kernels(events, &inputs, kernels))
-        }
-    };
-    let out_of_memory = || {
-        TrialRecord::failed(
-            CandidateStatus::Oom,
-            format!(
-                "predicted out of memory: needs more than the usable {:.2} GiB",
-                budget.usable_bytes as f64 / (1u64 << 30) as f64
-            ),
-            Mode::Predicted,
-        )
-    };
-    let Some(least) = run(Figure::Least, verdict_only) else {
-        return (out_of_memory(), false);
-    };
-    let device = least.peak_reserved + budget.cuda_context_bytes;
-    let fits = !least.out_of_memory && device <= budget.usable_bytes;
-    // Beyond the capacity every setting runs out of memory.
-    let beyond_capacity = least.least_demand > budget.allocator_capacity();
-    if verdict_only && !fits {
-        return (out_of_memory(), beyond_capacity);
-    }
-    // Beyond the capacity the likeliest figures run out of memory too, and
-    // the least are shown.
-    let likely = if with_calls && !beyond_capacity {
-        run(Figure::Likely, false).expect("a full replay has a result")
-    } else {
-        least
-    };
-    let shown = if likely.out_of_memory { least } else { likely };
-    let Speed { flops, bytes, work } = speed;
-    let passes = if mode == RunMode::Infer { 1.0 } else { 3.0 };
-    let slowdown = shown
-        .kernels
-        .map_or(1.0, |k| k.step_slowdown(passes * flops.0 + flops.1));
-    // The step time kernel by kernel where the trace has every op's work;
-    // a roofline of the whole step where it has not (the Python worker's).
-    let step_time = work.map(|w| {
-        let t = w.time(&Card::of_budget(budget), &speed_setup(c, cx));
-        t.scaled(slowdown)
-    });
-    let images_per_s = match &step_time {
-        Some(t) => c.batch_size as f64 / t.step_s.max(1e-9),
-        None => PredictedEvaluator::images_per_s(budget, c, flops, bytes, mode) / slowdown,
-    };
-    let mut record = TrialRecord {
-        status: CandidateStatus::Fits,
-        reason: None,
-        peak_allocated_bytes: Some(shown.peak_allocated),
-        peak_reserved_bytes: Some(shown.peak_reserved),
-        device_bytes: Some(device),
-        images_per_s: Some(images_per_s),
-        step_time,
-        mode: Mode::Predicted,
-        checkpoint_cost: (c.checkpoint && flops.0 > 0.0).then(|| flops.1 / (3.0 * flops.0)),
-        predicted: None,
-        alloc_conf: None,
-        first_interval_allocated_bytes: None,
-    };
-    if !fits {
-        record.status = CandidateStatus::Oom;
-        record.reason = out_of_memory().reason;
-    }
-    (record, beyond_capacity)
-}
-
-/// What a candidate's step time is predicted from: its FLOPs and bytes (a
-/// roofline) and, where the trace has them, its kernels.
-#[derive(Clone, Copy)]
-struct Speed<'a> {
-    flops: (f64, f64),
-    bytes: f64,
-    work: Option<&'a StepWork>,
-}
-
-/// The candidate's step as the step-time model needs it.
-fn speed_setup(c: &Candidate, cx: ReplayContext) -> SpeedSetup {
-    SpeedSetup {
-        mode: cx.mode,
-        gpus: cx.gpus.max(1),
-        accumulation: if cx.mode == RunMode::Train {
-            c.accumulation
-        } else {
-            1
-        },
-        amp: c.amp,
-        // uint8 images and int64 label maps (PackSegInputs) of the batch.
-        input_bytes: (c.batch_size * c.crop.0 * c.crop.1) as f64
-            * if cx.mode == RunMode::Train { 11.0 } else { 3.0 },
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::against_budget::replay_with;
     use super::*;
+    use crate::predict::allocator::AllocatorSettings;
     use crate::predict::Gpu;
     use crate::trial::trace::phase_code;
 
