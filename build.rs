@@ -2,8 +2,9 @@
 //! shim_meta_rules.cpp, shim_psamask.cpp, shim_kernel_calls.cpp,
 //! shim_autocast.cpp; their C
 //! interface in segtune_ffi.h) against the libtorch that torch-sys found,
-//! warning-free under -Wall -Wextra, and gives the torch-linked binaries an rpath to it so
-//! they run without LD_LIBRARY_PATH.
+//! warning-free under -Wall -Wextra, and gives the binaries a RUNPATH to
+//! it (a wheel's, to the torch installed beside them) so they run without
+//! LD_LIBRARY_PATH.
 
 use std::path::PathBuf;
 
@@ -64,12 +65,54 @@ fn main() {
         .file("src/trial/shim_autocast.cpp")
         .compile("segtune_shim");
     cudnn_tables();
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // A checkout's (or `cargo install`'s) binaries find the build's
+    // libtorch by their RUNPATH. A wheel's (SEGTUNE_WHEEL=1, set by
+    // scripts/build-wheel) name none of this machine's paths: their RUNPATH
+    // is the torch beside the bin/ they are installed in
+    // (lib/python3.X/site-packages/torch/lib of a venv or ~/.local), and
+    // segtune finds torch at run time for its worker too (trial::machine),
+    // through LD_LIBRARY_PATH, which RUNPATH gives way to.
+    println!("cargo:rerun-if-env-changed=SEGTUNE_WHEEL");
+    let wheel = std::env::var("SEGTUNE_WHEEL").is_ok_and(|v| v == "1");
+    if wheel {
+        for minor in 8..=14 {
+            println!(
+                "cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../lib/python3.{minor}/site-packages/torch/lib"
+            );
+        }
+        println!("cargo:rustc-env=SEGTUNE_BUILD_LIBTORCH=");
+    } else {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+        println!("cargo:rustc-env=SEGTUNE_BUILD_LIBTORCH={}", lib.display());
+    }
+    println!(
+        "cargo:rustc-env=SEGTUNE_BUILD_KIND={}",
+        if wheel { "wheel" } else { "checkout" }
+    );
+    build_identity();
     // tch references nothing in libtorch_cuda, so --as-needed would drop it
     // and CUDA would silently be unavailable to trials.
-    if lib.join("libtorch_cuda.so").exists() {
+    let with_cuda = lib.join("libtorch_cuda.so").exists();
+    println!(
+        "cargo:rustc-env=SEGTUNE_BUILD_WITH_CUDA={}",
+        u8::from(with_cuda)
+    );
+    if with_cuda {
         println!(
             "cargo:rustc-link-arg-bin=segtune-torch=-Wl,--no-as-needed,-ltorch_cuda,--as-needed"
+        );
+    }
+}
+
+/// `SEGTUNE_BUILD_PROFILE` and `SEGTUNE_BUILD_TARGET` for `segtune doctor`.
+fn build_identity() {
+    for (name, var) in [
+        ("SEGTUNE_BUILD_PROFILE", "PROFILE"),
+        ("SEGTUNE_BUILD_TARGET", "TARGET"),
+    ] {
+        println!(
+            "cargo:rustc-env={name}={}",
+            std::env::var(var).unwrap_or_default()
         );
     }
 }

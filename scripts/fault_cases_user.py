@@ -99,7 +99,7 @@ def case_84(tmp):
     module importable) and MMSeg builds it."""
     python = os.environ.get("SEGTUNE_MMSEG_PYTHON")
     if not python or not os.path.isfile(python):
-        raise Skip("SEGTUNE_MMSEG_PYTHON (MMSeg 1.2.2, scripts/env.sh) is not set")
+        raise Skip("SEGTUNE_MMSEG_PYTHON (MMSeg 1.2.2, scripts/test-env.sh) is not set")
     write(tmp, "my_backbone.py", "from mmseg.registry import MODELS\n"
                                  "from mmseg.models.backbones import MixVisionTransformer\n\n\n"
                                  "@MODELS.register_module()\nclass MyMiT(MixVisionTransformer):\n    pass\n")

@@ -217,6 +217,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check this machine once, in words: segtune's build, the libtorch its
+    /// worker loads and its CUDA, the NVIDIA driver and the CUDA it runs,
+    /// each GPU and its preset, the Python for --torch and --python-worker,
+    /// and what to do where something does not fit. Exit 1 when segtune
+    /// cannot work here as it is.
+    #[command(after_help = "Examples:\n  segtune doctor\n  segtune doctor --json")]
+    Doctor {
+        /// The findings as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "Examples:\n  segtune completions bash > ~/.local/share/bash-completion/completions/segtune\n  segtune completions zsh > ~/.zfunc/_segtune\n  segtune completions fish > ~/.config/fish/completions/segtune.fish"

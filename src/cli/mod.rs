@@ -181,6 +181,18 @@ fn run(cli: Cli) -> Result<Output> {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             Ok(Output::ok(report::presets_json(&all)))
         }
+        Command::Doctor { json: as_json } => {
+            let found = crate::predict::doctor::examine();
+            let text = if as_json {
+                json(&found)
+            } else {
+                report::doctor(&found)
+            };
+            Ok(Output {
+                text,
+                code: i32::from(found.blocked()),
+            })
+        }
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(

@@ -7,13 +7,7 @@
 use super::budget::Gpu;
 use crate::config::presets;
 use crate::error::Result;
-use std::io::Read;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-
-/// How long nvidia-smi may take before it is given up on.
-const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The first card nvidia-smi lists.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,33 +76,24 @@ fn query() -> Option<LocalGpu> {
     with_cc.or_else(|| run(&["name", "memory.total"]).and_then(|o| parse(&o, false)))
 }
 
-/// nvidia-smi's stdout for `fields`, where it exits 0 within [`TIMEOUT`].
+/// nvidia-smi's CSV of `fields` for each card, where it answers.
 fn run(fields: &[&str]) -> Option<String> {
-    let mut child = Command::new("nvidia-smi")
-        .arg(format!("--query-gpu={}", fields.join(",")))
-        .arg("--format=csv,noheader,nounits")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-        }
+    let query = format!("--query-gpu={}", fields.join(","));
+    crate::trial::machine::nvidia_smi(&[&query, "--format=csv,noheader,nounits"])
+}
+
+/// Every card nvidia-smi lists, in its order (empty where it is missing or
+/// lists none).
+pub fn list() -> Vec<LocalGpu> {
+    let parse_all = |csv: String, with_cc: bool| -> Vec<LocalGpu> {
+        csv.lines().filter_map(|l| parse(l, with_cc)).collect()
     };
-    let mut out = String::new();
-    child.stdout.take()?.read_to_string(&mut out).ok()?;
-    status.success().then_some(out)
+    let with_cc = run(&["name", "memory.total", "compute_cap"])
+        .map(|o| parse_all(o, true))
+        .filter(|cards| !cards.is_empty());
+    with_cc
+        .or_else(|| run(&["name", "memory.total"]).map(|o| parse_all(o, false)))
+        .unwrap_or_default()
 }
 
 /// The first line of nvidia-smi's CSV: `name, memory.total[, compute_cap]`.

@@ -18,6 +18,7 @@
 pub mod allocator;
 pub mod breakdown;
 pub mod budget;
+pub mod doctor;
 pub mod estimate;
 pub mod expandable;
 pub mod extrapolate;

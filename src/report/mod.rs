@@ -4,6 +4,7 @@
 //! computes a figure; it only shows them.
 
 pub mod atlas;
+mod doctor;
 mod estimate;
 mod explain;
 mod html;
@@ -14,6 +15,7 @@ mod search;
 mod svg;
 mod trial;
 
+pub use doctor::doctor;
 pub use estimate::estimate;
 pub use explain::{explain, why};
 pub use html::{page, ReportPage};

@@ -676,7 +676,13 @@ pub(super) fn cuda_device(
     torch: TorchVersion,
 ) -> Result<Option<usize>> {
     let other_torch = torch != TorchVersion::NEWEST;
-    Ok(match spec.device_setting()? {
+    let setting = spec.device_setting()?;
+    // libtorch sees no device where the driver is too old for its CUDA:
+    // that is said, not taken for a machine without a GPU.
+    if visible == 0 && !other_torch && setting != DeviceSetting::Cpu {
+        crate::trial::machine::check_cuda_trial()?;
+    }
+    Ok(match setting {
         DeviceSetting::Cpu => None,
         DeviceSetting::Auto if other_torch => None,
         DeviceSetting::Cuda(i) if other_torch => {

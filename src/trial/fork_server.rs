@@ -257,6 +257,7 @@ fn spawn_server(worker: &Path) -> std::io::Result<Child> {
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null());
+                super::machine::worker_env(&mut command);
                 super::worker::own_group_dying_with_parent(&mut command);
                 let _ = reply.send(command.spawn());
             }

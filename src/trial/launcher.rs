@@ -123,6 +123,7 @@ impl SlurmLauncher {
         command.args(self.srun_args(name));
         command.arg(program).args(argv);
         command.env("MASTER_PORT", master_port(name).to_string());
+        super::machine::worker_env(&mut command);
         command
     }
 

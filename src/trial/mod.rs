@@ -44,6 +44,7 @@ pub mod fork_server;
 pub mod infer;
 pub mod kernel_calls;
 pub mod launcher;
+pub mod machine;
 pub mod memory;
 pub mod op_work;
 pub mod optim;

@@ -95,6 +95,27 @@ impl PythonWorker {
         &self.python
     }
 
+    /// The versions of the distributions the worker needs (torch,
+    /// mmengine, mmcv or mmcv-lite, mmsegmentation; mmdet for MMSeg's
+    /// MaskFormer heads) in this Python, by `importlib.metadata` (nothing
+    /// imported); `None` where the interpreter does not answer.
+    pub fn packages(&self) -> Option<Vec<(String, Option<String>)>> {
+        let code = "import importlib.metadata as m\n\
+            for d in ('torch', 'mmengine', 'mmcv', 'mmcv-lite', 'mmsegmentation', 'mmdet'):\n\
+            \x20   try: print(d, m.version(d))\n\
+            \x20   except Exception: print(d)";
+        let text = super::machine::run_briefly(Command::new(&self.python).args(["-c", code]))?;
+        Some(
+            text.lines()
+                .filter_map(|line| {
+                    let mut parts = line.split_whitespace();
+                    let name = parts.next()?.to_string();
+                    Some((name, parts.next().map(str::to_string)))
+                })
+                .collect(),
+        )
+    }
+
     /// Runs one trial. `Err` for a request the Python worker cannot run, a
     /// Python without MMSeg (`Error::Environment`: which Python, what to
     /// install), a config it cannot load and an interpreter that cannot

@@ -168,6 +168,7 @@ impl Worker {
                     "segtune-torch (the libtorch worker) is not next to segtune; build both with `cargo build --release`",
                 )
             })?;
+        super::machine::libtorch()?;
         Ok(Worker {
             path,
             launcher: None,
@@ -227,6 +228,11 @@ impl Worker {
     pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
         // A CPU trial (a traced step) is forked; CUDA gets a spawned worker.
         let forkable = request.device == super::DeviceChoice::Cpu;
+        // This machine's driver decides a local CUDA trial; a Slurm node's
+        // driver is the node's to tell.
+        if !forkable && self.launcher.is_none() {
+            super::machine::check_cuda_trial()?;
+        }
         let run = self.run_launched(&request.to_argv(), timeout, forkable)?;
         // The worker's own refusal first: Slurm did not end that job.
         if let Some(e) = run.refusal(&self.path) {
@@ -317,6 +323,24 @@ impl Worker {
         std::thread::spawn(move || worker.cuda_devices());
     }
 
+    /// Starts the worker here once and asks its CUDA devices: the count,
+    /// or how it failed to start (its last words, e.g. the loader's).
+    pub fn probe_devices(&self) -> std::result::Result<usize, String> {
+        let run = self
+            .run(&["devices".into()], Some(DEVICES_DEADLINE), false)
+            .map_err(|e| e.to_string())?;
+        if run.timed_out {
+            return Err(format!(
+                "it gave no answer within {} s",
+                DEVICES_DEADLINE.as_secs()
+            ));
+        }
+        String::from_utf8_lossy(&run.stdout)
+            .trim()
+            .parse()
+            .map_err(|_| WorkerDeath::of(run.status, &run.stderr).to_string())
+    }
+
     fn count_cuda_devices(&self) -> usize {
         self.run_launched(&["devices".into()], Some(DEVICES_DEADLINE), false)
             .ok()
@@ -341,6 +365,7 @@ impl Worker {
         }
         let mut command = Command::new(&self.path);
         command.args(argv);
+        super::machine::worker_env(&mut command);
         run_child(command, &self.path, timeout)
     }
 

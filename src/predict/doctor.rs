@@ -1,0 +1,254 @@
+//! `segtune doctor`'s findings: this machine examined once — segtune's
+//! build, the libtorch its worker loads and that libtorch's CUDA, whether
+//! the worker starts and the CUDA devices it sees, the NVIDIA driver and the
+//! CUDA it runs, each GPU with the preset it matches, the Pythons segtune
+//! asks for `--torch`'s default and runs for `--python-worker` — with what
+//! to do wherever something does not fit. `report::doctor` renders it.
+
+use super::local_gpu::{self, LocalGpu};
+use crate::trial::machine::{self, CudaFit, Driver, Libtorch};
+use crate::trial::python_worker::{PythonWorker, MMSEG_PIP};
+use crate::trial::torch_version;
+use crate::trial::worker::Worker;
+use serde::Serialize;
+
+/// What segtune is: its version and how it was built.
+#[derive(Debug, Clone, Serialize)]
+pub struct Build {
+    pub version: &'static str,
+    pub profile: &'static str,
+    pub target: &'static str,
+    pub executable: Option<String>,
+    /// "checkout" or "wheel".
+    pub kind: &'static str,
+    /// The libtorch it was built against (a checkout's; empty in a wheel).
+    pub built_with: &'static str,
+}
+
+/// A GPU nvidia-smi lists.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuFound {
+    pub index: usize,
+    pub name: String,
+    pub memory_mib: u64,
+    pub compute_capability: Option<String>,
+    pub preset: Option<&'static str>,
+}
+
+/// A Python segtune uses, and what it has.
+#[derive(Debug, Clone, Serialize)]
+pub struct PythonFound {
+    /// What segtune uses it for.
+    pub role: &'static str,
+    pub python: String,
+    /// Whether it answered at all.
+    pub answered: bool,
+    /// Distribution name and version (`None`: not installed).
+    pub packages: Vec<(String, Option<String>)>,
+}
+
+impl PythonFound {
+    pub fn version_of(&self, name: &str) -> Option<&str> {
+        self.packages
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+}
+
+/// One finding that asks for something to be done (or says what segtune
+/// does instead).
+#[derive(Debug, Clone, Serialize)]
+pub struct Advice {
+    /// Whether segtune cannot do its job here without it (`doctor` exits 1).
+    pub blocking: bool,
+    pub text: String,
+}
+
+/// Everything `segtune doctor` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Doctor {
+    pub segtune: Build,
+    pub libtorch: Option<Libtorch>,
+    /// Why no usable libtorch was found.
+    pub libtorch_error: Option<String>,
+    /// The CUDA devices the worker sees (it loaded libtorch and answered).
+    pub worker_cuda_devices: Option<usize>,
+    /// How the worker failed to start.
+    pub worker_error: Option<String>,
+    pub driver: Option<Driver>,
+    pub cuda_fit: Option<CudaFit>,
+    pub gpus: Vec<GpuFound>,
+    pub pythons: Vec<PythonFound>,
+    /// The release `--torch` defaults to, and where it comes from.
+    pub predicts_for_torch: String,
+    pub advice: Vec<Advice>,
+}
+
+impl Doctor {
+    pub fn blocked(&self) -> bool {
+        self.advice.iter().any(|a| a.blocking)
+    }
+}
+
+/// Examines this machine (nvidia-smi, the worker once, the Pythons; a few
+/// seconds at most).
+pub fn examine() -> Doctor {
+    let segtune = Build {
+        version: env!("CARGO_PKG_VERSION"),
+        profile: env!("SEGTUNE_BUILD_PROFILE"),
+        target: env!("SEGTUNE_BUILD_TARGET"),
+        executable: std::env::current_exe()
+            .ok()
+            .map(|p| p.display().to_string()),
+        kind: machine::BUILD_KIND,
+        built_with: machine::BUILD_LIBTORCH,
+    };
+    let mut advice = Vec::new();
+    let (libtorch, libtorch_error) = match machine::libtorch() {
+        Ok(lib) => (Some(lib.clone()), None),
+        Err(e) => {
+            advice.push(Advice {
+                blocking: true,
+                text: e.to_string(),
+            });
+            (None, Some(e.to_string()))
+        }
+    };
+    let (worker_cuda_devices, worker_error) = match libtorch.as_ref().map(|_| Worker::locate()) {
+        None => (None, None),
+        Some(Err(e)) => (None, Some(e.to_string())),
+        Some(Ok(worker)) => match worker.probe_devices() {
+            Ok(n) => (Some(n), None),
+            Err(why) => (None, Some(why)),
+        },
+    };
+    if let Some(why) = &worker_error {
+        advice.push(Advice {
+            blocking: true,
+            text: format!("segtune-torch (the libtorch worker) did not start: {why}"),
+        });
+    }
+    let driver = machine::driver();
+    let gpus: Vec<GpuFound> = local_gpu::list()
+        .into_iter()
+        .enumerate()
+        .map(|(index, g): (usize, LocalGpu)| GpuFound {
+            index,
+            name: g.name,
+            memory_mib: g.memory_mib,
+            compute_capability: g.compute_capability,
+            preset: g.preset,
+        })
+        .collect();
+    let cuda_fit = match (&libtorch, &driver) {
+        (Some(lib), Some(d)) => lib
+            .cuda
+            .zip(d.cuda)
+            .map(|(torch, runs)| machine::cuda_fit(torch, runs)),
+        _ => None,
+    };
+    if let (Some(lib), Some(d)) = (&libtorch, &driver) {
+        if let Some(why) = machine::driver_too_old(lib, d) {
+            advice.push(Advice {
+                blocking: !gpus.is_empty(),
+                text: why,
+            });
+        } else if cuda_fit == Some(CudaFit::MinorCompatible) {
+            advice.push(Advice {
+                blocking: false,
+                text: format!(
+                    "the driver runs CUDA up to {}, older than libtorch's {}: CUDA's minor-version \
+                     compatibility runs it (kernels are not compiled from PTX for the newer release)",
+                    d.cuda.map_or("?".into(), |c| c.to_string()),
+                    lib.cuda.map_or("?".into(), |c| c.to_string())
+                ),
+            });
+        }
+    }
+    if driver.is_none() && gpus.is_empty() {
+        advice.push(Advice {
+            blocking: false,
+            text: "no NVIDIA driver answered (nvidia-smi): every figure is a prediction for the \
+                   card you name (--preset or --vram); real trials need a GPU"
+                .into(),
+        });
+    }
+    if let (Some(0), false) = (worker_cuda_devices, gpus.is_empty()) {
+        if cuda_fit != Some(CudaFit::DriverTooOld) {
+            advice.push(Advice {
+                blocking: true,
+                text: format!(
+                    "nvidia-smi lists {} GPU(s) but libtorch sees none: check CUDA_VISIBLE_DEVICES{} and that this user may open /dev/nvidia*",
+                    gpus.len(),
+                    std::env::var("CUDA_VISIBLE_DEVICES")
+                        .map(|v| format!(" (now {v:?})"))
+                        .unwrap_or_default()
+                ),
+            });
+        }
+    }
+    for gpu in gpus.iter().filter(|g| g.preset.is_none()) {
+        advice.push(Advice {
+            blocking: false,
+            text: format!(
+                "no preset names GPU {} ({}): segtune takes it as --vram {}M with the rates of the table's card of compute capability {}",
+                gpu.index,
+                gpu.name,
+                gpu.memory_mib,
+                gpu.compute_capability.as_deref().unwrap_or("8.6 (the default)")
+            ),
+        });
+    }
+    let (pythons, predicts_for_torch) = pythons(&mut advice);
+    Doctor {
+        segtune,
+        libtorch,
+        libtorch_error,
+        worker_cuda_devices,
+        worker_error,
+        driver,
+        cuda_fit,
+        gpus,
+        pythons,
+        predicts_for_torch,
+        advice,
+    }
+}
+
+/// The Python asked for `--torch`'s default and the one `--python-worker`
+/// runs (often the same).
+fn pythons(advice: &mut Vec<Advice>) -> (Vec<PythonFound>, String) {
+    let torch = torch_version::detect_python_torch();
+    let predicts_for = match &torch {
+        Some((v, python)) => format!("{v} (the torch of {python})"),
+        None => format!(
+            "{} (the release segtune links: no python3 with torch found; $SEGTUNE_PYTHON names another)",
+            crate::trial::TorchVersion::NEWEST
+        ),
+    };
+    let worker = PythonWorker::locate(None);
+    let python = worker.python().display().to_string();
+    let packages = worker.packages();
+    let found = PythonFound {
+        role: "--torch's default and --python-worker",
+        python: python.clone(),
+        answered: packages.is_some(),
+        packages: packages.unwrap_or_default(),
+    };
+    if !found.answered {
+        advice.push(Advice {
+            blocking: false,
+            text: format!("{python} did not answer: --python-worker needs a Python with MMSeg (--python PATH)"),
+        });
+    } else if found.version_of("mmsegmentation").is_none() || found.version_of("torch").is_none() {
+        advice.push(Advice {
+            blocking: false,
+            text: format!(
+                "{python} has no {}: only --python-worker needs it (for model types segtune does not build): `{python} -m {MMSEG_PIP}`",
+                if found.version_of("torch").is_none() { "torch or MMSeg" } else { "MMSeg" }
+            ),
+        });
+    }
+    (vec![found], predicts_for)
+}
