@@ -4,7 +4,7 @@
 //! - a config segtune refuses (SAN) gets a row saying why;
 //! - a re-run with nothing changed reuses every row;
 //! - the published results come from MMSeg 1.2.2's metafiles (the
-//!   installed package's `mmseg/.mim/configs`, which `scripts/setup`
+//!   installed package's `mmseg/.mim/configs`, which `scripts/setup-tests`
 //!   installs): 591 of the 681 configs have an mIoU there (588 by name, 3
 //!   through misnamed entries; 26 more publish mDice or RMSE; 64 are in no
 //!   metafile);
@@ -37,7 +37,7 @@ const SPOT_CHECKS: [&str; 10] = [
 const ON_THE_3090: usize = 3;
 
 /// MMSeg 1.2.2's installed configs with their metafiles (the Python
-/// worker's venv that `scripts/setup` makes), or why not (fails under CI).
+/// worker's venv that `scripts/setup-tests` makes), or why not (fails under CI).
 fn installed_metafiles() -> Option<PathBuf> {
     let cache = std::env::var_os("SEGTUNE_CACHE")
         .map(PathBuf::from)
@@ -51,7 +51,7 @@ fn installed_metafiles() -> Option<PathBuf> {
     });
     if found.is_none() {
         let why = format!(
-            "MMSeg 1.2.2 is not installed under {} (scripts/setup installs it)",
+            "MMSeg 1.2.2 is not installed under {} (scripts/setup-tests installs it)",
             venv.display()
         );
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");

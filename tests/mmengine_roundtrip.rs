@@ -1,5 +1,5 @@
 //! `segtune resolve --format py` output, loaded by real mmengine
-//! (mmengine-lite 0.10.7 in the venv `scripts/setup` makes), gives the same
+//! (mmengine-lite 0.10.7 in the venv `scripts/setup-tests` makes), gives the same
 //! values and types as mmengine's resolution of the original config.
 
 mod common;

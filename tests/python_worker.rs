@@ -4,9 +4,9 @@
 //! runs MMSeg's own `train_step` in the user's Python and reports as the
 //! native worker does; without the flag segtune never runs the user's code.
 //!
-//! The tests need two interpreters that `scripts/env.sh` names:
+//! The tests need two interpreters that `scripts/test-env.sh` names:
 //! `SEGTUNE_MMSEG_PYTHON` (MMSegmentation 1.2.2 over the torch venv,
-//! made by `scripts/setup`) and `SEGTUNE_TORCH_PYTHON` (the torch venv,
+//! made by `scripts/setup-tests`) and `SEGTUNE_TORCH_PYTHON` (the torch venv,
 //! without MMSeg). Without them a test fails under `CI=true` and says why
 //! otherwise.
 
@@ -27,7 +27,7 @@ fn require_python(test: &str, var: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
         .filter(|p| p.is_file());
     if found.is_none() {
-        let why = format!("{var} is not set or names no file; scripts/env.sh sets it");
+        let why = format!("{var} is not set or names no file; scripts/test-env.sh sets it");
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("{test}: {why}");
         }

@@ -318,7 +318,7 @@ pub fn chromium() -> Option<PathBuf> {
             .map(|_| PathBuf::from(name))
     });
     if found.is_none() {
-        let why = "Chromium is not installed (Debian: apt-get install chromium; scripts/setup does it as root)";
+        let why = "Chromium is not installed (Debian: apt-get install chromium; scripts/setup-tests does it as root)";
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
         eprintln!("page test: {why}; not rendered");
     }
