@@ -591,3 +591,46 @@ fn a_step_meta_kernels_cannot_run_falls_back_to_the_cpu_allocator_trace() {
     assert!(peak > 100 << 20, "{e}");
     eprintln!("{test}: predicted {peak} bytes in {seconds:.1} s");
 }
+
+/// ERFNet's encoder drops out (`nn.Dropout`, p 0.1) in its 13 non-bottleneck
+/// blocks: on CUDA ATen's fused `native_dropout` keeps a bool mask, and the
+/// Python worker's meta trace takes that path too (on the meta device ATen
+/// would keep a float noise tensor: 216 MiB more at the recipe's batch 4 x
+/// 512x1024, 3.3 MiB at batch 2 x 128x128). MMSeg's own step then replays
+/// as segtune's rebuild.
+#[test]
+fn erfnets_dropout_is_traced_as_cuda_keeps_it() {
+    let test = "erfnets_dropout_is_traced_as_cuda_keeps_it";
+    let Some(shared) = common::require_shared(test) else {
+        return;
+    };
+    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+        return;
+    };
+    let config =
+        shared.join("mmseg-configs/configs/erfnet/erfnet_fcn_4xb4-160k_cityscapes-512x1024.py");
+    let python_flag = python.display().to_string();
+    let (native, _, _) = estimate(&config, &["--trace", "meta"], &[]);
+    let (by_python, _, _) = estimate(
+        &config,
+        &[
+            "--trace",
+            "meta",
+            "--python-worker",
+            "--python",
+            &python_flag,
+        ],
+        &[],
+    );
+    for key in [
+        "predicted_min_peak_allocated_bytes",
+        "predicted_peak_allocated_bytes",
+    ] {
+        let (n, p) = (predicted(&native, key), predicted(&by_python, key));
+        assert!(
+            within(p, n, 0.005),
+            "{key}: Python worker {p} vs native {n} ({:+.2}%)",
+            100.0 * (p - n) as f64 / n as f64
+        );
+    }
+}

@@ -884,6 +884,30 @@ def optimizer_state_bytes(ow):
                for v in state.values() if torch.is_tensor(v))
 
 
+def dropout_as_on_cuda():
+    """Makes F.dropout of a meta tensor take the path ATen's dropout takes
+    on CUDA (Dropout.cpp, `is_fused_kernel_acceptable`: a CUDA input, 0 < p
+    < 1, not in place): the fused `native_dropout`, which keeps a bool mask
+    for backward. On the meta device ATen takes the CPU path instead, a
+    float noise tensor of the input's size (4 bytes an element, not 1).
+    Returns the function that undoes it."""
+    import torch
+    import torch.nn.functional as F
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if (training and not inplace and 0 < p < 1 and isinstance(input, torch.Tensor)
+                and input.device.type == 'meta' and input.numel() > 0):
+            return torch.native_dropout(input, p, True)[0]
+        return original(input, p, training, inplace)
+
+    F.dropout = dropout
+
+    def restore():
+        F.dropout = original
+    return restore
+
+
 def run_trial(args, alloc, device):
     import torch
     from mmseg.registry import MODELS
@@ -906,6 +930,7 @@ def run_trial(args, alloc, device):
         if tracer is not None:
             # Built on the CPU (untraced: MMSeg's modules read values at
             # build time), then every parameter and buffer made meta.
+            restore_dropout = dropout_as_on_cuda()
             tracer.__enter__()
             report['model_scopes'] = mark_scopes(model, tracer)
         model.to(device)
@@ -925,6 +950,7 @@ def run_trial(args, alloc, device):
         report['status'], report['message'] = status_of(e)
     if tracer is not None:
         tracer.__exit__(None, None, None)
+        restore_dropout()
         report['op_trace'] = 'meta'
         if tracer.stand_ins:
             # TrialReport's fields: the ops that ran on CPU stand-ins, and
