@@ -64,7 +64,12 @@ fn doctor_on_this_machine_names_libtorch_the_worker_and_the_driver() {
         .output()
         .unwrap();
     let found: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert_eq!(found["libtorch"]["source"], "build", "{found}");
+    let expected = if std::env::var_os("SEGTUNE_TORCH_VENV").is_some_and(|v| !v.is_empty()) {
+        "torch_venv"
+    } else {
+        "build"
+    };
+    assert_eq!(found["libtorch"]["source"], expected, "{found}");
     assert!(
         found["libtorch"]["version"]
             .as_str()
