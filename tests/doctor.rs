@@ -6,6 +6,7 @@
 mod common;
 
 use assert_cmd::Command;
+use std::ffi::OsString;
 use std::path::Path;
 
 /// A directory with an `nvidia-smi` that prints `header` for a bare call
@@ -20,9 +21,26 @@ fn fake_nvidia_smi(dir: &Path, driver: &str, cuda: &str, csv: &str) {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-fn with_path_first(cmd: &mut Command, dir: &Path) {
+/// `segtune ARGS` with the fake nvidia-smi in `dir` first on the PATH.
+fn with_fake_driver(dir: &Path, args: Vec<OsString>) -> std::process::Output {
     let path = std::env::var("PATH").unwrap_or_default();
-    cmd.env("PATH", format!("{}:{path}", dir.display()));
+    Command::cargo_bin("segtune")
+        .unwrap()
+        .args(args)
+        .env("PATH", format!("{}:{path}", dir.display()))
+        .output()
+        .unwrap()
+}
+
+fn os(args: &[&str]) -> Vec<OsString> {
+    args.iter().map(Into::into).collect()
+}
+
+/// `COMMAND <the README example> ARGS`.
+fn on_example(command: &str, args: &[&str]) -> Vec<OsString> {
+    let mut all = vec![OsString::from(command), common::readme_example().into()];
+    all.extend(os(args));
+    all
 }
 
 const LAPTOP_3050TI: &str = "NVIDIA GeForce RTX 3050 Ti Laptop GPU, 4096, 8.6";
@@ -84,10 +102,7 @@ fn an_old_driver_is_named_by_doctor_and_stops_cuda_trials_with_what_to_do() {
     let fake = tempfile::tempdir().unwrap();
     fake_nvidia_smi(fake.path(), "550.54.14", "12.4", LAPTOP_3050TI);
 
-    let mut doctor = Command::cargo_bin("segtune").unwrap();
-    doctor.arg("doctor");
-    with_path_first(&mut doctor, fake.path());
-    let out = doctor.output().unwrap();
+    let out = with_fake_driver(fake.path(), os(&["doctor"]));
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(
@@ -112,25 +127,24 @@ fn an_old_driver_is_named_by_doctor_and_stops_cuda_trials_with_what_to_do() {
     );
     assert!(said.contains("export SEGTUNE_TORCH_VENV="), "{said}");
 
-    let mut json = Command::cargo_bin("segtune").unwrap();
-    json.args(["doctor", "--json"]);
-    with_path_first(&mut json, fake.path());
-    let found: serde_json::Value = serde_json::from_slice(&json.output().unwrap().stdout).unwrap();
+    let json = with_fake_driver(fake.path(), os(&["doctor", "--json"]));
+    let found: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(found["cuda_fit"], "driver_too_old", "{found}");
     assert_eq!(found["driver"]["cuda"], "12.4", "{found}");
     assert_eq!(found["gpus"][0]["preset"], "rtx3050ti-laptop", "{found}");
 
-    let mut trial = Command::cargo_bin("segtune").unwrap();
-    trial.arg("trial").arg(common::readme_example()).args([
-        "--device",
-        "cuda:0",
-        "--batch-size",
-        "2",
-        "--crop",
-        "512x512",
-    ]);
-    with_path_first(&mut trial, fake.path());
-    let out = trial.output().unwrap();
+    let trial = on_example(
+        "trial",
+        &[
+            "--device",
+            "cuda:0",
+            "--batch-size",
+            "2",
+            "--crop",
+            "512x512",
+        ],
+    );
+    let out = with_fake_driver(fake.path(), trial);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -140,14 +154,9 @@ fn an_old_driver_is_named_by_doctor_and_stops_cuda_trials_with_what_to_do() {
     assert!(!err.contains("libtorch sees 0 CUDA device"), "{err}");
 
     let out_dir = tempfile::tempdir().unwrap();
-    let mut search = Command::cargo_bin("segtune").unwrap();
-    search
-        .arg("search")
-        .arg(common::readme_example())
-        .args(["--quiet", "--out"])
-        .arg(out_dir.path());
-    with_path_first(&mut search, fake.path());
-    let out = search.output().unwrap();
+    let mut search = on_example("search", &["--quiet", "--out"]);
+    search.push(out_dir.path().into());
+    let out = with_fake_driver(fake.path(), search);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -161,10 +170,7 @@ fn an_old_driver_is_named_by_doctor_and_stops_cuda_trials_with_what_to_do() {
 fn a_driver_new_enough_is_no_obstacle_and_an_unseen_gpu_is_said() {
     let fake = tempfile::tempdir().unwrap();
     fake_nvidia_smi(fake.path(), "580.82.07", "13.0", LAPTOP_3050TI);
-    let mut doctor = Command::cargo_bin("segtune").unwrap();
-    doctor.arg("doctor");
-    with_path_first(&mut doctor, fake.path());
-    let out = doctor.output().unwrap();
+    let out = with_fake_driver(fake.path(), os(&["doctor"]));
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         !said.contains("runs CUDA up to 13.0, and the libtorch"),
@@ -180,14 +186,9 @@ fn a_driver_new_enough_is_no_obstacle_and_an_unseen_gpu_is_said() {
     }
 
     let out_dir = tempfile::tempdir().unwrap();
-    let mut search = Command::cargo_bin("segtune").unwrap();
-    search
-        .arg("search")
-        .arg(common::readme_example())
-        .args(["--quiet", "--json", "--out"])
-        .arg(out_dir.path());
-    with_path_first(&mut search, fake.path());
-    let out = search.output().unwrap();
+    let mut search = on_example("search", &["--quiet", "--json", "--out"]);
+    search.push(out_dir.path().into());
+    let out = with_fake_driver(fake.path(), search);
     assert_eq!(
         out.status.code(),
         Some(0),

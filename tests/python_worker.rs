@@ -20,22 +20,6 @@ use std::time::Instant;
 const PIP_LINE: &str = "pip install mmengine==0.10.7 mmcv-lite==2.1.0 mmsegmentation==1.2.2";
 const PSPNET_R18: &str = "pspnet/pspnet_r18-d8_4xb2-80k_cityscapes-512x1024.py";
 
-/// The interpreter named by `var`, or `None` after saying why the test is
-/// skipped (under `CI=true`, the test fails).
-fn require_python(test: &str, var: &str) -> Option<PathBuf> {
-    let found = std::env::var_os(var)
-        .map(PathBuf::from)
-        .filter(|p| p.is_file());
-    if found.is_none() {
-        let why = format!("{var} is not set or names no file; scripts/test-env.sh sets it");
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: {why}");
-        }
-        eprintln!("SKIPPED {test}: {why}");
-    }
-    found
-}
-
 fn run(command: &mut Command) -> (Output, f64) {
     let started = Instant::now();
     let out = command.output().expect("segtune runs");
@@ -49,7 +33,7 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn a_python_without_mmseg_is_told_what_to_install() {
     let test = "a_python_without_mmseg_is_told_what_to_install";
-    let Some(python) = require_python(test, "SEGTUNE_TORCH_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_TORCH_PYTHON") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -120,7 +104,7 @@ fn a_custom_backbone_runs_through_the_python_worker_only_when_asked() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -196,7 +180,7 @@ fn a_custom_backbone_is_inspected_by_mmseg_itself() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -227,7 +211,7 @@ fn a_custom_backbone_is_searched_through_the_python_worker() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -409,7 +393,7 @@ fn pspnet_r18_peaks_as_mmseg_and_as_the_native_worker() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let config = shared.join("mmseg-configs/configs").join(PSPNET_R18);
@@ -481,7 +465,7 @@ fn pspnet_r18_python_traces_replay_as_the_native_ones() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let config = shared.join("mmseg-configs/configs").join(PSPNET_R18);
@@ -533,7 +517,7 @@ fn a_custom_backbone_is_estimated_through_the_python_worker() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -563,7 +547,7 @@ fn a_step_meta_kernels_cannot_run_falls_back_to_the_cpu_allocator_trace() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let config = shared
@@ -604,7 +588,7 @@ fn erfnets_dropout_is_traced_as_cuda_keeps_it() {
     let Some(shared) = common::require_shared(test) else {
         return;
     };
-    let Some(python) = require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
+    let Some(python) = common::require_python(test, "SEGTUNE_MMSEG_PYTHON") else {
         return;
     };
     let config =

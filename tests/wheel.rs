@@ -18,21 +18,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-fn torch_python(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("SEGTUNE_TORCH_PYTHON")
-        .map(PathBuf::from)
-        .filter(|p| p.is_file());
-    if found.is_none() {
-        let why =
-            "SEGTUNE_TORCH_PYTHON is not set or names no file; run the tests through scripts/test";
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: {why}");
-        }
-        eprintln!("SKIPPED {test}: {why}");
-    }
-    found
-}
-
 /// The wheel `scripts/build-wheel` writes (built once for the file's tests).
 fn wheel() -> &'static Path {
     static WHEEL: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
@@ -161,20 +146,26 @@ fn readme_search(segtune: &mut Command, dir: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).replace(&dir.display().to_string(), "OUT")
 }
 
+/// The installed `segtune doctor` names where it found libtorch (`source`)
+/// and starts the worker.
+fn doctor_finds(venv: &Path, source: &str) {
+    let doctor = run_ok(bare(&venv.join("bin/segtune")).arg("doctor"));
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains(source), "{said}");
+    assert!(said.contains("segtune-torch starts"), "{said}");
+}
+
 #[test]
 fn the_installed_wheel_gives_the_checkouts_table_for_the_readme_example() {
-    let Some(python) = torch_python("the_installed_wheel_gives_the_checkouts_table") else {
+    let Some(python) = common::require_python(
+        "the_installed_wheel_gives_the_checkouts_table",
+        "SEGTUNE_TORCH_PYTHON",
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let venv = venv_with_wheel(dir.path(), &python, Torch::Installed);
-    let doctor = run_ok(bare(&venv.join("bin/segtune")).arg("doctor"));
-    let said = String::from_utf8_lossy(&doctor.stdout);
-    assert!(
-        said.contains("(the torch installed beside segtune)"),
-        "{said}"
-    );
-    assert!(said.contains("segtune-torch starts"), "{said}");
+    doctor_finds(&venv, "(the torch installed beside segtune)");
 
     let installed = tempfile::tempdir().unwrap();
     let checkout = tempfile::tempdir().unwrap();
@@ -189,18 +180,14 @@ fn the_installed_wheel_gives_the_checkouts_table_for_the_readme_example() {
 
 #[test]
 fn torch_on_the_pythons_path_is_found_by_asking_that_python() {
-    let Some(python) = torch_python("torch_on_the_pythons_path_is_found") else {
+    let Some(python) =
+        common::require_python("torch_on_the_pythons_path_is_found", "SEGTUNE_TORCH_PYTHON")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let venv = venv_with_wheel(dir.path(), &python, Torch::OnPythonPath);
-    let doctor = run_ok(bare(&venv.join("bin/segtune")).arg("doctor"));
-    let said = String::from_utf8_lossy(&doctor.stdout);
-    assert!(
-        said.contains("(the torch of the Python beside segtune)"),
-        "{said}"
-    );
-    assert!(said.contains("segtune-torch starts"), "{said}");
+    doctor_finds(&venv, "(the torch of the Python beside segtune)");
     let estimate = run_ok(
         bare(&venv.join("bin/segtune"))
             .arg("estimate")
@@ -216,7 +203,10 @@ fn torch_on_the_pythons_path_is_found_by_asking_that_python() {
 
 #[test]
 fn without_torch_start_up_works_and_doctor_says_what_to_install() {
-    let Some(python) = torch_python("without_torch_doctor_says_what_to_install") else {
+    let Some(python) = common::require_python(
+        "without_torch_doctor_says_what_to_install",
+        "SEGTUNE_TORCH_PYTHON",
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -94,115 +94,22 @@ impl Doctor {
 /// Examines this machine (nvidia-smi, the worker once, the Pythons; a few
 /// seconds at most).
 pub fn examine() -> Doctor {
-    let segtune = Build {
-        version: env!("CARGO_PKG_VERSION"),
-        profile: env!("SEGTUNE_BUILD_PROFILE"),
-        target: env!("SEGTUNE_BUILD_TARGET"),
-        executable: std::env::current_exe()
-            .ok()
-            .map(|p| p.display().to_string()),
-        kind: machine::BUILD_KIND,
-        built_with: machine::BUILD_LIBTORCH,
-    };
     let mut advice = Vec::new();
     let (libtorch, libtorch_error) = match machine::libtorch() {
         Ok(lib) => (Some(lib.clone()), None),
         Err(e) => {
-            advice.push(Advice {
-                blocking: true,
-                text: e.to_string(),
-            });
+            advice.push(Advice::blocking(e.to_string()));
             (None, Some(e.to_string()))
         }
     };
-    let (worker_cuda_devices, worker_error) = match libtorch.as_ref().map(|_| Worker::locate()) {
-        None => (None, None),
-        Some(Err(e)) => (None, Some(e.to_string())),
-        Some(Ok(worker)) => match worker.probe_devices() {
-            Ok(n) => (Some(n), None),
-            Err(why) => (None, Some(why)),
-        },
-    };
-    if let Some(why) = &worker_error {
-        advice.push(Advice {
-            blocking: true,
-            text: format!("segtune-torch (the libtorch worker) did not start: {why}"),
-        });
-    }
+    let (worker_cuda_devices, worker_error) = start_worker(libtorch.is_some(), &mut advice);
     let driver = machine::driver();
-    let gpus: Vec<GpuFound> = local_gpu::list()
-        .into_iter()
-        .enumerate()
-        .map(|(index, g): (usize, LocalGpu)| GpuFound {
-            index,
-            name: g.name,
-            memory_mib: g.memory_mib,
-            compute_capability: g.compute_capability,
-            preset: g.preset,
-        })
-        .collect();
-    let cuda_fit = match (&libtorch, &driver) {
-        (Some(lib), Some(d)) => lib
-            .cuda
-            .zip(d.cuda)
-            .map(|(torch, runs)| machine::cuda_fit(torch, runs)),
-        _ => None,
-    };
-    if let (Some(lib), Some(d)) = (&libtorch, &driver) {
-        if let Some(why) = machine::driver_too_old(lib, d) {
-            advice.push(Advice {
-                blocking: !gpus.is_empty(),
-                text: why,
-            });
-        } else if cuda_fit == Some(CudaFit::MinorCompatible) {
-            advice.push(Advice {
-                blocking: false,
-                text: format!(
-                    "the driver runs CUDA up to {}, older than libtorch's {}: CUDA's minor-version \
-                     compatibility runs it (kernels are not compiled from PTX for the newer release)",
-                    d.cuda.map_or("?".into(), |c| c.to_string()),
-                    lib.cuda.map_or("?".into(), |c| c.to_string())
-                ),
-            });
-        }
-    }
-    if driver.is_none() && gpus.is_empty() {
-        advice.push(Advice {
-            blocking: false,
-            text: "no NVIDIA driver answered (nvidia-smi): every figure is a prediction for the \
-                   card you name (--preset or --vram); real trials need a GPU"
-                .into(),
-        });
-    }
-    if let (Some(0), false) = (worker_cuda_devices, gpus.is_empty()) {
-        if cuda_fit != Some(CudaFit::DriverTooOld) {
-            advice.push(Advice {
-                blocking: true,
-                text: format!(
-                    "nvidia-smi lists {} GPU(s) but libtorch sees none: check CUDA_VISIBLE_DEVICES{} and that this user may open /dev/nvidia*",
-                    gpus.len(),
-                    std::env::var("CUDA_VISIBLE_DEVICES")
-                        .map(|v| format!(" (now {v:?})"))
-                        .unwrap_or_default()
-                ),
-            });
-        }
-    }
-    for gpu in gpus.iter().filter(|g| g.preset.is_none()) {
-        advice.push(Advice {
-            blocking: false,
-            text: format!(
-                "no preset names GPU {} ({}): segtune takes it as --vram {}M with the rates of the table's card of compute capability {}",
-                gpu.index,
-                gpu.name,
-                gpu.memory_mib,
-                gpu.compute_capability.as_deref().unwrap_or("8.6 (the default)")
-            ),
-        });
-    }
+    let gpus = gpus();
+    let cuda_fit = driver_findings(libtorch.as_ref(), driver.as_ref(), &gpus, &mut advice);
+    gpu_findings(&gpus, worker_cuda_devices, cuda_fit, &mut advice);
     let (pythons, predicts_for_torch) = pythons(&mut advice);
     Doctor {
-        segtune,
+        segtune: build(),
         libtorch,
         libtorch_error,
         worker_cuda_devices,
@@ -213,6 +120,136 @@ pub fn examine() -> Doctor {
         pythons,
         predicts_for_torch,
         advice,
+    }
+}
+
+impl Advice {
+    fn blocking(text: String) -> Advice {
+        Advice {
+            blocking: true,
+            text,
+        }
+    }
+
+    fn note(text: String) -> Advice {
+        Advice {
+            blocking: false,
+            text,
+        }
+    }
+}
+
+fn build() -> Build {
+    Build {
+        version: env!("CARGO_PKG_VERSION"),
+        profile: env!("SEGTUNE_BUILD_PROFILE"),
+        target: env!("SEGTUNE_BUILD_TARGET"),
+        executable: std::env::current_exe()
+            .ok()
+            .map(|p| p.display().to_string()),
+        kind: machine::BUILD_KIND,
+        built_with: machine::BUILD_LIBTORCH,
+    }
+}
+
+/// The worker started once (where a libtorch was found): the CUDA devices
+/// it sees, or how it failed to start.
+fn start_worker(found: bool, advice: &mut Vec<Advice>) -> (Option<usize>, Option<String>) {
+    if !found {
+        return (None, None);
+    }
+    let started = Worker::locate()
+        .map_err(|e| e.to_string())
+        .and_then(|worker| worker.probe_devices());
+    match started {
+        Ok(n) => (Some(n), None),
+        Err(why) => {
+            advice.push(Advice::blocking(format!(
+                "segtune-torch (the libtorch worker) did not start: {why}"
+            )));
+            (None, Some(why))
+        }
+    }
+}
+
+fn gpus() -> Vec<GpuFound> {
+    local_gpu::list()
+        .into_iter()
+        .enumerate()
+        .map(|(index, g): (usize, LocalGpu)| GpuFound {
+            index,
+            name: g.name,
+            memory_mib: g.memory_mib,
+            compute_capability: g.compute_capability,
+            preset: g.preset,
+        })
+        .collect()
+}
+
+/// Whether the driver runs the libtorch's CUDA, with what to do where not
+/// (blocking where nvidia-smi lists a GPU), or that no driver answered.
+fn driver_findings(
+    libtorch: Option<&Libtorch>,
+    driver: Option<&Driver>,
+    gpus: &[GpuFound],
+    advice: &mut Vec<Advice>,
+) -> Option<CudaFit> {
+    let Some(driver) = driver else {
+        if gpus.is_empty() {
+            advice.push(Advice::note(
+                "no NVIDIA driver answered (nvidia-smi): every figure is a prediction for the \
+                 card you name (--preset or --vram); real trials need a GPU"
+                    .into(),
+            ));
+        }
+        return None;
+    };
+    let lib = libtorch?;
+    let cuda_fit = lib
+        .cuda
+        .zip(driver.cuda)
+        .map(|(torch, runs)| machine::cuda_fit(torch, runs));
+    if let Some(why) = machine::driver_too_old(lib, driver) {
+        advice.push(Advice {
+            blocking: !gpus.is_empty(),
+            text: why,
+        });
+    } else if let (Some(CudaFit::MinorCompatible), Some(torch), Some(runs)) =
+        (cuda_fit, lib.cuda, driver.cuda)
+    {
+        advice.push(Advice::note(format!(
+            "the driver runs CUDA up to {runs}, older than libtorch's {torch}: CUDA's minor-version \
+             compatibility runs it (kernels are not compiled from PTX for the newer release)"
+        )));
+    }
+    cuda_fit
+}
+
+/// GPUs libtorch does not see, and GPUs no preset names.
+fn gpu_findings(
+    gpus: &[GpuFound],
+    worker_cuda_devices: Option<usize>,
+    cuda_fit: Option<CudaFit>,
+    advice: &mut Vec<Advice>,
+) {
+    if worker_cuda_devices == Some(0) && !gpus.is_empty() && cuda_fit != Some(CudaFit::DriverTooOld)
+    {
+        advice.push(Advice::blocking(format!(
+            "nvidia-smi lists {} GPU(s) but libtorch sees none: check CUDA_VISIBLE_DEVICES{} and that this user may open /dev/nvidia*",
+            gpus.len(),
+            std::env::var("CUDA_VISIBLE_DEVICES")
+                .map(|v| format!(" (now {v:?})"))
+                .unwrap_or_default()
+        )));
+    }
+    for gpu in gpus.iter().filter(|g| g.preset.is_none()) {
+        advice.push(Advice::note(format!(
+            "no preset names GPU {} ({}): segtune takes it as --vram {}M with the rates of the table's card of compute capability {}",
+            gpu.index,
+            gpu.name,
+            gpu.memory_mib,
+            gpu.compute_capability.as_deref().unwrap_or("8.6 (the default)")
+        )));
     }
 }
 
@@ -237,18 +274,14 @@ fn pythons(advice: &mut Vec<Advice>) -> (Vec<PythonFound>, String) {
         packages: packages.unwrap_or_default(),
     };
     if !found.answered {
-        advice.push(Advice {
-            blocking: false,
-            text: format!("{python} did not answer: --python-worker needs a Python with MMSeg (--python PATH)"),
-        });
+        advice.push(Advice::note(format!(
+            "{python} did not answer: --python-worker needs a Python with MMSeg (--python PATH)"
+        )));
     } else if found.version_of("mmsegmentation").is_none() || found.version_of("torch").is_none() {
-        advice.push(Advice {
-            blocking: false,
-            text: format!(
-                "{python} has no {}: only --python-worker needs it (for model types segtune does not build): `{python} -m {MMSEG_PIP}`",
-                if found.version_of("torch").is_none() { "torch or MMSeg" } else { "MMSeg" }
-            ),
-        });
+        advice.push(Advice::note(format!(
+            "{python} has no {}: only --python-worker needs it (for model types segtune does not build): `{python} -m {MMSEG_PIP}`",
+            if found.version_of("torch").is_none() { "torch or MMSeg" } else { "MMSeg" }
+        )));
     }
     (vec![found], predicts_for)
 }

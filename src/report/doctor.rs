@@ -6,6 +6,15 @@ use std::fmt::Write;
 
 pub fn doctor(d: &Doctor) -> String {
     let mut out = String::new();
+    segtune_and_libtorch(&mut out, d);
+    driver_and_gpus(&mut out, d);
+    pythons(&mut out, d);
+    advice(&mut out, d);
+    out
+}
+
+/// The build, the libtorch found and the worker's start.
+fn segtune_and_libtorch(out: &mut String, d: &Doctor) {
     let b = &d.segtune;
     let _ = writeln!(
         out,
@@ -47,6 +56,9 @@ pub fn doctor(d: &Doctor) -> String {
         }
         (None, None) => {}
     }
+}
+
+fn driver_and_gpus(out: &mut String, d: &Doctor) {
     match &d.driver {
         Some(driver) => {
             let _ = writeln!(
@@ -76,6 +88,9 @@ pub fn doctor(d: &Doctor) -> String {
             g.preset.unwrap_or("none")
         );
     }
+}
+
+fn pythons(out: &mut String, d: &Doctor) {
     for p in &d.pythons {
         let listed: Vec<String> = p
             .packages
@@ -97,6 +112,9 @@ pub fn doctor(d: &Doctor) -> String {
         );
     }
     let _ = writeln!(out, "predictions are for PyTorch {}", d.predicts_for_torch);
+}
+
+fn advice(out: &mut String, d: &Doctor) {
     if d.advice.is_empty() {
         let _ = writeln!(out, "\nall set: nothing to do");
     }
@@ -108,5 +126,4 @@ pub fn doctor(d: &Doctor) -> String {
             a.text
         );
     }
-    out
 }

@@ -279,37 +279,13 @@ fn probe_python_torch() -> Option<(TorchVersion, String)> {
     None
 }
 
-/// What `python` prints for torch's version, if it answers within 10 s
-/// (an interpreter that hangs must not hang segtune).
+/// What `python` prints for torch's version, if it answers in time (an
+/// interpreter that hangs must not hang segtune).
 fn run_briefly(python: &str) -> Option<String> {
-    use std::io::Read;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(python)
-        .args([
-            "-c",
-            "import importlib.metadata as m; print(m.version('torch'))",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let started = std::time::Instant::now();
-    loop {
-        match child.try_wait().ok()? {
-            Some(status) if status.success() => break,
-            Some(_) => return None,
-            None if started.elapsed() > std::time::Duration::from_secs(10) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-            None => std::thread::sleep(std::time::Duration::from_millis(10)),
-        }
-    }
-    let mut text = String::new();
-    child.stdout.take()?.read_to_string(&mut text).ok()?;
-    Some(text)
+    super::machine::run_briefly(std::process::Command::new(python).args([
+        "-c",
+        "import importlib.metadata as m; print(m.version('torch'))",
+    ]))
 }
 
 #[cfg(test)]

@@ -30,6 +30,23 @@ pub fn require_shared(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// The interpreter that `var` names (scripts/test-env.sh sets it), or
+/// `None` after saying why the test is skipped; under `CI=true` a missing
+/// one fails the test.
+pub fn require_python(test: &str, var: &str) -> Option<PathBuf> {
+    let found = std::env::var_os(var)
+        .map(PathBuf::from)
+        .filter(|p| p.is_file());
+    if found.is_none() {
+        let why = format!("{var} is not set or names no file; scripts/test-env.sh sets it");
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: {why}");
+        }
+        eprintln!("SKIPPED {test}: {why}");
+    }
+    found
+}
+
 /// The README's example config (a Rhai recipe importing the 3050 Ti preset).
 pub fn readme_example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
