@@ -289,6 +289,16 @@ pub fn edits(cfg: &Dict, w: &Winner) -> Vec<Edit> {
     list.candidate(w);
     list.optimizer(w);
     list.schedule(w);
+    // A setting of the user's that the winner makes again is the winner's
+    // (as in the `--cfg-options` line): two values for one key would leave
+    // the written config reading back one of them only.
+    let ours: std::collections::HashSet<String> = list
+        .out
+        .iter()
+        .filter(|e| !e.from_user)
+        .map(|e| e.path.clone())
+        .collect();
+    list.out.retain(|e| !e.from_user || !ours.contains(&e.path));
     list.out
 }
 
@@ -639,6 +649,35 @@ mod tests {
         assert!(
             line.contains("optim_wrapper.type=AmpOptimWrapper optim_wrapper.dtype=bfloat16 optim_wrapper.loss_scale=dynamic"),
             "{line}"
+        );
+    }
+
+    /// A batch the user's `--cfg-options` set and the winner changes is
+    /// written once, at the winner's value.
+    #[test]
+    fn a_users_option_the_winner_sets_again_is_the_winners() {
+        let cfg = cfg(serde_json::json!({
+            "crop_size": {"__tuple__": [512, 512]},
+            "train_dataloader": {"batch_size": 4},
+            "optim_wrapper": {"type": "OptimWrapper"}
+        }));
+        let recipe = Recipe::of(&cfg, "x.py", 1, Some(4)).unwrap();
+        let options = vec!["train_dataloader.batch_size=4".to_string()];
+        let w = winner(&recipe, candidate(2, (512, 512), Amp::Off, 2), &options);
+        let written = Written::of(&cfg, &w);
+        let batch: Vec<&Edit> = written
+            .edits
+            .iter()
+            .filter(|e| e.path == "train_dataloader.batch_size")
+            .collect();
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].value, Value::Int(2));
+        assert!(!batch[0].from_user);
+        assert_eq!(
+            overrides(&cfg, &w)
+                .get("train_dataloader")
+                .and_then(|d| d.get_path("batch_size")),
+            Some(&Value::Int(2))
         );
     }
 
