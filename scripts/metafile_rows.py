@@ -6,11 +6,15 @@ SEGTUNE_BIN and SEGTUNE_SHARED). Each row is predicted for the setup it was
 measured on (docs/prediction.md, "The model zoo's metafiles"):
 
 - 0.x rows (trained 2020 to mid 2022 on MMSeg 0.x, mmcv 1.x's runner):
-  --torch 1.10, --cudnn-benchmark off (MMSeg 0.x's docs/model_zoo.md), the
-  row's GPUs and their count;
-- 1.x rows (trained from 2022-08 on MMEngine): --torch 1.13, the config's own
-  env_cfg.cudnn_benchmark, the row's GPUs (A100 80 GB where the metafile
-  prints a memory figure in place of the GPU's name).
+  --torch 1.9 (PyTorch 1.10 came out on 2021-10-21, after most of them; the
+  ReLU6 of MobileNetV2's 2020 rows holds what 1.9 holds, see TORCH_0X),
+  --mmcv 1.4.4 for the rows logged before mmcv 1.4.5 came out (2022-02-12:
+  mmcv's own HSwish until then), --cudnn-benchmark off (MMSeg 0.x's
+  docs/model_zoo.md), the row's GPUs and their count;
+- 1.x rows (trained from 2022-08 on MMEngine): --torch 1.13 (but see
+  STACKS_1X), the config's own env_cfg.cudnn_benchmark, the row's GPUs
+  (A100 80 GB where the metafile prints a memory figure in place of the
+  GPU's name).
 
 The published figure is MiB/1024 of max_memory_allocated. mmcv 1.x's
 logger (0.x rows) never resets the peak, so a 0.x figure is the run's
@@ -45,6 +49,34 @@ GPUS = {
 # Rows whose metafile gives no date but that were trained on MMSeg 1.x.
 UNDATED_1X = {"san"}
 
+# The PyTorch of the 0.x rows: none can be told from its metafile, and
+# PyTorch 1.10 (2021-10-21) is newer than every row up to then. Two
+# behaviours of the releases segtune models differ between 1.9 and 1.10
+# (docs/prediction.md, "PyTorch releases"): MobileNetV2's ReLU6 (its 2020
+# rows: +14 to +32% with 1.10's copy of each ReLU6's input, -0.2 to +3.2%
+# without) and autocast's GELU (fp32 up to 1.9: the 2022 fp16 rows of
+# ConvNeXt and BEiT are closer with it); no 0.x row is closer with 1.10.
+TORCH_0X = "1.9"
+# mmcv 1.4.5 (2022-02-12) replaced mmcv's own HSwish with nn.Hardswish
+# (open-mmlab/mmcv#1709); a row logged before that ran the old one.
+MMCV_1_4_5_RELEASED = "20220212"
+
+# 1.x rows whose logs show another PyTorch than 1.13, by the dates of their
+# logs, with the evidence: (first date, last date, arguments, why).
+STACKS_1X = [
+    (
+        "20230209",
+        "20230227",
+        ["--torch", "1.9"],
+        "the runs of 2023-02-09 to 2023-02-27 (SegNeXt x4, MobileNetV2 FCN, OCRNet HR18s) hold "
+        "what PyTorch <= 1.9 holds in two independent mechanisms and 1.13 in neither: SegNeXt's "
+        "log_softmax input (16 x 150 x 512 x 512, kept up to 1.10: -12.5 to -6.6% with 1.13, -1.3 "
+        "to +0.6% with 1.9) and MobileNetV2's ReLU6 (+29% with 1.13, +0.5% with 1.9); the runs "
+        "before (MaskFormer, Mask2Former, 2022-10 to 2022-12) and after (Mapillary 2023-03-01, "
+        "DDRNet 2023-04) are within 4% with 1.13 and 5 to 16% over with 1.9",
+    ),
+]
+
 # Rows measured otherwise than their era's default, with the evidence.
 OVERRIDES = {
     # configs/convnext/README.md L59 (MMSeg 1.2.2): "The memory of
@@ -78,6 +110,26 @@ ZOO_ERRORS = {
     ("mask2former_swin-l-in22k-384x384-pre_8xb2-160k_ade20k-640x640", 8.86): {
         "args": ["--batch-size", "1"],
         "why": "README 9077 MiB: one image per GPU",
+    },
+    ("fpn_poolformer_s12_8xb4-40k_ade20k-512x512", 4.17): {
+        "args": ["--amp", "off"],
+        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
+        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
+    },
+    ("fpn_poolformer_s24_8xb4-40k_ade20k-512x512", 5.47): {
+        "args": ["--amp", "off"],
+        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
+        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
+    },
+    ("fpn_poolformer_m36_8xb4-40k_ade20k-512x512", 8.59): {
+        "args": ["--amp", "off"],
+        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
+        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
+    },
+    ("fpn_poolformer_m48_8xb4-40k_ade20k-512x512", 10.48): {
+        "args": ["--amp", "off"],
+        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
+        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
     },
     ("fastfcn_r50-d32_jpu_aspp_4xb2-80k_cityscapes-512x1024", 9.79): {
         "args": ["--batch-size", "4"],
@@ -159,17 +211,35 @@ def rows_path():
     return os.path.join(cache, "mmsegmentation-1.2.2", "metafile_rows.json")
 
 
+def log_date(row):
+    """YYYYMMDD of the row's training log (or weights), or None."""
+    dates = re.findall(r"(20[12]\d{5})_\d{6}", (row.get("training_log") or "") + (row.get("weights") or ""))
+    return dates[0] if dates else None
+
+
 def setup_of(row):
     """(era, gpus, vram, cc) of a metafile row."""
-    dates = re.findall(r"(20[12]\d{5})_\d{6}", (row.get("training_log") or "") + (row.get("weights") or ""))
-    if dates:
-        era = "1.x" if dates[0] >= "20220801" else "0.x"
+    date = log_date(row)
+    if date:
+        era = "1.x" if date >= "20220801" else "0.x"
     else:
         era = "1.x" if row["method"] in UNDATED_1X else "0.x"
     m = re.match(r"(\d+)x (.+) GPUS", row.get("training_resources") or "")
     gpus, name = (int(m.group(1)), m.group(2)) if m else (1, "V100")
     vram, cc = GPUS.get(name, GPUS["A100"] if era == "1.x" else GPUS["V100"])
     return era, gpus, vram, cc
+
+
+def stack_args(row, era):
+    """The --torch/--mmcv of the row's run (see TORCH_0X and STACKS_1X)."""
+    date = log_date(row)
+    if era == "0.x":
+        mmcv = ["--mmcv", "1.4.4"] if date and date < MMCV_1_4_5_RELEASED else []
+        return ["--torch", TORCH_0X] + mmcv
+    for first, last, args, _why in STACKS_1X:
+        if date and first <= date <= last:
+            return args
+    return ["--torch", "1.13"]
 
 
 def command_of(row, shared, binary):
@@ -185,10 +255,11 @@ def command_of(row, shared, binary):
     if gpus > 1:
         cmd += ["--gpus", str(gpus)]
     override = OVERRIDES.get(row["config"], [])
+    cmd += stack_args(row, era)
     if era == "0.x":
-        cmd += ["--torch", "1.10"] + (override or ["--cudnn-benchmark", "off"])
+        cmd += override or ["--cudnn-benchmark", "off"]
     else:
-        cmd += ["--torch", "1.13"] + override
+        cmd += override
     return era, cmd
 
 

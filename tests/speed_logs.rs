@@ -226,6 +226,7 @@ fn trace(shared: &std::path::Path, run: &LoggedRun) -> Traced {
                 .torch
                 .parse::<TorchVersion>()
                 .unwrap_or(TorchVersion::NEWEST),
+            ..TrainingSetup::default()
         },
         torch_source: String::new(),
         trace: TraceKind::Meta,

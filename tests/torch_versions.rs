@@ -1,7 +1,8 @@
 //! Predicting for the PyTorch release the user runs: each memory-relevant
 //! switch of `segtune::trial::torch_version` moves the prediction where
 //! (and only where) its release range says, `--stack zoo-2021` is 1.10, and
-//! without `--torch` the release comes from the user's Python.
+//! without `--torch` the release comes from the user's Python; the same for
+//! the mmcv release (`--mmcv`, `segtune::trial::mmcv_version`).
 
 mod common;
 
@@ -98,6 +99,124 @@ fn each_release_predicts_with_its_own_switches() {
     // The named stack of earlier releases is 1.10.
     let zoo = estimate_json(&["--stack", "zoo-2021"]);
     assert_eq!(peak(&zoo), peak(&v1_10));
+}
+
+/// `segtune estimate` of an MMSeg zoo config at batch 1 on an 8 GB card:
+/// the likeliest peak and the release note.
+fn zoo_estimate(
+    shared: &std::path::Path,
+    config: &str,
+    crop: &str,
+    args: &[&str],
+) -> (i64, String) {
+    let config = shared.join("mmseg-configs/configs").join(config);
+    let mut all = vec!["--vram", "8G", "--batch-size", "1", "--crop", crop];
+    all.extend_from_slice(args);
+    let report = common::estimate_json(&config, &all);
+    (peak(&report), torch_note(&report))
+}
+
+#[test]
+fn a_relu6_saves_its_result_up_to_1_9_and_a_copy_of_its_input_from_1_10() {
+    let Some(shared) = common::require_shared("a_relu6_saves_its_result_up_to_1_9") else {
+        return;
+    };
+    // MobileNetV2: every expansion and depthwise convolution ends in
+    // ReLU6(inplace=True).
+    let v2 = "mobilenet_v2/mobilenet-v2-d8_fcn_4xb2-80k_cityscapes-512x1024.py";
+    let (v1_9, note) = zoo_estimate(&shared, v2, "128x128", &["--torch", "1.9"]);
+    let (v1_10, _) = zoo_estimate(&shared, v2, "128x128", &["--torch", "1.10"]);
+    let (v2_11, _) = zoo_estimate(&shared, v2, "128x128", &["--torch", "2.11"]);
+    println!("MobileNetV2 1x128x128: 1.9 {v1_9}, 1.10 {v1_10}, 2.11 {v2_11} bytes");
+    // 1.10 keeps one more activation per ReLU6: 18.7 MB of 197.8 here.
+    let copies = (v1_10 - v1_9) as f64 / v1_10 as f64;
+    assert!((0.05..0.15).contains(&copies), "1.10 over 1.9: {copies}");
+    assert!(note.contains("in-place hardtanh_ (ReLU6(inplace=True)) saves its result"));
+    // A model without ReLU6 does not move (the README example: 1.9 = 1.10).
+    assert_eq!(
+        peak(&estimate_json(&["--torch", "1.9"])),
+        peak(&estimate_json(&["--torch", "1.10"]))
+    );
+}
+
+#[test]
+fn bce_with_logits_takes_four_temporaries_up_to_2_2_and_one_from_2_3() {
+    let Some(shared) = common::require_shared("bce_with_logits_takes_four_temporaries") else {
+        return;
+    };
+    // Fast-SCNN's auxiliary heads: CrossEntropyLoss(use_sigmoid=True) on
+    // their full-size 19-class logits; the step's peak is in that loss.
+    let fast_scnn = "fastscnn/fast_scnn_8xb4-160k_cityscapes-512x1024.py";
+    let at = |v: &str| {
+        let config = shared.join("mmseg-configs/configs").join(fast_scnn);
+        let args = [
+            "--vram",
+            "8G",
+            "--batch-size",
+            "2",
+            "--crop",
+            "256x512",
+            "--torch",
+            v,
+        ];
+        peak(&common::estimate_json(&config, &args))
+    };
+    let (v2_2, v2_3) = (at("2.2"), at("2.3"));
+    println!("Fast-SCNN 2x256x512: 2.2 {v2_2}, 2.3 {v2_3} bytes");
+    // Three more 2x19x256x512 float32 temporaries (19.9 MB each) at the
+    // peak, each rounded to the allocator's blocks.
+    let logits = (2 * 19 * 256 * 512 * 4) as f64;
+    let more = (v2_2 - v2_3) as f64 / logits;
+    assert!((2.9..3.4).contains(&more), "2.2 over 2.3: {more} logits");
+}
+
+#[test]
+fn mmcv_before_1_4_5_builds_hswish_as_its_own_composite() {
+    let Some(shared) = common::require_shared("mmcv_before_1_4_5_builds_hswish") else {
+        return;
+    };
+    let v3 = "mobilenet_v3/mobilenet-v3-d8_lraspp_4xb4-320k_cityscapes-512x1024.py";
+    let at = |args: &[&str]| zoo_estimate(&shared, v3, "512x512", args);
+    let (hardswish, plain_note) = at(&["--torch", "1.9"]);
+    let (composite_1_9, note) = at(&["--torch", "1.9", "--mmcv", "1.2.4"]);
+    let (composite_1_10, _) = at(&["--torch", "1.10", "--mmcv", "1.2.4"]);
+    let (hardswish_1_4_5, note_1_4_5) = at(&["--torch", "1.9", "--mmcv", "1.4.5"]);
+    println!(
+        "MobileNetV3 1x512x512: nn.Hardswish {hardswish}, mmcv 1.2.4's HSwish {composite_1_9} (1.9) \
+         {composite_1_10} (1.10) bytes"
+    );
+    assert_eq!(hardswish, hardswish_1_4_5, "1.4.5 has nn.Hardswish");
+    assert!(!plain_note.contains("mmcv"), "{plain_note}");
+    assert!(
+        note_1_4_5.ends_with("; mmcv 1.4.5 (holds what 2.1.0 holds)"),
+        "{note_1_4_5}"
+    );
+    assert!(
+        note.contains("; mmcv 1.2.4: HSwish is mmcv's x * ReLU6(x + 3) / 6"),
+        "{note}"
+    );
+    // The composite keeps x and ReLU6(x + 3) where nn.Hardswish keeps one
+    // copy of x: one more activation per HSwish (16% here); from 1.10 the
+    // in-place ReLU6 adds its copy of x + 3, one more again.
+    let more = |a: i64, b: i64| (a - b) as f64 / b as f64;
+    assert!(
+        (0.10..0.25).contains(&more(composite_1_9, hardswish)),
+        "{composite_1_9}"
+    );
+    let second = composite_1_10 - composite_1_9;
+    let first = composite_1_9 - hardswish;
+    assert!(
+        (second as f64 / first as f64 - 1.0).abs() < 0.1,
+        "{first} then {second}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_segtune"))
+        .args(["estimate"])
+        .arg(common::readme_example())
+        .args(["--vram", "8G", "--mmcv", "2.2.0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from 1.0.0 to 2.1.0"));
 }
 
 #[test]
@@ -250,6 +369,15 @@ fn the_docs_table_lists_every_switch_with_its_releases_and_source() {
     .unwrap();
     for s in segtune::trial::torch_version::SWITCHES {
         let until = s.until.unwrap_or(segtune::trial::TorchVersion::NEWEST);
+        let row = format!("| `{}` | {}-{} |", s.name, s.from, until);
+        let line = docs
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("docs/prediction.md has no row {row}"));
+        assert!(line.contains(s.source), "{}: the source differs", s.name);
+    }
+    for s in segtune::trial::mmcv_version::MMCV_SWITCHES {
+        let until = s.until.unwrap_or(segtune::trial::MmcvVersion::NEWEST);
         let row = format!("| `{}` | {}-{} |", s.name, s.from, until);
         let line = docs
             .lines()

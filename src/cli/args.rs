@@ -13,7 +13,8 @@ use crate::search::{Objective, SearchRequest, SearchSpec};
 use crate::trial::python_worker::PythonWorker;
 use crate::trial::torch_version::{detect_python_torch, VersionSource};
 use crate::trial::{
-    Amp, DeviceChoice, OpTrace, RunMode, Stack, TorchVersion, TrainingSetup, TrialRequest,
+    Amp, DeviceChoice, MmcvVersion, OpTrace, RunMode, Stack, TorchVersion, TrainingSetup,
+    TrialRequest,
 };
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
@@ -440,10 +441,16 @@ pub struct SetupArgs {
     /// your Python (python3, or $SEGTUNE_PYTHON), else 2.11.
     #[arg(long, value_name = "X.Y", conflicts_with = "stack")]
     pub torch: Option<TorchVersion>,
-    /// Alias of --torch: `current` (2.11) or `zoo-2021` (1.10, the
-    /// PyTorch MMSeg's model-zoo memory was measured with).
+    /// Alias of --torch: `current` (2.11) or `zoo-2021` (1.10; MMSeg's
+    /// 2020-2022 model-zoo runs hold what 1.9 holds where the two differ,
+    /// MobileNetV2's ReLU6: --torch 1.9).
     #[arg(long, value_parser = named::<Stack>())]
     pub stack: Option<Stack>,
+    /// The mmcv release whose building blocks to reproduce, from 1.0.0 to
+    /// 2.1.0 (default 2.1.0, what MMSeg 1.x runs on; an older one for an
+    /// MMSeg 0.x log: before 1.4.5 HSwish is mmcv's own x * ReLU6(x + 3) / 6).
+    #[arg(long, value_name = "X.Y.Z", default_value_t = MmcvVersion::NEWEST)]
+    pub mmcv: MmcvVersion,
 }
 
 impl SetupArgs {
@@ -457,6 +464,7 @@ impl SetupArgs {
         TrainingSetup {
             gpus: self.gpus,
             torch: self.given_torch().unwrap_or(TorchVersion::NEWEST),
+            mmcv: self.mmcv,
         }
     }
 
@@ -474,6 +482,7 @@ impl SetupArgs {
             TrainingSetup {
                 gpus: self.gpus,
                 torch,
+                mmcv: self.mmcv,
             },
             source,
         )
@@ -780,6 +789,7 @@ mod tests {
             setup: TrainingSetup {
                 gpus: 8,
                 torch: TorchVersion::ZOO_2021,
+                mmcv: MmcvVersion::new(1, 2, 4),
             },
             as_cuda: true,
             cudnn_benchmark: Some(false),

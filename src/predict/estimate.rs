@@ -69,6 +69,7 @@ impl KernelSetup {
             figure,
             half_is_fp16: self.amp == Amp::Fp16,
             cublas_workspace: self.cublas_workspace(cublas_workspace_bytes),
+            bce_with_logits_four_temporaries: self.torch.has(Switch::BceWithLogitsFourTemporaries),
         }
     }
 

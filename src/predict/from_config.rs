@@ -316,7 +316,8 @@ fn trace_as(
 }
 
 /// The notes that say where the figures come from: the trace, DDP, the
-/// PyTorch release, Mask2Former's segments, an extrapolated batch.
+/// PyTorch release, a family's unexplained excess (which widens the range),
+/// Mask2Former's segments, an extrapolated batch.
 fn add_notes(
     e: &mut Estimate,
     request: &EstimateRequest,
@@ -349,8 +350,17 @@ fn add_notes(
             request.setup.gpus
         ));
     }
-    e.notes
-        .push(torch_note(request.setup.torch, &request.torch_source));
+    e.notes.push(
+        torch_note(request.setup.torch, &request.torch_source)
+            + crate::trial::mmcv_version::mmcv_note(request.setup.mmcv).as_str(),
+    );
+    let backbone = cfg
+        .get("model")
+        .and_then(|m| m.get_path("backbone.type"))
+        .and_then(Value::as_str);
+    if let Some(backbone) = backbone {
+        super::unexplained::widen(e, backbone);
+    }
     let head = cfg
         .get("model")
         .and_then(|m| m.get_path("decode_head.type"))

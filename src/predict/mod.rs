@@ -29,6 +29,7 @@ pub mod replay;
 pub mod speed;
 pub mod step_trace;
 pub mod trace_cache;
+pub mod unexplained;
 
 pub use budget::{Budget, Gpu};
 pub use estimate::Estimate;

@@ -200,7 +200,7 @@ impl TraceCache {
         }
         let stamp = worker.stamp();
         let text = format!(
-            "{FORMAT}|{stamp}|{}|b{}|{}x{}|{}|segments{:?}|gpus{}|torch{}|{}|{}|python{:?}",
+            "{FORMAT}|{stamp}|{}|b{}|{}x{}|{}|segments{:?}|gpus{}|torch{}|mmcv{}|{}|{}|python{:?}",
             dump::to_json(&Value::Dict(cfg)),
             step.batch_size,
             step.crop.0,
@@ -209,6 +209,7 @@ impl TraceCache {
             step.gt_segments,
             step.setup.gpus,
             step.setup.torch,
+            step.setup.mmcv,
             step.kind,
             step.mode,
             step.python.map(|p| p.python().display().to_string()),

@@ -201,6 +201,7 @@ pub fn breakdown_of(
         setup: TrainingSetup {
             gpus: r.gpus,
             torch: r.torch,
+            mmcv: crate::trial::MmcvVersion::NEWEST,
         },
         torch_source: r.torch_source.clone(),
         trace: TraceKind::Meta,

@@ -19,6 +19,7 @@ pub const RECORDED_OPS: &[&str] = &[
     "aten::addmm",
     "aten::bmm",
     "aten::baddbmm",
+    "aten::binary_cross_entropy_with_logits",
 ];
 
 /// One argument of a recorded call, as the shim writes it.

@@ -323,6 +323,10 @@ impl TrialRequest {
         refuse(self.setup.gpus != 1, "--gpus (DDP's buckets)");
         refuse(self.setup.torch != TorchVersion::NEWEST, "--torch/--stack");
         refuse(
+            self.setup.mmcv != super::MmcvVersion::NEWEST,
+            "--mmcv (the Python worker runs the mmcv it imports)",
+        );
+        refuse(
             self.as_cuda && self.amp != super::Amp::Off,
             "--as-cuda with --amp (CUDA's autocast rules on the CPU)",
         );

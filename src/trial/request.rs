@@ -215,6 +215,7 @@ impl TrialRequest {
         }
         flag("gpus", self.setup.gpus.to_string());
         flag("torch", self.setup.torch.to_string());
+        flag("mmcv", self.setup.mmcv.to_string());
         if let Some(path) = &self.trace_out {
             argv.push("--trace-out".into());
             argv.push(path.clone().into());

@@ -8,7 +8,7 @@ use super::memory::{self, CpuCounter, Phase};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
-use super::{ddp, RunMode, Switch, TorchVersion, TrialRequest};
+use super::{ddp, MmcvSwitch, RunMode, Switch, TorchVersion, TrialRequest};
 use crate::config::Dict;
 use crate::ffi::ShimError;
 use crate::models::EncoderDecoder;
@@ -407,6 +407,12 @@ fn emulate_release(
             memory::hold_until_freed(input, output)
                 .expect("softmax outputs are counted CPU tensors");
         });
+    }
+    if torch.has(Switch::InplaceHardtanhSavesResult) {
+        crate::models::layers::emulate_hardtanh_saving_result();
+    }
+    if request.setup.mmcv.has(MmcvSwitch::HSwishComposite) {
+        crate::models::layers::emulate_mmcv_hswish_composite();
     }
     if torch.has(Switch::ZeroGradKeepsGradients) {
         optimizer.zero_grad_in_place(true);

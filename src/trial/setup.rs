@@ -2,6 +2,7 @@
 //! whose memory behaviour it reproduces, the data-parallel GPU count, and
 //! the cuDNN flags MMEngine sets from the config.
 
+use super::mmcv_version::MmcvVersion;
 use super::torch_version::TorchVersion;
 use crate::config::{Dict, Value};
 
@@ -65,7 +66,7 @@ impl Stack {
     }
 }
 
-/// The training run around the step: how many GPUs, which PyTorch.
+/// The training run around the step: how many GPUs, which PyTorch and mmcv.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TrainingSetup {
     /// GPUs training data-parallel (DDP): each also holds DDP's gradient
@@ -73,6 +74,10 @@ pub struct TrainingSetup {
     pub gpus: i64,
     /// The PyTorch release whose memory behaviour to reproduce.
     pub torch: TorchVersion,
+    /// The mmcv release whose building blocks to reproduce (MMSeg 1.x:
+    /// 2.x; older ones for MMSeg 0.x's logs).
+    #[serde(default)]
+    pub mmcv: MmcvVersion,
 }
 
 impl Default for TrainingSetup {
@@ -80,6 +85,7 @@ impl Default for TrainingSetup {
         TrainingSetup {
             gpus: 1,
             torch: TorchVersion::NEWEST,
+            mmcv: MmcvVersion::NEWEST,
         }
     }
 }

@@ -127,6 +127,14 @@ pub enum Switch {
     /// `softmax` and `log_softmax` keep their input for backward as well
     /// as their output (one more activation per softmax).
     SoftmaxKeepsInput,
+    /// In-place `hardtanh_` (`ReLU6(inplace=True)`) saves its result for
+    /// backward instead of a copy of its input (one activation less per
+    /// ReLU6).
+    InplaceHardtanhSavesResult,
+    /// `binary_cross_entropy_with_logits` computes through four input-sized
+    /// temporaries (`max_val`, `-max_val`, `-input`, `-input - max_val`)
+    /// instead of one (`log_sigmoid(input)`).
+    BceWithLogitsFourTemporaries,
     /// `optimizer.zero_grad()` zeroes the gradients in place
     /// (`set_to_none=False`): they stay allocated between steps.
     ZeroGradKeepsGradients,
@@ -167,6 +175,22 @@ pub const SWITCHES: &[SwitchSpec] = &[
         until: Some(TorchVersion::new(1, 10)),
         what: "softmax/log_softmax save their input for backward besides their output",
         source: "pytorch/pytorch#64000, fixed by #65242 (first in 1.11)",
+    },
+    SwitchSpec {
+        switch: Switch::InplaceHardtanhSavesResult,
+        name: "inplace-hardtanh-saves-result",
+        from: TorchVersion::OLDEST,
+        until: Some(TorchVersion::new(1, 9)),
+        what: "in-place hardtanh_ (ReLU6(inplace=True)) saves its result for backward, not a copy of its input",
+        source: "autograd's HardtanhBackward1 (a saved result_) in the 1.6, 1.8 and 1.9 wheels' torch/csrc/autograd/generated/Functions.h, absent from 1.10's and 1.13's",
+    },
+    SwitchSpec {
+        switch: Switch::BceWithLogitsFourTemporaries,
+        name: "bce-with-logits-four-temporaries",
+        from: TorchVersion::OLDEST,
+        until: Some(TorchVersion::new(2, 2)),
+        what: "binary_cross_entropy_with_logits computes through four input-sized temporaries, not one",
+        source: "aten/src/ATen/native/Loss.cpp binary_cross_entropy_with_logits: neg, clamp_min_, exp_ calls in the 1.13, 2.0, 2.1 and 2.2 wheels' libtorch_cpu.so; log_sigmoid in 2.3's and 2.11's",
     },
     SwitchSpec {
         switch: Switch::ZeroGradKeepsGradients,

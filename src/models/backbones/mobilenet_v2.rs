@@ -118,7 +118,7 @@ impl ConvBnAct {
     fn forward(&self, x: &Tensor, training: bool) -> Tensor {
         let mut y = self.conv.forward(x, training);
         if self.relu6 {
-            let _ = y.relu6_();
+            crate::models::layers::relu6_(&mut y);
         }
         y
     }

@@ -11,7 +11,8 @@ pub enum Activation {
     /// `nn.ReLU(inplace=True)`: `relu_`.
     Relu,
     /// `HSwish`, which mmcv registers as `nn.Hardswish` (torch >= 1.7),
-    /// `inplace=True`: `hardswish_`.
+    /// `inplace=True`: `hardswish_`; before mmcv 1.4.5 its own
+    /// `x * ReLU6(x + 3) / 6` (see [`super::emulate_mmcv_hswish_composite`]).
     HSwish,
     /// mmcv's `HSigmoid(bias, divisor)` (`min_value=0`, `max_value=1`):
     /// `((x + bias) / divisor).clamp_(0, 1)`, two new tensors, the second
@@ -29,6 +30,11 @@ impl Activation {
             Activation::Relu => {
                 let _ = x.relu_();
                 x
+            }
+            Activation::HSwish if super::mmcv_hswish_composite() => {
+                let mut t = x.g_add_scalar(3.0);
+                super::relu6_(&mut t);
+                (&x * &t).g_div_scalar(6.0)
             }
             Activation::HSwish => {
                 let _ = x.hardswish_();

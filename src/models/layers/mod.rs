@@ -64,6 +64,49 @@ pub fn emulate_softmax_saving_input(hook: KeepInputHook) {
     let _ = SOFTMAX_KEEPS_INPUT.set(hook);
 }
 
+static HARDTANH_SAVES_RESULT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes in-place `hardtanh_` (mmcv's `ReLU6(inplace=True)`) save its
+/// result for backward, as autograd did up to PyTorch 1.9
+/// (`HardtanhBackward1`); from 1.10 it saves a copy of its input, one more
+/// activation per ReLU6. Process-wide; the 1.10+ behaviour is the default.
+pub fn emulate_hardtanh_saving_result() {
+    HARDTANH_SAVES_RESULT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `x.relu6_()` as the PyTorch release being reproduced saves it: from
+/// 1.10 (and in libtorch 2.11) `hardtanh_` keeps a copy of `x` for its
+/// backward; up to 1.9 it kept its result, which the next layer keeps
+/// anyway. The emulation is `relu_` (which saves its result) followed by
+/// the clamp at 6 on the storage outside autograd: the same values and the
+/// same saved tensors, a gradient that differs above 6 only (a prediction
+/// trace never trains).
+pub fn relu6_(x: &mut Tensor) {
+    if HARDTANH_SAVES_RESULT.load(std::sync::atomic::Ordering::Relaxed) {
+        let _ = x.relu_();
+        let _ = x.data().clamp_max_(6.0);
+    } else {
+        let _ = x.relu6_();
+    }
+}
+
+static MMCV_HSWISH_COMPOSITE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes `HSwish` mmcv's own module of releases before 1.4.5,
+/// `x * ReLU6(x + 3) / 6` with the ReLU6 in place, instead of
+/// `nn.Hardswish(inplace=True)`: it keeps `x` and `ReLU6(x + 3)` for backward
+/// (and from PyTorch 1.10 ReLU6's copy of `x + 3`). Process-wide.
+pub fn emulate_mmcv_hswish_composite() {
+    MMCV_HSWISH_COMPOSITE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `HSwish` is mmcv's composite (see [`emulate_mmcv_hswish_composite`]).
+pub fn mmcv_hswish_composite() -> bool {
+    MMCV_HSWISH_COMPOSITE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static MMCV_CUDA_OPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Makes the ops mmcv runs as compiled CUDA kernels on a GPU (today

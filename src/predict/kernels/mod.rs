@@ -39,6 +39,9 @@ pub struct KernelModel {
     /// allocator on a thread's first matrix product and kept (0: cuBLAS
     /// manages it itself, PyTorch before 1.13).
     pub cublas_workspace: u64,
+    /// `binary_cross_entropy_with_logits` takes four input-sized
+    /// temporaries (PyTorch up to 2.2), not one.
+    pub bce_with_logits_four_temporaries: bool,
 }
 
 impl KernelModel {
@@ -197,7 +200,11 @@ impl<'m> KernelScratch<'m> {
             }
             return Ok(());
         }
-        let scratch = native::scratch(call, self.model.gpu());
+        let scratch = native::scratch(
+            call,
+            self.model.gpu(),
+            self.model.bce_with_logits_four_temporaries,
+        );
         let mut live: Vec<(&'static str, u64)> = Vec::new();
         let mut ids = Vec::new();
         for (what, bytes) in scratch {
@@ -413,6 +420,7 @@ mod tests {
             figure,
             half_is_fp16: false,
             cublas_workspace: 8 * MIB + 128 * 1024,
+            bce_with_logits_four_temporaries: false,
         }
     }
 

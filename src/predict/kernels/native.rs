@@ -10,7 +10,9 @@
 //!   gradient (`sum_to_size` over the tokens);
 //! - `_softmax_backward_data` (`SoftMax.cu`, `softmax_backward_cuda_out`:
 //!   `Tensor tmp = grad * output`): a gradient-sized temporary;
-//! - a cuDNN convolution of a strided input: `input.contiguous(...)`.
+//! - a cuDNN convolution of a strided input: `input.contiguous(...)`;
+//! - `binary_cross_entropy_with_logits` (`Loss.cpp`, a composite traced as
+//!   one op): four input-sized temporaries up to PyTorch 2.2, one from 2.3.
 //!
 //! What the others take is outputs only (`nll_loss2d` with
 //! `reduction='none'`, `log_softmax`, `upsample_bilinear2d` and its
@@ -162,7 +164,11 @@ fn numel(sizes: &[i64]) -> u64 {
 
 /// The transient scratch of a native kernel call: (what, bytes) each,
 /// allocated in order and freed when the op returns.
-pub fn scratch(call: &KernelCall, gpu: &GpuMath) -> Vec<(&'static str, u64)> {
+pub fn scratch(
+    call: &KernelCall,
+    gpu: &GpuMath,
+    bce_with_logits_four_temporaries: bool,
+) -> Vec<(&'static str, u64)> {
     match call.op.as_str() {
         "aten::sum.dim_IntList" | "aten::mean.dim" => {
             let Some((_, sizes, layout)) = call.tensor(0) else {
@@ -187,6 +193,28 @@ pub fn scratch(call: &KernelCall, gpu: &GpuMath) -> Vec<(&'static str, u64)> {
                 "softmax backward: grad * output",
                 numel(sizes) * element_bytes(dtype),
             )],
+            None => Vec::new(),
+        },
+        // A composite of ATen ops on every backend, traced as one op: its
+        // temporaries live until the statement that makes the loss ends.
+        // Up to 2.2: `max_val = (-input).clamp_min_(0)`, then
+        // `(-max_val).exp_()`, `-input` and `-input - max_val` (C++
+        // temporaries, freed at the end of the full expression); from 2.3
+        // `log_sigmoid(input)` (its CUDA buffer is empty).
+        "aten::binary_cross_entropy_with_logits" => match call.tensor(0) {
+            Some((dtype, sizes, _)) => {
+                let bytes = numel(sizes) * element_bytes(dtype);
+                if bce_with_logits_four_temporaries {
+                    vec![
+                        ("BCE with logits: max_val", bytes),
+                        ("BCE with logits: -max_val", bytes),
+                        ("BCE with logits: -input", bytes),
+                        ("BCE with logits: -input - max_val", bytes),
+                    ]
+                } else {
+                    vec![("BCE with logits: log_sigmoid(input)", bytes)]
+                }
+            }
             None => Vec::new(),
         },
         _ => Vec::new(),
@@ -241,8 +269,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            scratch(&call, &h200()),
+            scratch(&call, &h200(), false),
             vec![("softmax backward: grad * output", 2 * 16384 * 256 * 4)]
+        );
+    }
+
+    #[test]
+    fn bce_with_logits_takes_four_input_sized_temporaries_up_to_2_2_and_one_after() {
+        let call = KernelCall::from_line(
+            "k 3 10 1 aten::binary_cross_entropy_with_logits t:f32:4x19x512x1024 t:f32:4x19x512x1024 ? ? i:0",
+        )
+        .unwrap();
+        let logits = 4 * 19 * 512 * 1024 * 4;
+        let old = scratch(&call, &h200(), true);
+        assert_eq!(old.len(), 4);
+        assert!(old.iter().all(|(_, b)| *b == logits));
+        assert_eq!(
+            scratch(&call, &h200(), false),
+            vec![("BCE with logits: log_sigmoid(input)", logits)]
         );
     }
 }
