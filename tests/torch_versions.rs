@@ -367,22 +367,21 @@ fn the_docs_table_lists_every_switch_with_its_releases_and_source() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/prediction.md"),
     )
     .unwrap();
-    for s in segtune::trial::torch_version::SWITCHES {
-        let until = s.until.unwrap_or(segtune::trial::TorchVersion::NEWEST);
-        let row = format!("| `{}` | {}-{} |", s.name, s.from, until);
+    // `| `name` | from-until |` ... with the source.
+    let has_row = |name: &str, releases: String, source: &str| {
+        let row = format!("| `{name}` | {releases} |");
         let line = docs
             .lines()
             .find(|l| l.starts_with(&row))
             .unwrap_or_else(|| panic!("docs/prediction.md has no row {row}"));
-        assert!(line.contains(s.source), "{}: the source differs", s.name);
+        assert!(line.contains(source), "{name}: the source differs");
+    };
+    for s in segtune::trial::torch_version::SWITCHES {
+        let until = s.until.unwrap_or(segtune::trial::TorchVersion::NEWEST);
+        has_row(s.name, format!("{}-{until}", s.from), s.source);
     }
     for s in segtune::trial::mmcv_version::MMCV_SWITCHES {
         let until = s.until.unwrap_or(segtune::trial::MmcvVersion::NEWEST);
-        let row = format!("| `{}` | {}-{} |", s.name, s.from, until);
-        let line = docs
-            .lines()
-            .find(|l| l.starts_with(&row))
-            .unwrap_or_else(|| panic!("docs/prediction.md has no row {row}"));
-        assert!(line.contains(s.source), "{}: the source differs", s.name);
+        has_row(s.name, format!("{}-{until}", s.from), s.source);
     }
 }
