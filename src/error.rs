@@ -5,7 +5,7 @@
 
 use crate::config::ConfigError;
 use crate::models::ModelError;
-use crate::trial::TrialStatus;
+use crate::status::TrialStatus;
 use std::path::PathBuf;
 
 /// Why a command could not do what it was asked.

@@ -18,6 +18,7 @@ pub mod named;
 pub mod predict;
 pub mod report;
 pub mod search;
+pub mod status;
 pub mod trial;
 
 pub use error::{Error, Result};
