@@ -111,26 +111,6 @@ ZOO_ERRORS = {
         "args": ["--batch-size", "1"],
         "why": "README 9077 MiB: one image per GPU",
     },
-    ("fpn_poolformer_s12_8xb4-40k_ade20k-512x512", 4.17): {
-        "args": ["--amp", "off"],
-        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
-        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
-    },
-    ("fpn_poolformer_s24_8xb4-40k_ade20k-512x512", 5.47): {
-        "args": ["--amp", "off"],
-        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
-        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
-    },
-    ("fpn_poolformer_m36_8xb4-40k_ade20k-512x512", 8.59): {
-        "args": ["--amp", "off"],
-        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
-        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
-    },
-    ("fpn_poolformer_m48_8xb4-40k_ade20k-512x512", 10.48): {
-        "args": ["--amp", "off"],
-        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
-        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
-    },
     ("fastfcn_r50-d32_jpu_aspp_4xb2-80k_cityscapes-512x1024", 9.79): {
         "args": ["--batch-size", "4"],
         "why": "its weights are fastfcn_r50-d32_jpu_aspp_4x4_...: 4 images per GPU (the 4x2 row says 5.67)",
@@ -202,6 +182,17 @@ ZOO_ERRORS = {
         "why": "the same model and crop with CE alone publishes 2.588 (predicted -0.1%); the Dice loss adds under 5 MiB, the figure 210 MiB; its FCN and DeepLabV3 siblings differ by +3.9% and +0.1%",
     },
 }
+
+# PoolFormer's runs trained in fp32 (log 2022-05): MMSeg 0.x's
+# fpn_poolformer_s12_8x4_512x512_40k_ade20k.py, which the others inherit,
+# has optimizer_config = dict() and no fp16; the 1.x configs add
+# AmpOptimWrapper (their 0.x lines kept as comments).
+for _size, _published in [("s12", 4.17), ("s24", 5.47), ("m36", 8.59), ("m48", 10.48)]:
+    ZOO_ERRORS[(f"fpn_poolformer_{_size}_8xb4-40k_ade20k-512x512", _published)] = {
+        "args": ["--amp", "off"],
+        "why": "trained in fp32 (log 2022-05, MMSeg 0.x's fpn_poolformer_*_8x4_512x512_40k_ade20k.py: "
+        "optimizer_config = dict(), no fp16); the 1.x config adds AmpOptimWrapper (its 0.x lines kept as comments)",
+    }
 
 
 def rows_path():

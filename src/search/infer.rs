@@ -100,11 +100,7 @@ pub fn search_inference(
     // On a CUDA device each setting is a real inference trial; else predicted.
     let real = CudaTrials { request, worker };
     let (torch, torch_source) = request.torch(spec);
-    let setup = TrainingSetup {
-        gpus,
-        torch,
-        mmcv: crate::trial::MmcvVersion::NEWEST,
-    };
+    let setup = TrainingSetup::new(gpus, torch);
     let cuda = cuda_device(spec, real.devices(), torch)?;
     let (mut evaluator, device) = match cuda {
         Some(i) => (real.evaluator(i, &budget, gpus), format!("cuda:{i}:infer")),

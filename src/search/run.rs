@@ -501,11 +501,7 @@ impl TrainingPlan {
             objective,
             ranking,
             schedule: spec.schedule.unwrap_or_default(),
-            setup: TrainingSetup {
-                gpus,
-                torch,
-                mmcv: crate::trial::MmcvVersion::NEWEST,
-            },
+            setup: TrainingSetup::new(gpus, torch),
             torch_source: match &request.python {
                 Some(p) => format!(
                     "{torch_source}; each step MMSeg's own, traced by the Python worker in {}",

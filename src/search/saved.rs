@@ -198,11 +198,7 @@ pub fn breakdown_of(
         amp: Some(c.amp),
         threads: None,
         gt_segments: saved.gt_segments,
-        setup: TrainingSetup {
-            gpus: r.gpus,
-            torch: r.torch,
-            mmcv: crate::trial::MmcvVersion::NEWEST,
-        },
+        setup: TrainingSetup::new(r.gpus, r.torch),
         torch_source: r.torch_source.clone(),
         trace: TraceKind::Meta,
         alloc_conf,

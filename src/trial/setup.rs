@@ -80,6 +80,18 @@ pub struct TrainingSetup {
     pub mmcv: MmcvVersion,
 }
 
+impl TrainingSetup {
+    /// `gpus` training with `torch` on MMSeg 1.x's mmcv (what a search
+    /// writes configs for).
+    pub fn new(gpus: i64, torch: TorchVersion) -> TrainingSetup {
+        TrainingSetup {
+            gpus,
+            torch,
+            mmcv: MmcvVersion::NEWEST,
+        }
+    }
+}
+
 impl Default for TrainingSetup {
     fn default() -> TrainingSetup {
         TrainingSetup {
