@@ -1,4 +1,4 @@
-//! Compiles the memory shim (src/trial/shim.cpp, shim_checkpoint.cpp,
+//! Compiles the memory shim (src/shim/shim.cpp, shim_checkpoint.cpp,
 //! shim_meta_rules.cpp, shim_psamask.cpp, shim_kernel_calls.cpp,
 //! shim_autocast.cpp; their C
 //! interface in segtune_ffi.h) against the libtorch that torch-sys found,
@@ -19,7 +19,7 @@ fn main() {
         "shim.h",
         "segtune_ffi.h",
     ] {
-        println!("cargo:rerun-if-changed=src/trial/{file}");
+        println!("cargo:rerun-if-changed=src/shim/{file}");
     }
     let lib = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB")
@@ -57,12 +57,12 @@ fn main() {
         // after inlining, which -isystem does not reach. Nothing else is
         // silenced.
         .flag_if_supported("-Wno-stringop-overflow")
-        .file("src/trial/shim.cpp")
-        .file("src/trial/shim_checkpoint.cpp")
-        .file("src/trial/shim_meta_rules.cpp")
-        .file("src/trial/shim_psamask.cpp")
-        .file("src/trial/shim_kernel_calls.cpp")
-        .file("src/trial/shim_autocast.cpp")
+        .file("src/shim/shim.cpp")
+        .file("src/shim/shim_checkpoint.cpp")
+        .file("src/shim/shim_meta_rules.cpp")
+        .file("src/shim/shim_psamask.cpp")
+        .file("src/shim/shim_kernel_calls.cpp")
+        .file("src/shim/shim_autocast.cpp")
         .compile("segtune_shim");
     cudnn_tables();
     // A checkout's (or `cargo install`'s) binaries find the build's

@@ -3,23 +3,28 @@
 //!
 //! Data flows one way, each layer using only those before it:
 //! [`config`] (load and resolve MMSeg/Rhai configs) → [`models`] (the same
-//! modules in libtorch) → [`trial`] (training steps measured in a worker
-//! process) → [`predict`] (GPU memory from CPU traces) → [`search`] (the best
-//! feasible candidate) → [`report`] (text and tables) → [`cli`] (the command
-//! lines). [`error`] is the one error type after the config layer; [`ffi`] is
-//! the one seam to the C++ shim. See `docs/architecture.md`.
+//! modules in libtorch) → [`trial`] (one training step measured in this
+//! process) → [`worker`] (trials in worker processes: the protocol, the
+//! launchers, the Python worker) → [`predict`] (GPU memory from CPU traces)
+//! → [`search`] (the best feasible candidate) → [`report`] (text and
+//! tables) → [`cli`] (the command lines). Under them all, the ground floor:
+//! [`kinds`] (the settings every layer names), [`named`], [`status`],
+//! [`error`] (the one error type after the config layer) and [`shim`] (the
+//! C++ shim and its one Rust seam). See `docs/architecture.md`.
 
 pub mod cli;
 pub mod config;
 pub mod error;
-pub mod ffi;
+pub mod kinds;
 pub mod models;
 pub mod named;
 pub mod predict;
 pub mod report;
 pub mod search;
+pub mod shim;
 pub mod status;
 pub mod trial;
+pub mod worker;
 
 pub use error::{Error, Result};
 

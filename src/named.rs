@@ -68,15 +68,26 @@ pub(crate) use named_enum;
 
 #[cfg(test)]
 mod tests {
-    use crate::trial::Amp;
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Precision {
+        Off,
+        Fp16,
+        Bf16,
+    }
+
+    named_enum!(Precision, "a precision", {
+        Off => "off",
+        Fp16 => "fp16",
+        Bf16 => "bf16",
+    });
 
     #[test]
     fn names_parse_back_and_unknown_ones_list_the_choices() {
-        for amp in [Amp::Off, Amp::Fp16, Amp::Bf16] {
-            assert_eq!(amp.to_string().parse::<Amp>(), Ok(amp));
+        for p in [Precision::Off, Precision::Fp16, Precision::Bf16] {
+            assert_eq!(p.to_string().parse::<Precision>(), Ok(p));
         }
         assert_eq!(
-            "fp8".parse::<Amp>(),
+            "fp8".parse::<Precision>(),
             Err("`fp8` is not a precision; use off, fp16 or bf16".to_string())
         );
     }

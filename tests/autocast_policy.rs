@@ -2,8 +2,8 @@
 //! ops keep the dtypes a CUDA run gives them, and switching them off brings
 //! libtorch's CPU rules back.
 
+use segtune::kinds::TorchVersion;
 use segtune::trial::memory::{autocast_cuda_policy, autocast_cuda_release, AutocastGuard};
-use segtune::trial::TorchVersion;
 use tch::{Device, Kind, Tensor};
 
 struct Dtypes {

@@ -56,7 +56,7 @@ fn batch_5_extrapolated_from_2_and_3_matches_a_direct_trace() {
     let (two, three, five) = (trace(&config, 2), trace(&config, 3), trace(&config, 5));
     let predicted = extrapolate(&two, &three, 5).unwrap();
     let inputs = ReplayInputs {
-        batch_copies: batch_tensors(5, (96, 96), segtune::trial::RunMode::Train),
+        batch_copies: batch_tensors(5, (96, 96), segtune::kinds::RunMode::Train),
         cublas_workspace: 8 << 20,
         capacity: None,
         settings: Default::default(),

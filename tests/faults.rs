@@ -46,7 +46,7 @@ fn children(parent: u32, args: &[&str]) -> Vec<u32> {
 
 /// The pids of `parent`'s traced steps (not the model check that runs
 /// first): `segtune-torch trial` children, spawned, or `st-trial` children
-/// of its fork servers (`trial::fork_server`).
+/// of its fork servers (`worker::fork_server`).
 fn trial_workers(parent: u32) -> Vec<u32> {
     let mut found = children(parent, &["-f", "segtune-torch trial"]);
     for server in children(parent, &["-f", "segtune-torch serve"]) {

@@ -1,4 +1,4 @@
-//! The op-level trace of a training step (see `src/trial/shim.cpp`) is the
+//! The op-level trace of a training step (see `src/shim/shim.cpp`) is the
 //! same whether its ops run on CPU kernels or on meta kernels: for every
 //! shape of the shared oracle (`../shared/oracle/results.json`: config,
 //! batch, crop) and of the oracle fixtures in `tests/fixtures/` whose model
@@ -132,7 +132,7 @@ fn compare(shape: Shape) -> Result<(), Failed> {
     if let Some(ops) = on_cpu {
         return Err(format!(
             "equal, but the meta trace ran {ops:?} on CPU stand-ins: give each a shape rule in \
-             src/trial/shim_meta_rules.cpp"
+             src/shim/shim_meta_rules.cpp"
         )
         .into());
     }

@@ -261,7 +261,7 @@ fn a_custom_backbone_is_searched_through_the_python_worker() {
          from mmseg.registry import MODELS\n\
          model = MODELS.build(cfg.model)\n\
          print(type(model.backbone).__name__, cfg.train_dataloader.batch_size)\n",
-        worker = concat!(env!("CARGO_MANIFEST_DIR"), "/src/trial/python_worker.py"),
+        worker = concat!(env!("CARGO_MANIFEST_DIR"), "/src/worker/python_worker.py"),
     );
     let loaded = Command::new(&python)
         .args(["-c", &check])

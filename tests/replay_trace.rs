@@ -46,7 +46,7 @@ fn replaying_the_trace_gives_the_caching_allocators_peaks() {
         batch_copies: segtune::predict::estimate::batch_tensors(
             1,
             (128, 128),
-            segtune::trial::RunMode::Train,
+            segtune::kinds::RunMode::Train,
         ),
         cublas_workspace: workspace,
         capacity: None,

@@ -12,7 +12,7 @@ use segtune::search::space::Candidate;
 use segtune::search::{
     search_with, CandidateStatus, Mode, RealTrials, SearchRequest, SearchSpec, TrialRecord,
 };
-use segtune::trial::worker::Worker;
+use segtune::worker::Worker;
 use std::path::Path;
 
 /// A GPU whose trials measure `memory` times the predicted device memory
@@ -66,7 +66,7 @@ impl RealTrials for FakeGpu {
                 &self.request,
                 &worker(),
                 budget,
-                segtune::trial::TrainingSetup {
+                segtune::kinds::TrainingSetup {
                     gpus,
                     ..Default::default()
                 },
@@ -95,7 +95,7 @@ fn request(out: &Path) -> SearchRequest {
         threads: None,
         trace: segtune::predict::TraceKind::Meta,
         gt_segments: Some(20),
-        mode: segtune::trial::RunMode::Train,
+        mode: segtune::kinds::RunMode::Train,
         ask_python_torch: false,
         cudnn_benchmark: None,
         trace_timeout: None,

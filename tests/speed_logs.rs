@@ -11,11 +11,11 @@
 
 mod common;
 
+use segtune::kinds::{Amp, RunMode, TorchVersion, TrainingSetup};
 use segtune::predict::speed::rules::Efficiencies;
 use segtune::predict::speed::{Card, SpeedSetup, StepWork};
 use segtune::predict::{step_work, EstimateRequest, Gpu, TraceKind};
-use segtune::trial::worker::Worker;
-use segtune::trial::{Amp, RunMode, TorchVersion, TrainingSetup};
+use segtune::worker::Worker;
 use std::collections::HashMap;
 
 /// One run of the fixture.

@@ -1,8 +1,8 @@
 //! Predicting for the PyTorch release the user runs: each memory-relevant
-//! switch of `segtune::trial::torch_version` moves the prediction where
+//! switch of `segtune::kinds::torch_version` moves the prediction where
 //! (and only where) its release range says, `--stack zoo-2021` is 1.10, and
 //! without `--torch` the release comes from the user's Python; the same for
-//! the mmcv release (`--mmcv`, `segtune::trial::mmcv_version`).
+//! the mmcv release (`--mmcv`, `segtune::kinds::mmcv_version`).
 
 mod common;
 
@@ -376,12 +376,12 @@ fn the_docs_table_lists_every_switch_with_its_releases_and_source() {
             .unwrap_or_else(|| panic!("docs/prediction.md has no row {row}"));
         assert!(line.contains(source), "{name}: the source differs");
     };
-    for s in segtune::trial::torch_version::SWITCHES {
-        let until = s.until.unwrap_or(segtune::trial::TorchVersion::NEWEST);
+    for s in segtune::kinds::torch_version::SWITCHES {
+        let until = s.until.unwrap_or(segtune::kinds::TorchVersion::NEWEST);
         has_row(s.name, format!("{}-{until}", s.from), s.source);
     }
-    for s in segtune::trial::mmcv_version::MMCV_SWITCHES {
-        let until = s.until.unwrap_or(segtune::trial::MmcvVersion::NEWEST);
+    for s in segtune::kinds::mmcv_version::MMCV_SWITCHES {
+        let until = s.until.unwrap_or(segtune::kinds::MmcvVersion::NEWEST);
         has_row(s.name, format!("{}-{until}", s.from), s.source);
     }
 }

@@ -5,17 +5,16 @@
 pub use super::scale_args::{AtlasArgs, ScaleArgs, DEFAULT_MAX_PARALLEL};
 use crate::config::dump;
 use crate::error::Result;
+use crate::kinds::VersionSource;
+use crate::kinds::{Amp, DeviceChoice, MmcvVersion, RunMode, Stack, TorchVersion, TrainingSetup};
 use crate::named::Named;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::spec::MAX_GPUS;
 use crate::search::{Objective, SearchRequest, SearchSpec};
-use crate::trial::python_worker::PythonWorker;
-use crate::trial::torch_version::{detect_python_torch, VersionSource};
-use crate::trial::{
-    Amp, DeviceChoice, MmcvVersion, OpTrace, RunMode, Stack, TorchVersion, TrainingSetup,
-    TrialRequest,
-};
+use crate::trial::{OpTrace, TrialRequest};
+use crate::worker::machine::detect_python_torch;
+use crate::worker::python_worker::PythonWorker;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use std::path::PathBuf;
 

@@ -11,14 +11,14 @@ use crate::config::{self, dump};
 use crate::error::Result;
 use crate::predict::{estimate_config, Gpu};
 use crate::search::{SearchResult, SearchSpec};
-use crate::trial::worker::Worker;
+use crate::worker::Worker;
 use crate::{report, trial};
 use args::{Cli, Command, SearchArgs};
 use clap::Parser;
 use std::io::Write;
 
 /// Exit code of every usage or input error.
-pub const EXIT_INPUT_ERROR: i32 = trial::worker::EXIT_INPUT_ERROR;
+pub const EXIT_INPUT_ERROR: i32 = crate::worker::EXIT_INPUT_ERROR;
 
 /// What a command leaves: its stdout text and exit code.
 struct Output {
@@ -43,7 +43,7 @@ fn stop_on_signals() {
     };
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            crate::trial::worker::stop_all_workers();
+            crate::worker::stop_all_workers();
             eprintln!("segtune: stopped by a signal; finished trials are in the journal");
             std::process::exit(128 + signal);
         }
@@ -106,8 +106,8 @@ fn write_stdout(text: &str) -> Result<()> {
 fn trial_deadline(request: &trial::TrialRequest) -> std::time::Duration {
     use crate::predict::step_trace::trace_deadline;
     match request.device {
-        trial::DeviceChoice::Cuda(_) => std::time::Duration::from_secs(600),
-        trial::DeviceChoice::Cpu => {
+        crate::kinds::DeviceChoice::Cuda(_) => std::time::Duration::from_secs(600),
+        crate::kinds::DeviceChoice::Cpu => {
             let steps = (request.warmup_steps + request.measured_steps).max(1) as u32;
             trace_deadline(
                 crate::predict::TraceKind::Cpu,
@@ -233,7 +233,7 @@ fn search_with_progress(args: &SearchArgs) -> Result<SearchResult> {
 /// (one line on stderr, exit 2). The native worker runs it, or the Python
 /// worker when asked (`--python-worker`).
 fn trial_command(args: &args::TrialCommandArgs) -> Result<Output> {
-    use trial::python_worker;
+    use crate::worker::python_worker;
     let request = args.trial.request();
     let deadline = args
         .trial

@@ -2,9 +2,9 @@
 //! shared by `search` and `atlas`) and of `segtune atlas`.
 
 use super::args::{fraction, named, vram_size, CommonArgs, TraceTimeoutArgs};
+use crate::kinds::{Amp, TorchVersion};
 use crate::search::spec::MAX_GPUS;
 use crate::search::{Objective, SearchRequest, SearchSpec};
-use crate::trial::{Amp, TorchVersion};
 use std::path::PathBuf;
 
 /// Where the trials of a search run, and how many at once (`docs/scale.md`).
@@ -222,7 +222,7 @@ impl AtlasArgs {
                 threads: self.threads,
                 trace: crate::predict::TraceKind::Meta,
                 gt_segments: None,
-                mode: crate::trial::RunMode::Train,
+                mode: crate::kinds::RunMode::Train,
                 ask_python_torch: false,
                 cudnn_benchmark: None,
                 placement: self.scale.placement(),

@@ -1,6 +1,6 @@
 //! The `segtune-torch` worker's command line: `trial` (the protocol's
 //! request, see `trial::request`), `inspect`, `devices` and `serve` (the
-//! fork server, `trial::fork_server`). It lives in a
+//! fork server, `worker::fork_server`). It lives in a
 //! binary of its own so that `segtune` starts in milliseconds (libtorch
 //! takes ~0.4 s to load).
 //!
@@ -11,7 +11,7 @@
 use super::args::{InspectArgs, TrialArgs};
 use super::{finish, json, Output, EXIT_INPUT_ERROR};
 use crate::error::{Error, Result};
-use crate::trial::worker::{RefusalKind, WorkerRefusal};
+use crate::worker::{RefusalKind, WorkerRefusal};
 use crate::{report, trial};
 use clap::{Parser, Subcommand};
 
@@ -32,7 +32,7 @@ enum WorkerCommand {
     /// Print the number of CUDA devices libtorch sees.
     Devices,
     /// Answer requests on stdin, each in a forked child (see
-    /// `trial::fork_server`).
+    /// `worker::fork_server`).
     #[command(hide = true)]
     Serve,
 }
@@ -58,20 +58,22 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
         }
     };
     finish_refusing(match cli.command {
-        WorkerCommand::Trial(args) => trial::execute(&args.request()).map(|report| Output {
-            text: if args.common.json {
-                json(&report)
-            } else {
-                report::trial(&report)
-            },
-            code: if report.status == trial::TrialStatus::Ok {
-                0
-            } else {
-                1
-            },
-        }),
+        WorkerCommand::Trial(args) => {
+            crate::worker::execute(&args.request()).map(|report| Output {
+                text: if args.common.json {
+                    json(&report)
+                } else {
+                    report::trial(&report)
+                },
+                code: if report.status == trial::TrialStatus::Ok {
+                    0
+                } else {
+                    1
+                },
+            })
+        }
         WorkerCommand::Inspect(args) => {
-            trial::inspect(&args.config, &args.common.cfg_options).map(|summary| {
+            crate::worker::inspect(&args.config, &args.common.cfg_options).map(|summary| {
                 Output::ok(if args.common.json {
                     json(&summary)
                 } else {
@@ -81,10 +83,10 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
         }
         WorkerCommand::Devices => Ok(Output::ok(format!(
             "{}\n",
-            trial::execute::cuda_device_count()
+            crate::worker::execute::cuda_device_count()
         ))),
         WorkerCommand::Serve => {
-            return trial::fork_server::serve(
+            return crate::worker::fork_server::serve(
                 &|argv| run(std::iter::once("segtune-torch".into()).chain(argv)),
                 &resolve_in_server,
             )

@@ -6,10 +6,9 @@
 //! to do wherever something does not fit. `report::doctor` renders it.
 
 use super::local_gpu::{self, LocalGpu};
-use crate::trial::machine::{self, CudaFit, Driver, Libtorch};
-use crate::trial::python_worker::{PythonWorker, MMSEG_PIP};
-use crate::trial::torch_version;
-use crate::trial::worker::Worker;
+use crate::worker::machine::{self, CudaFit, Driver, Libtorch};
+use crate::worker::python_worker::{PythonWorker, MMSEG_PIP};
+use crate::worker::Worker;
 use serde::Serialize;
 
 /// What segtune is: its version and how it was built.
@@ -256,12 +255,12 @@ fn gpu_findings(
 /// The Python asked for `--torch`'s default and the one `--python-worker`
 /// runs (often the same).
 fn pythons(advice: &mut Vec<Advice>) -> (Vec<PythonFound>, String) {
-    let torch = torch_version::detect_python_torch();
+    let torch = crate::worker::machine::detect_python_torch();
     let predicts_for = match &torch {
         Some((v, python)) => format!("{v} (the torch of {python})"),
         None => format!(
             "{} (the release segtune links: no python3 with torch found; $SEGTUNE_PYTHON names another)",
-            crate::trial::TorchVersion::NEWEST
+            crate::kinds::TorchVersion::NEWEST
         ),
     };
     let worker = PythonWorker::locate(None);

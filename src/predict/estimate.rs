@@ -11,9 +11,9 @@ use super::kernels::workspace_table::WorkspaceTable;
 use super::kernels::{KernelModel, ScratchSummary};
 use super::replay::{replay_kernels, Kernels, ReplayInputs, ReplayResult};
 use crate::config::{Dict, Value};
+use crate::kinds::{Amp, RunMode, Switch, TorchVersion};
 use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::TraceEvent;
-use crate::trial::{Amp, RunMode, Switch, TorchVersion};
 
 /// One fixed term of the estimate and where its figure comes from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -573,4 +573,4 @@ pub fn training_crop(cfg: &Dict) -> Option<(i64, i64)> {
     None
 }
 
-pub use crate::trial::setup::{cudnn_benchmark, cudnn_deterministic};
+pub use crate::trial::cudnn_flags::{cudnn_benchmark, cudnn_deterministic};

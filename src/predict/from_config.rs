@@ -13,12 +13,12 @@ use super::speed::{Card, ScheduleTime, SpeedSetup, StepWork};
 use super::step_trace::{default_deadline, trace_step, StepToTrace, TraceKind};
 use crate::config::{self, Dict, Value};
 use crate::error::{Error, Result};
+use crate::kinds::torch_version::SWITCHES;
+use crate::kinds::{Amp, RunMode, Switch, TorchVersion, TrainingSetup};
 use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::registry::facts_of;
-use crate::trial::python_worker::PythonWorker;
-use crate::trial::torch_version::SWITCHES;
-use crate::trial::worker::Worker;
-use crate::trial::{Amp, RunMode, Switch, TorchVersion, TrainingSetup};
+use crate::worker::python_worker::PythonWorker;
+use crate::worker::Worker;
 use std::path::PathBuf;
 
 /// What to predict.
@@ -360,7 +360,7 @@ fn add_notes(
     }
     e.notes.push(
         torch_note(request.setup.torch, &request.torch_source)
-            + crate::trial::mmcv_version::mmcv_note(request.setup.mmcv).as_str(),
+            + crate::kinds::mmcv_version::mmcv_note(request.setup.mmcv).as_str(),
     );
     let head = cfg
         .get("model")

@@ -79,7 +79,7 @@ fn query() -> Option<LocalGpu> {
 /// nvidia-smi's CSV of `fields` for each card, where it answers.
 fn run(fields: &[&str]) -> Option<String> {
     let query = format!("--query-gpu={}", fields.join(","));
-    crate::trial::machine::nvidia_smi(&[&query, "--format=csv,noheader,nounits"])
+    crate::worker::machine::nvidia_smi(&[&query, "--format=csv,noheader,nounits"])
 }
 
 /// Every card nvidia-smi lists, in its order (empty where it is missing or

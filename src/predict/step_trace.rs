@@ -5,11 +5,12 @@
 
 use super::trace_cache::Lookup;
 use crate::error::{Error, Result};
+use crate::kinds::{Amp, RunMode, TrainingSetup};
 use crate::trial::kernel_calls::KernelCall;
-use crate::trial::python_worker::{self, PythonWorker};
 use crate::trial::trace::{self, TraceEvent};
-use crate::trial::worker::Worker;
-use crate::trial::{Amp, OpTrace, RunMode, TrainingSetup, TrialRequest, TrialStatus};
+use crate::trial::{OpTrace, TrialRequest, TrialStatus};
+use crate::worker::python_worker::{self, PythonWorker};
+use crate::worker::Worker;
 use std::path::Path;
 use std::time::Duration;
 
@@ -181,8 +182,8 @@ pub fn trace_step_cached(
 /// Traces the warm-up steps and a measured training step on the CPU in the
 /// worker.
 pub fn trace_step(worker: &Worker, step: &StepToTrace) -> Result<TracedStep> {
-    let dir = crate::trial::worker::LiveTempDir::new()
-        .map_err(|e| Error::io("no temporary directory", e))?;
+    let dir =
+        crate::worker::LiveTempDir::new().map_err(|e| Error::io("no temporary directory", e))?;
     let trace_path = dir.path().join("step.trace");
     let warmup_steps = match step.mode {
         RunMode::Train => warmup_steps_for(config_accumulation(step.config, step.cfg_options)),

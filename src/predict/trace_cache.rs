@@ -22,8 +22,8 @@
 use super::step_trace::{StepToTrace, TracedStep};
 use crate::config::{dump, Value};
 use crate::error::{Error, Result};
-use crate::trial::worker::Worker;
-use crate::trial::RunMode;
+use crate::kinds::RunMode;
+use crate::worker::Worker;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -596,12 +596,12 @@ mod tests {
             cfg_options: options,
             batch_size: batch,
             crop: (128, 128),
-            amp: crate::trial::Amp::Off,
+            amp: crate::kinds::Amp::Off,
             threads: 1,
             gt_segments: None,
-            setup: crate::trial::TrainingSetup::default(),
+            setup: crate::kinds::TrainingSetup::default(),
             kind: super::super::TraceKind::Meta,
-            mode: crate::trial::RunMode::Train,
+            mode: crate::kinds::RunMode::Train,
             deadline: std::time::Duration::from_secs(1),
             python: None,
         };
@@ -628,7 +628,7 @@ mod tests {
         assert_ne!(key(step(a, 2, &[])), key(step(a, 2, optimizer)));
         // An inference step reads the test pipeline: its key keeps it all.
         let infer = |options| StepToTrace {
-            mode: crate::trial::RunMode::Infer,
+            mode: crate::kinds::RunMode::Infer,
             ..step(a, 2, options)
         };
         assert_ne!(key(infer(&[])), key(infer(schedule)));

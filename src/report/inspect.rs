@@ -2,7 +2,7 @@
 //! (and if not why), and its parameters per top-level module.
 
 use super::table;
-use crate::trial::ModelSummary;
+use crate::worker::ModelSummary;
 
 /// The summary as text.
 pub fn inspect(s: &ModelSummary) -> String {

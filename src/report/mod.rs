@@ -69,7 +69,7 @@ pub fn torch_line(r: &crate::search::SearchResult) -> String {
     match r.mode {
         crate::search::Mode::Measured => format!(
             "PyTorch {}: measured with the libtorch segtune links\n",
-            crate::trial::TorchVersion::NEWEST
+            crate::kinds::TorchVersion::NEWEST
         ),
         crate::search::Mode::Predicted => format!(
             "{}\n",

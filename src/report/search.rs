@@ -137,7 +137,7 @@ pub(super) fn stale_report_note(r: &SearchResult) -> Option<String> {
 
 /// The result as text: the ranked table, infeasible ones with `all`.
 pub fn search(r: &SearchResult, all: bool) -> String {
-    if r.run_mode == crate::trial::RunMode::Infer {
+    if r.run_mode == crate::kinds::RunMode::Infer {
         return super::infer::inference(r, all);
     }
     let mut out = heading(r);

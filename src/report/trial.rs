@@ -1,7 +1,8 @@
 //! `segtune trial`'s text: the status, the model, the candidate and setup,
 //! and the measured peaks and step time.
 
-use crate::trial::{RunMode, TorchVersion, TrialReport, WorkerKind};
+use crate::kinds::{RunMode, TorchVersion};
+use crate::trial::{TrialReport, WorkerKind};
 
 /// A short human-readable summary of a trial.
 pub fn trial(r: &TrialReport) -> String {

@@ -11,9 +11,9 @@ use super::space::{Amp, Recipe};
 use super::spec::SearchSpec;
 use crate::config::{dump, Value};
 use crate::error::{Error, Result};
+use crate::kinds::TorchVersion;
 use crate::predict::estimate::BatchLayout;
-use crate::trial::worker::Worker;
-use crate::trial::TorchVersion;
+use crate::worker::Worker;
 
 /// Refuses, before any trial, an `--out` that cannot take the winner: a
 /// file where the directory should be, the input itself, or a file of the

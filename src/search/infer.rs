@@ -21,9 +21,9 @@ use super::strategy::{run_search, Explored, Progress, SearchSpace};
 use super::{emit, saved};
 use crate::config::{Dict, Value};
 use crate::error::{Error, Result};
+use crate::kinds::{RunMode, TorchVersion, TrainingSetup};
 use crate::predict::estimate::BatchLayout;
-use crate::trial::worker::Worker;
-use crate::trial::{RunMode, TorchVersion, TrainingSetup};
+use crate::worker::Worker;
 
 /// Test batch sizes tried (per GPU).
 const TEST_BATCHES: [i64; 6] = [1, 2, 4, 8, 16, 32];

@@ -591,8 +591,8 @@ pub fn hash_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::Amp;
     use crate::search::record::{CandidateStatus, Mode, TrialRecord};
-    use crate::trial::Amp;
 
     fn candidate(batch_size: i64) -> Candidate {
         Candidate {

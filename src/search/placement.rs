@@ -4,8 +4,8 @@
 //! Slurm job step, `--max-parallel` at once). See `docs/scale.md`.
 
 use crate::error::{Error, Result};
-use crate::trial::launcher::SlurmLauncher;
-use crate::trial::worker::Worker;
+use crate::worker::launcher::SlurmLauncher;
+use crate::worker::Worker;
 
 /// One entry of `--devices`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,7 @@ impl Placement {
         };
         super::journal::check_out_dir(out)?;
         let tmp = out.join(".segtune-tmp");
-        crate::trial::worker::set_temp_root(&tmp)
+        crate::worker::set_temp_root(&tmp)
             .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
         Ok(worker.clone().launched_by(std::sync::Arc::new(launcher)))
     }

@@ -6,11 +6,11 @@
 use super::evaluate::{Evaluator, Peek, PredictedEvaluator, Tracer};
 use super::run::SearchRequest;
 use super::space::{self, Amp};
+use crate::kinds::{RunMode, Switch, TrainingSetup};
 use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::step_trace::trace_deadline;
 use crate::predict::{trace_step_cached, Budget, StepToTrace, TraceKind};
-use crate::trial::worker::Worker;
-use crate::trial::{RunMode, Switch, TrainingSetup};
+use crate::worker::Worker;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -81,8 +81,8 @@ pub fn predictor(
         amp: Amp::Off,
         cudnn_benchmark: request
             .cudnn_benchmark
-            .unwrap_or_else(|| flag(crate::trial::setup::cudnn_benchmark)),
-        cudnn_deterministic: flag(crate::trial::setup::cudnn_deterministic),
+            .unwrap_or_else(|| flag(crate::trial::cudnn_flags::cudnn_benchmark)),
+        cudnn_deterministic: flag(crate::trial::cudnn_flags::cudnn_deterministic),
     };
     let evaluator = PredictedEvaluator::new(
         budget.clone(),
@@ -124,7 +124,7 @@ struct CandidateSteps {
     mode: RunMode,
     timeout: Option<Duration>,
     /// `--python-worker`: MMSeg's own step traced in this Python.
-    python: Option<crate::trial::python_worker::PythonWorker>,
+    python: Option<crate::worker::python_worker::PythonWorker>,
 }
 
 impl CandidateSteps {

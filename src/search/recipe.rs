@@ -8,7 +8,7 @@
 //! the written config makes, each with its reason.
 
 use crate::config::{Dict, Value};
-use crate::trial::Amp;
+use crate::kinds::Amp;
 use regex::Regex;
 
 /// What the recipe trains with.

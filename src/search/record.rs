@@ -178,13 +178,13 @@ pub struct SearchResult {
     pub config: String,
     /// Training settings, or inference settings (`search --mode infer`).
     #[serde(default)]
-    pub run_mode: crate::trial::RunMode,
+    pub run_mode: crate::kinds::RunMode,
     pub budget: Budget,
     /// GPUs training data-parallel; `budget` is per GPU.
     pub gpus: i64,
     /// The PyTorch release predicted for, and why that one.
     #[serde(default)]
-    pub torch: crate::trial::TorchVersion,
+    pub torch: crate::kinds::TorchVersion,
     #[serde(default)]
     pub torch_source: String,
     pub recipe: Recipe,

@@ -20,11 +20,11 @@ use super::spec::{DeviceSetting, SearchSpec};
 use super::strategy::{rank, run_search_on, slots, Explored, Progress, Ranking, SearchSpace};
 use crate::config::{self, dump, Value};
 use crate::error::{Error, Result};
+use crate::kinds::torch_version::VersionSource;
+use crate::kinds::{RunMode, TorchVersion, TrainingSetup};
 use crate::predict::estimate::BatchLayout;
 use crate::predict::{Budget, Gpu, TraceKind};
-use crate::trial::torch_version::VersionSource;
-use crate::trial::worker::Worker;
-use crate::trial::{RunMode, TorchVersion, TrainingSetup};
+use crate::worker::Worker;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -71,7 +71,7 @@ pub struct SearchRequest {
     /// `--python-worker`: every step traced by MMSeg itself in this Python
     /// (the config's `custom_imports` imported, the user's code run), for
     /// models with types segtune does not build. Predicted, fp32, one GPU.
-    pub python: Option<crate::trial::python_worker::PythonWorker>,
+    pub python: Option<crate::worker::python_worker::PythonWorker>,
 }
 
 impl SearchRequest {
@@ -82,7 +82,7 @@ impl SearchRequest {
         }
         match self
             .ask_python_torch
-            .then(crate::trial::torch_version::detect_python_torch)
+            .then(crate::worker::machine::detect_python_torch)
             .flatten()
         {
             Some((v, python)) => (v, VersionSource::Python(python)),
@@ -107,7 +107,7 @@ pub fn search(
     // servers' libtorch, the CUDA device count, the Python's PyTorch.
     worker.prestart_servers(trace_slots(request, 1));
     if request.settings.torch.is_none() && request.ask_python_torch {
-        crate::trial::torch_version::prefetch_python_torch();
+        crate::worker::machine::prefetch_python_torch();
     }
     if request.settings.device.as_deref() != Some("cpu") {
         worker.prefetch_cuda_devices();
@@ -278,7 +278,7 @@ pub(super) fn journal_inputs(
     let on_off = |b: bool| if b { "on" } else { "off" };
     let cudnn_benchmark = request
         .cudnn_benchmark
-        .unwrap_or_else(|| crate::trial::setup::cudnn_benchmark(&prepared.cfg));
+        .unwrap_or_else(|| crate::trial::cudnn_flags::cudnn_benchmark(&prepared.cfg));
     let alloc_conf = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
         .iter()
         .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v}")))
@@ -297,7 +297,7 @@ pub(super) fn journal_inputs(
         .with("PyTorch", setup.torch)
         .with(
             "allocator",
-            if setup.torch.has(crate::trial::Switch::ExpandableSegments) {
+            if setup.torch.has(crate::kinds::Switch::ExpandableSegments) {
                 "expandable_segments offered"
             } else {
                 "no expandable_segments"
@@ -680,7 +680,7 @@ pub(super) fn cuda_device(
     // libtorch sees no device where the driver is too old for its CUDA:
     // that is said, not taken for a machine without a GPU.
     if visible == 0 && !other_torch && setting != DeviceSetting::Cpu {
-        crate::trial::machine::check_cuda_trial()?;
+        crate::worker::machine::check_cuda_trial()?;
     }
     Ok(match setting {
         DeviceSetting::Cpu => None,

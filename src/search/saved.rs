@@ -8,11 +8,11 @@ use super::journal::{JournalRow, MAX_JOURNAL_BYTES};
 use super::record::SearchResult;
 use super::space::Candidate;
 use crate::error::{Error, Result};
+use crate::kinds::TrainingSetup;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::breakdown::PeakBreakdown;
 use crate::predict::{estimate_config, EstimateRequest, Gpu, TraceKind};
-use crate::trial::worker::Worker;
-use crate::trial::TrainingSetup;
+use crate::worker::Worker;
 use std::io::{Read, Write};
 use std::path::Path;
 

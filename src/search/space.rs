@@ -7,8 +7,8 @@ use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::registry::facts_of;
 
 pub use super::recipe::Recipe;
+pub use crate::kinds::Amp;
 pub use crate::models::segmentors::inference::TestMode;
-pub use crate::trial::Amp;
 
 /// One configuration to try.
 #[derive(

@@ -58,9 +58,9 @@ impl std::str::FromStr for DeviceSetting {
     fn from_str(s: &str) -> std::result::Result<DeviceSetting, UnknownDevice> {
         match s {
             "auto" => Ok(DeviceSetting::Auto),
-            other => match other.parse::<crate::trial::DeviceChoice>() {
-                Ok(crate::trial::DeviceChoice::Cpu) => Ok(DeviceSetting::Cpu),
-                Ok(crate::trial::DeviceChoice::Cuda(i)) => Ok(DeviceSetting::Cuda(i)),
+            other => match other.parse::<crate::kinds::DeviceChoice>() {
+                Ok(crate::kinds::DeviceChoice::Cpu) => Ok(DeviceSetting::Cpu),
+                Ok(crate::kinds::DeviceChoice::Cuda(i)) => Ok(DeviceSetting::Cuda(i)),
                 Err(_) => Err(UnknownDevice(other.to_string())),
             },
         }
@@ -88,7 +88,7 @@ pub struct SearchSpec {
     pub gpus: Option<i64>,
     /// The PyTorch release to predict for (`"1.13"`; default: the torch of
     /// the Python environment, else the newest segtune knows).
-    pub torch: Option<crate::trial::TorchVersion>,
+    pub torch: Option<crate::kinds::TorchVersion>,
     /// The effective batch to keep (GPUs x batch x accumulation), where the
     /// config and its file name do not say it as the user trains (default:
     /// `auto_scale_lr.base_batch_size`, else the name's `NxbB` where it
@@ -192,7 +192,7 @@ impl SearchSpec {
             )));
         }
         let torch = s("torch")?
-            .map(|v| v.parse::<crate::trial::TorchVersion>())
+            .map(|v| v.parse::<crate::kinds::TorchVersion>())
             .transpose()
             .map_err(|e| bad(format!("`segtune.torch`: {e}")))?;
         Ok(SearchSpec {

@@ -449,7 +449,7 @@ fn evaluate_here(
     slot: usize,
 ) -> (TrialRecord, RunInfo) {
     let started = unix_ms();
-    let _ = crate::trial::launcher::take_launched_jobs();
+    let _ = crate::worker::launcher::take_launched_jobs();
     let (record, first_failure) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         evaluate_retrying_noted(evaluator, c)
     }))
@@ -465,7 +465,7 @@ fn evaluate_here(
         slot,
         started_ms: started,
         ended_ms: unix_ms(),
-        slurm_jobs: crate::trial::launcher::take_launched_jobs(),
+        slurm_jobs: crate::worker::launcher::take_launched_jobs(),
         first_failure,
     };
     (record, run)
@@ -553,14 +553,14 @@ impl Stages<'_, '_> {
                         journal.append_run(&done.candidate, &done.record, Some(&done.run))
                     {
                         // Nothing more starts; what runs is stopped, not awaited.
-                        crate::trial::worker::stop_running_workers();
+                        crate::worker::stop_running_workers();
                         failure = Some(e);
                     }
                 }
                 // A Slurm controller gone fails every further trial alike:
                 // the search stops (exit 2) rather than judge by the rest.
-                if let (None, Some(why)) = (&failure, crate::trial::launcher::controller_lost()) {
-                    crate::trial::worker::stop_running_workers();
+                if let (None, Some(why)) = (&failure, crate::worker::launcher::controller_lost()) {
+                    crate::worker::stop_running_workers();
                     failure = Some(crate::error::Error::environment(format!(
                         "the search stopped: {why}"
                     )));

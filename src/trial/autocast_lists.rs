@@ -7,7 +7,7 @@
 //! text was readable), 1.8.0 to 2.11.0; every patch release checked had its
 //! X.Y.0's lists.
 
-use super::torch_version::TorchVersion;
+use crate::kinds::TorchVersion;
 
 /// An op of 2.11's CUDA lists that an older release did not list.
 #[derive(Debug, Clone, Copy)]

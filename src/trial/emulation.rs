@@ -6,7 +6,7 @@
 //! one on for whatever runs next in the process.
 
 use super::memory::{self, CpuCounter, OpTrace};
-use crate::ffi::ShimError;
+use crate::shim::ffi::ShimError;
 
 /// The switches a trial has turned on; see the module doc.
 pub struct Switches<'a> {

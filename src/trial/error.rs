@@ -5,9 +5,9 @@
 use super::kernel_calls::KernelCallParseError;
 use super::memory::BudgetBelowContext;
 use super::optim::OptimConfigError;
-use super::TorchVersion;
-use crate::ffi::ShimError;
+use crate::kinds::TorchVersion;
 use crate::models::ModelError;
+use crate::shim::ffi::ShimError;
 
 /// A trial's failure before or during its steps (other than a panic, an
 /// out-of-memory or a non-finite loss, which the run tells apart itself).

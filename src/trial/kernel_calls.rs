@@ -5,7 +5,7 @@
 //! can add what the CUDA kernel would allocate there (`predict::kernels`).
 //! Recorded by the shim's op-level fallback (`shim_kernel_calls.cpp`).
 
-use crate::ffi::{self, ShimError};
+use crate::shim::ffi::{self, ShimError};
 
 /// The ops recorded (ATen names, with the overload where only one is meant).
 /// What the predictor models for each is in `predict::kernels`.

@@ -2,10 +2,10 @@
 //! allocator installed in libtorch (current and peak bytes, an optional trace
 //! of every allocation and free, an optional cap that raises out-of-memory),
 //! and the CUDA caching allocator's statistics via `at::accelerator`: the
-//! safe side of `crate::ffi`'s declarations.
+//! safe side of `crate::shim::ffi`'s declarations.
 
-pub use crate::ffi::DeviceStats;
-use crate::ffi::{self, check, ShimError};
+pub use crate::shim::ffi::DeviceStats;
+use crate::shim::ffi::{self, check, ShimError};
 use std::os::raw::c_int;
 
 pub use crate::trial::trace::{Phase, TraceEvent};
@@ -263,7 +263,7 @@ impl AutocastGuard {
 
 /// With [`autocast_cuda_policy`] on: CUDA autocast as `torch` had it
 /// (its lists, from `autocast_lists.rs`) instead of 2.11's.
-pub fn autocast_cuda_release(torch: super::TorchVersion) -> Result<(), ShimError> {
+pub fn autocast_cuda_release(torch: crate::kinds::TorchVersion) -> Result<(), ShimError> {
     use super::autocast_lists::{fp32_in_release, unlisted_in};
     let names: Vec<std::ffi::CString> = unlisted_in(torch)
         .into_iter()

@@ -2,7 +2,8 @@
 //! read back by the parent (the text form is the `report` layer's).
 
 use super::memory::{DeviceStats, TraceEvent};
-use super::{Amp, TrialRequest};
+use super::TrialRequest;
+use crate::kinds::Amp;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::models::EncoderDecoder;
 
@@ -78,9 +79,9 @@ pub struct TrialReport {
     pub accumulative_counts: i64,
     /// Training or inference steps.
     #[serde(default)]
-    pub mode: super::RunMode,
+    pub mode: crate::kinds::RunMode,
     /// The PyTorch release whose memory behaviour the trial reproduced.
-    pub torch: super::TorchVersion,
+    pub torch: crate::kinds::TorchVersion,
     /// GPUs of the data-parallel run it stands for (DDP's buckets held).
     pub gpus: i64,
     /// Whether a CPU trial stood in for a CUDA run (CUDA's autocast rules,
@@ -373,7 +374,7 @@ mod reason_tests {
     #[test]
     fn a_failure_message_loses_the_cpp_backtrace() {
         let raw = "segtune: cannot reserve address space for a meta trace\n\
-                   Exception raised from operator() at src/trial/shim.cpp:845 (most recent call first):\n\
+                   Exception raised from operator() at src/shim/shim.cpp:845 (most recent call first):\n\
                    frame #0: c10::Error::Error(...)";
         assert_eq!(
             without_backtrace(raw),

@@ -8,10 +8,11 @@ use super::memory::{self, CpuCounter, Phase};
 use super::optim::{Amp, OptimCfg, OptimWrapper};
 use super::report::{StepRecord, TrialReport, TrialStatus};
 use super::trace::phase_code;
-use super::{ddp, MmcvSwitch, RunMode, Switch, TorchVersion, TrialRequest};
+use super::{ddp, TrialRequest};
 use crate::config::Dict;
-use crate::ffi::ShimError;
+use crate::kinds::{MmcvSwitch, RunMode, Switch, TorchVersion};
 use crate::models::EncoderDecoder;
+use crate::shim::ffi::ShimError;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -104,10 +105,10 @@ fn set_cudnn_from_config(
     cfg: &Dict,
     request: &TrialRequest,
 ) -> Result<(), TrialError> {
-    let deterministic = super::setup::cudnn_deterministic(cfg);
+    let deterministic = super::cudnn_flags::cudnn_deterministic(cfg);
     let benchmark = request
         .cudnn_benchmark
-        .unwrap_or_else(|| super::setup::cudnn_benchmark(cfg));
+        .unwrap_or_else(|| super::cudnn_flags::cudnn_benchmark(cfg));
     memory::set_cudnn_flags(benchmark, deterministic)?;
     report.cudnn_benchmark = Some(benchmark);
     report.cudnn_deterministic = Some(deterministic);
@@ -419,7 +420,7 @@ fn emulate_release(
     }
     if request.amp != Amp::Off && !request.as_cuda {
         // The CPU's own autocast rules: a fork server registered CUDA's
-        // ahead (`trial::fork_server`); without autocast it is never read.
+        // ahead (`worker::fork_server`); without autocast it is never read.
         memory::autocast_cuda_policy(false)?;
     }
     if !request.as_cuda {

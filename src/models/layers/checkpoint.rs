@@ -6,8 +6,8 @@
 //! arXiv:1604.06174.
 //!
 //! tch has no custom autograd functions, so the function itself lives in
-//! the C++ shim (`CheckpointFunction` in `src/trial/shim_checkpoint.cpp`,
-//! called through `crate::ffi`): its forward
+//! the C++ shim (`CheckpointFunction` in `src/shim/shim_checkpoint.cpp`,
+//! called through `crate::shim::ffi`): its forward
 //! runs the block without grad and keeps only the block's input and the CPU
 //! RNG state; its backward re-runs the block with grad (same RNG and
 //! autocast state, so drop path draws the same masks) and back-propagates
@@ -15,7 +15,7 @@
 //! owned by the shim's graph node from then on and dropped through its
 //! release callback.
 
-use crate::ffi::{self, segtune_block_set_error, segtune_checkpoint};
+use crate::shim::ffi::{self, segtune_block_set_error, segtune_checkpoint};
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -5,8 +5,8 @@
 //! has no bytes, so these are built with the op-level trace stepping aside
 //! on this thread: real, small CPU tensors, counted as plain allocations in
 //! every kind of trace alike (a CUDA run allocates them too). The trace's
-//! fallback (`src/trial/shim.cpp`) asks [`segtune_building_host_data`]
-//! (declared for C in `src/trial/segtune_ffi.h`);
+//! fallback (`src/shim/shim.cpp`) asks [`segtune_building_host_data`]
+//! (declared for C in `src/shim/segtune_ffi.h`);
 //! the flag lives here, in Rust, so that code which never traces (the
 //! `segtune` binary) does not link the shim and libtorch for it.
 

@@ -1,8 +1,8 @@
 //! Ops MMSeg takes from mmcv or calls with arguments tch's bindings lack:
 //! `point_sample`, and `histc` and `PSAMask` through the C++ shim
-//! (`src/trial/shim.cpp`, `shim_psamask.cpp`; declared in `crate::ffi`).
+//! (`src/shim/shim.cpp`, `shim_psamask.cpp`; declared in `crate::shim::ffi`).
 
-use crate::ffi::{self, segtune_histc, segtune_psamask};
+use crate::shim::ffi::{self, segtune_histc, segtune_psamask};
 use tch::Tensor;
 
 /// A new tensor from the shim, or the shim's error as a panic (as tch's

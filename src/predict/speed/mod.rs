@@ -18,10 +18,10 @@ use rules::{Efficiencies, KernelClass, FOREACH_MAX_ELEMENTS, FOREACH_MAX_TENSORS
 
 use super::kernels::conv::{conv_call, DataType};
 use super::step_trace::TracedStep;
+use crate::kinds::{Amp, RunMode};
 use crate::trial::kernel_calls::KernelCall;
 use crate::trial::op_work::OpWork;
 use crate::trial::trace::{phase_of, Phase};
-use crate::trial::{Amp, RunMode};
 
 /// The part of the step a kernel belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -31,7 +31,7 @@ use crate::config::metafile::Published;
 use crate::config::{dump, Value};
 use crate::error::{Error, Result};
 use crate::predict::{Budget, Gpu, TraceCache};
-use crate::trial::worker::Worker;
+use crate::worker::Worker;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,6 +4,7 @@
 //! workspaces on this card), and its predicted images/s and step time.
 
 use super::predicted::ReplayContext;
+use crate::kinds::RunMode;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::estimate::KernelSetup;
 use crate::predict::kernels::cudnn::Figure;
@@ -16,7 +17,6 @@ use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate};
 use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::TraceEvent;
-use crate::trial::RunMode;
 
 /// Replays one step's events for `c` and compares with the budget; a
 /// candidate that does not fit with the allocator's defaults is replayed

@@ -1,11 +1,12 @@
 //! Candidates measured by real CUDA trials, each in its own worker process.
 
 use super::Evaluator;
+use crate::kinds::{DeviceChoice, TrainingSetup};
 use crate::predict::Budget;
 use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::Candidate;
-use crate::trial::worker::Worker;
-use crate::trial::{DeviceChoice, TrainingSetup, TrialRequest, TrialStatus};
+use crate::trial::{TrialRequest, TrialStatus};
+use crate::worker::Worker;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ pub struct MeasuredEvaluator {
     /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
     pub gt_segments: Option<i64>,
     /// Training or inference trials.
-    pub mode: crate::trial::RunMode,
+    pub mode: crate::kinds::RunMode,
     /// `--cudnn-benchmark` (default: the config's).
     pub cudnn_benchmark: Option<bool>,
 }

@@ -8,6 +8,7 @@
 use super::against_budget::{replay_against_budget, Speed};
 use super::Evaluator;
 use crate::error::Result;
+use crate::kinds::RunMode;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
 use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::extrapolate::{extrapolate, extrapolate_aligned, ALIGNED_PAIR, TRACED_BATCHES};
@@ -17,7 +18,6 @@ use crate::search::record::{CandidateStatus, Mode, TrialRecord};
 use crate::search::space::{Amp, Candidate, ModelKnobs};
 use crate::trial::kernel_calls::KernelCall;
 use crate::trial::trace::{phase_of, Phase, TraceEvent};
-use crate::trial::RunMode;
 use std::borrow::Cow;
 use std::collections::HashMap;
 

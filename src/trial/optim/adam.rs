@@ -2,7 +2,7 @@
 //! and `_multi_tensor_adam` (foreach), AMSGrad included.
 
 use super::ParamState;
-use crate::ffi::ShimError;
+use crate::shim::ffi::ShimError;
 use crate::trial::memory;
 use tch::Tensor;
 

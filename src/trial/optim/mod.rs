@@ -14,7 +14,7 @@ pub use layer_decay::LayerDecay;
 mod sgd;
 mod wrapper;
 
-pub use super::amp::Amp;
+pub use crate::kinds::Amp;
 pub use wrapper::OptimWrapper;
 
 use crate::config::{Dict, Value};

@@ -5,8 +5,8 @@
 use super::adam::AdamStep;
 use super::sgd::SgdStep;
 use super::{Algorithm, Amp, Grouping, OptimCfg, ParamState};
-use crate::ffi::ShimError;
 use crate::models::params::ParamStore;
+use crate::shim::ffi::ShimError;
 use crate::trial::memory;
 use tch::{Kind, Tensor};
 

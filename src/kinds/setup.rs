@@ -1,27 +1,9 @@
-//! The training run a trial stands for beyond its step: the PyTorch release
-//! whose memory behaviour it reproduces, the data-parallel GPU count, and
-//! the cuDNN flags MMEngine sets from the config.
+//! The training run a trial or prediction stands for beyond its step: the
+//! data-parallel GPU count and the PyTorch and mmcv releases whose memory
+//! behaviour it reproduces.
 
 use super::mmcv_version::MmcvVersion;
 use super::torch_version::TorchVersion;
-use crate::config::{Dict, Value};
-
-/// `env_cfg.cudnn_benchmark` (MMSeg's default runtime sets True), unless
-/// `randomness.deterministic`, which MMEngine's `set_random_seed` makes turn
-/// benchmark off.
-pub fn cudnn_benchmark(cfg: &Dict) -> bool {
-    cfg.get("env_cfg")
-        .and_then(|e| e.get_path("cudnn_benchmark"))
-        .is_some_and(Value::truthy)
-        && !cudnn_deterministic(cfg)
-}
-
-/// `randomness.deterministic` (MMEngine: `torch.backends.cudnn.deterministic`).
-pub fn cudnn_deterministic(cfg: &Dict) -> bool {
-    cfg.get("randomness")
-        .and_then(|r| r.get_path("deterministic"))
-        .is_some_and(Value::truthy)
-}
 
 /// The two named software stacks of earlier segtune releases, kept as
 /// aliases of PyTorch releases (`--stack`).

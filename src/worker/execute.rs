@@ -3,11 +3,12 @@
 //! run, write the trace) and with an inspection (build the model, count its
 //! parameters). Runs in the process that loads libtorch.
 
-use super::report::PrefixCount;
-use super::{DeviceChoice, TrialReport, TrialRequest};
 use crate::config::{self, Value};
 use crate::error::{Error, Result};
+use crate::kinds::DeviceChoice;
 use crate::models::{check_supported, EncoderDecoder, ModelError};
+use crate::trial::report::PrefixCount;
+use crate::trial::{TrialReport, TrialRequest};
 use std::path::Path;
 use tch::Device;
 
@@ -31,9 +32,10 @@ pub fn execute(request: &TrialRequest) -> Result<TrialReport> {
             )))
         }
     };
-    let mut report = super::run(&cfg, request, device);
+    let mut report = crate::trial::run(&cfg, request, device);
     if let (Some(path), Some(trace)) = (&request.trace_out, report.trace.take()) {
-        let text = super::trace::to_text_with_work(&trace, &report.kernel_calls, &report.op_work);
+        let text =
+            crate::trial::trace::to_text_with_work(&trace, &report.kernel_calls, &report.op_work);
         std::fs::write(path, text)
             .map_err(|e| Error::io(format!("cannot write the trace to {}", path.display()), e))?;
     }
@@ -104,9 +106,9 @@ pub fn inspect(config_path: &Path, cfg_options: &[String]) -> Result<ModelSummar
     // Built on meta kernels: only the shapes are counted, and filling every
     // weight (its initialisation, on the CPU) was most of an inspection.
     // Where the host refuses the meta trace its address space, on the CPU.
-    let counter = super::memory::CpuCounter::install();
-    let mut switches = super::emulation::Switches::new(&counter);
-    let _ = switches.trace_ops(super::memory::OpTrace::Meta);
+    let counter = crate::trial::memory::CpuCounter::install();
+    let mut switches = crate::trial::emulation::Switches::new(&counter);
+    let _ = switches.trace_ops(crate::trial::memory::OpTrace::Meta);
     match check_supported(&cfg).and_then(|_| EncoderDecoder::build(&cfg, Device::Cpu)) {
         Ok(model) => {
             summary.supported = true;

@@ -10,10 +10,12 @@
 //! cannot start (then it prints a `python_worker_error` instead: MMSeg
 //! missing from that Python, a config that does not load, no such device).
 
-use super::report::TrialReport;
-use super::worker::{run_child, LiveTempDir, WorkerDeath, EXIT_INPUT_ERROR};
-use super::{ModelSummary, OpTrace, RunMode, TorchVersion, TrialRequest, TrialStatus};
+use super::process::{run_child, LiveTempDir, WorkerDeath, EXIT_INPUT_ERROR};
+use super::ModelSummary;
 use crate::error::{Error, Result};
+use crate::kinds::{RunMode, TorchVersion};
+use crate::trial::TrialReport;
+use crate::trial::{OpTrace, TrialRequest, TrialStatus};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -82,7 +84,7 @@ impl PythonWorker {
         if let Some(p) = explicit {
             return PythonWorker::at(p);
         }
-        if let Some((_, python)) = super::torch_version::detect_python_torch() {
+        if let Some((_, python)) = super::machine::detect_python_torch() {
             return PythonWorker::at(python);
         }
         match std::env::var("SEGTUNE_PYTHON") {
@@ -252,7 +254,7 @@ fn last_json_line<T: serde::de::DeserializeOwned>(stdout: &[u8]) -> Option<T> {
 
 /// A report the Python worker never wrote, marked as its.
 fn with_python_marks(mut report: TrialReport) -> TrialReport {
-    report.worker = super::WorkerKind::Python;
+    report.worker = crate::trial::WorkerKind::Python;
     report
 }
 
@@ -293,7 +295,10 @@ impl TrialRequest {
         }
         if self.op_trace == OpTrace::Meta {
             flag("op-trace", "meta".into());
-            flag("record-ops", super::kernel_calls::RECORDED_OPS.join(","));
+            flag(
+                "record-ops",
+                crate::trial::kernel_calls::RECORDED_OPS.join(","),
+            );
         }
         if let Some(path) = &self.trace_out {
             argv.push("--trace-out".into());
@@ -323,15 +328,15 @@ impl TrialRequest {
         refuse(self.setup.gpus != 1, "--gpus (DDP's buckets)");
         refuse(self.setup.torch != TorchVersion::NEWEST, "--torch/--stack");
         refuse(
-            self.setup.mmcv != super::MmcvVersion::NEWEST,
+            self.setup.mmcv != crate::kinds::MmcvVersion::NEWEST,
             "--mmcv (the Python worker runs the mmcv it imports)",
         );
         refuse(
-            self.as_cuda && self.amp != super::Amp::Off,
+            self.as_cuda && self.amp != crate::kinds::Amp::Off,
             "--as-cuda with --amp (CUDA's autocast rules on the CPU)",
         );
         refuse(
-            self.as_cuda && self.device != super::DeviceChoice::Cpu,
+            self.as_cuda && self.device != crate::kinds::DeviceChoice::Cpu,
             "--as-cuda on a GPU",
         );
         refuse(
@@ -339,11 +344,11 @@ impl TrialRequest {
             "--op-trace cpu (its op-level traces run on meta kernels)",
         );
         refuse(
-            self.op_trace == OpTrace::Meta && self.device != super::DeviceChoice::Cpu,
+            self.op_trace == OpTrace::Meta && self.device != crate::kinds::DeviceChoice::Cpu,
             "--op-trace meta on a GPU",
         );
         refuse(
-            self.trace_out.is_some() && self.device != super::DeviceChoice::Cpu,
+            self.trace_out.is_some() && self.device != crate::kinds::DeviceChoice::Cpu,
             "--trace-out on a GPU (the trace is the CPU allocator's)",
         );
         refuse(self.cpu_cap_bytes.is_some(), "--cpu-cap");
@@ -351,7 +356,7 @@ impl TrialRequest {
         refuse(self.cudnn_benchmark.is_some(), "--cudnn-benchmark");
         // mmengine's autocast asserts bf16 on the CPU (mmengine/runner/amp.py).
         refuse(
-            self.amp == super::Amp::Fp16 && self.device == super::DeviceChoice::Cpu,
+            self.amp == crate::kinds::Amp::Fp16 && self.device == crate::kinds::DeviceChoice::Cpu,
             "--amp fp16 on the CPU (MMEngine's CPU autocast takes bf16 only)",
         );
         refused

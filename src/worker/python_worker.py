@@ -1,7 +1,7 @@
 """segtune's Python worker: one training trial of an MMSeg config in the
 user's own Python, with MMSeg's own modules and `model.train_step`.
 
-segtune (src/trial/python_worker.rs) runs this file with the interpreter it
+segtune (src/worker/python_worker.rs) runs this file with the interpreter it
 chose and the flags of a `TrialRequest`; it prints ONE JSON object on stdout:
 
 * a `TrialReport` (src/trial/report.rs) with `"worker": "python"`; exit 0

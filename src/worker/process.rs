@@ -24,8 +24,9 @@ pub use super::child::{
     set_temp_root, stop_all_workers, stop_running_workers, DeathCause, LiveTempDir, WorkerDeath,
 };
 use super::launcher::{self, LiveJob, SlurmLauncher, SrunOutcome};
-use super::{ModelSummary, TrialReport, TrialRequest, TrialStatus};
+use super::ModelSummary;
 use crate::error::{Error, Result};
+use crate::trial::{TrialReport, TrialRequest, TrialStatus};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -227,7 +228,7 @@ impl Worker {
     /// and for a worker that cannot start.
     pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
         // A CPU trial (a traced step) is forked; CUDA gets a spawned worker.
-        let forkable = request.device == super::DeviceChoice::Cpu;
+        let forkable = request.device == crate::kinds::DeviceChoice::Cpu;
         // This machine's driver decides a local CUDA trial; a Slurm node's
         // driver is the node's to tell.
         if !forkable && self.launcher.is_none() {
@@ -543,5 +544,5 @@ fn slurm_report(
 }
 
 #[cfg(test)]
-#[path = "worker_tests.rs"]
+#[path = "process_tests.rs"]
 mod tests;

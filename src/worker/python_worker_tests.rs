@@ -1,5 +1,6 @@
 use super::*;
-use crate::trial::{Amp, DeviceChoice, WorkerKind};
+use crate::kinds::{Amp, DeviceChoice};
+use crate::trial::WorkerKind;
 
 /// A stand-in interpreter: a shell script that ignores its arguments,
 /// prints `stdout` and exits with `code`.

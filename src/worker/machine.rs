@@ -9,6 +9,7 @@
 //! libtorch's own error. `segtune doctor` shows all of it.
 
 use crate::error::{Error, Result};
+use crate::kinds::TorchVersion;
 use serde::Serialize;
 use std::fmt;
 use std::io::Read;
@@ -448,6 +449,49 @@ pub fn check_cuda_trial() -> Result<()> {
         Some(why) => Err(Error::environment(why)),
         None => Ok(()),
     }
+}
+
+/// The PyTorch of the user's Python environment: `$SEGTUNE_PYTHON`, else
+/// `python3` (or `python`) on the PATH, asked for torch's distribution
+/// version through `importlib.metadata` (torch itself is not imported).
+/// Asked once per process (a search asks it early on a thread of its own,
+/// an atlas for each of its searches): the first call runs the probe, any
+/// other waits for its answer.
+pub fn detect_python_torch() -> Option<(TorchVersion, String)> {
+    static ANSWER: std::sync::OnceLock<Option<(TorchVersion, String)>> = std::sync::OnceLock::new();
+    ANSWER.get_or_init(probe_python_torch).clone()
+}
+
+/// Starts [`detect_python_torch`] on a thread, so that the interpreters'
+/// starts (~0.3 s each) overlap other work.
+pub fn prefetch_python_torch() {
+    std::thread::spawn(detect_python_torch);
+}
+
+fn probe_python_torch() -> Option<(TorchVersion, String)> {
+    let candidates: Vec<String> = match std::env::var("SEGTUNE_PYTHON") {
+        Ok(p) if !p.is_empty() => vec![p],
+        _ => vec!["python3".into(), "python".into()],
+    };
+    for python in candidates {
+        let Some(text) = torch_version_of(&python) else {
+            continue;
+        };
+        if let Some(v) = TorchVersion::from_python(&text) {
+            let v = v.clamp(TorchVersion::OLDEST, TorchVersion::NEWEST);
+            return Some((v, python));
+        }
+    }
+    None
+}
+
+/// What `python` prints for torch's version, if it answers in time (an
+/// interpreter that hangs must not hang segtune).
+fn torch_version_of(python: &str) -> Option<String> {
+    run_briefly(Command::new(python).args([
+        "-c",
+        "import importlib.metadata as m; print(m.version('torch'))",
+    ]))
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! worker that left no report died ([`WorkerDeath`]).
 
 use super::launcher;
-use super::worker::{Finished, DRAIN_GRACE};
-use super::TrialStatus;
+use super::process::{Finished, DRAIN_GRACE};
 use crate::error::{Error, Result};
+use crate::trial::TrialStatus;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 // shim_checkpoint.cpp, shim_kernel_calls.cpp, shim_psamask.cpp) export,
 // and the one Rust exports to them. Each shim*.cpp includes this header, so
 // the compiler checks every definition against its prototype here (and
-// -Wmissing-declarations flags an export missing from it); `src/ffi.rs`
+// -Wmissing-declarations flags an export missing from it); `src/shim/ffi.rs`
 // declares the same functions for Rust, in the same order.
 //
 // Conventions: a function returning `int` returns 0, or -1 with the error's

@@ -1,6 +1,6 @@
-//! The one seam between Rust and the C++ shim (`src/trial/shim*.cpp`): every
+//! The one seam between Rust and the C++ shim (`src/shim/shim*.cpp`): every
 //! function the shim exports, declared once here and once in the C header
-//! `src/trial/segtune_ffi.h` (in the same order), and [`ShimError`], what a
+//! `src/shim/segtune_ffi.h` (in the same order), and [`ShimError`], what a
 //! failed call reports. The safe wrappers live with their users
 //! (`trial::memory`, `trial::kernel_calls`, `models::layers::ops`,
 //! `models::layers::checkpoint`); the one function Rust exports to the shim,

@@ -22,7 +22,7 @@
 //! (`ps`, `pgrep`) is `st-` and the request's command: `st-trial`,
 //! `st-inspect`.
 
-use super::worker::{Finished, LiveWorker};
+use super::process::{Finished, LiveWorker};
 use crate::error::{Error, Result};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -69,7 +69,7 @@ pub fn serve(run: &dyn Fn(Vec<OsString>) -> i32, prepare: &dyn Fn(&[OsString])) 
     // rewrites the dispatch tables of every operator it touches). A child
     // that wants the CPU's autocast rules turns the policy off again
     // (`trial::run`); without autocast the policy is never consulted.
-    use super::memory::{self, OpTrace};
+    use crate::trial::memory::{self, OpTrace};
     let _ = memory::set_op_trace(OpTrace::Meta).and_then(|()| memory::set_op_trace(OpTrace::Off));
     let _ = memory::autocast_cuda_policy(true);
     let stdin = std::io::stdin();
@@ -258,7 +258,7 @@ fn spawn_server(worker: &Path) -> std::io::Result<Child> {
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null());
                 super::machine::worker_env(&mut command);
-                super::worker::own_group_dying_with_parent(&mut command);
+                super::process::own_group_dying_with_parent(&mut command);
                 let _ = reply.send(command.spawn());
             }
         });
@@ -336,7 +336,7 @@ pub(super) fn run_forked(
     else {
         return Ok(None);
     };
-    let dir = super::worker::LiveTempDir::new()
+    let dir = super::process::LiveTempDir::new()
         .map_err(|e| Error::io("no temporary directory for a worker's output", e))?;
     let request = ServeRequest {
         argv,
@@ -368,7 +368,7 @@ pub(super) fn run_forked(
         if left == Some(Duration::ZERO) && !timed_out {
             // The server's child (and its group), whose end the server
             // still awaits: its pid is not reused meanwhile.
-            super::worker::kill_group(pid as u32);
+            super::process::kill_group(pid as u32);
             timed_out = true;
         }
         let wait = left
