@@ -114,7 +114,7 @@ def case_84(tmp):
     result = r.json()
     winner = result["winner"]["candidate"]
     written = result["emitted"][0]
-    worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "trial",
+    worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "worker",
                           "python_worker.py")
     load = ("import importlib.util\n"
             f"spec = importlib.util.spec_from_file_location('w', {worker!r})\n"

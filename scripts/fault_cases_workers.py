@@ -197,7 +197,7 @@ def case_50(tmp):
                 "within 2 s", timeout=60)
     check(r.seconds < 12, f"took {r.seconds:.1f} s")
     time.sleep(0.3)
-    left = [p for p in running("segtune-torch trial") + running("st-trial") if B0 in p or "st-trial" in p]
+    left = [p for p in running("segtune-torch run") + running("st-run") if B0 in p or "st-run" in p]
     check(not left, f"left running: {left}")
     return f"exit 2 in {r.seconds:.1f} s: {r.first_line()[:80]}"
 

@@ -92,12 +92,12 @@ def children_of(pid, what=None):
     return [int(x) for x in p.stdout.split()]
 
 
-def workers_of(pid, what="segtune-torch trial"):
+def workers_of(pid, what="segtune-torch run"):
     """The workers running a request for `pid`: spawned (`segtune-torch
-    trial`, its children) or forked by one of its fork servers (the
+    run`, its children) or forked by one of its fork servers (the
     servers' children, named st-<command>)."""
     found = children_of(pid, what)
-    if what == "segtune-torch trial":
+    if what == "segtune-torch run":
         for server in children_of(pid, "segtune-torch serve"):
             found += children_of(server)
     return found

@@ -29,6 +29,6 @@ pub mod worker;
 pub use error::{Error, Result};
 
 /// Counts what a config's evaluation holds, so that it can be bounded
-/// ([`config::budget`]).
+/// ([`config::eval_meter`]).
 #[global_allocator]
-static ALLOCATOR: config::budget::Metered = config::budget::Metered;
+static ALLOCATOR: config::eval_meter::Metered = config::eval_meter::Metered;

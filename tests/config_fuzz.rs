@@ -14,7 +14,7 @@
 //! runs 100 000 (`SEGTUNE_FUZZ_INPUTS`, `SEGTUNE_FUZZ_SEED`; a deadline in
 //! seconds: `SEGTUNE_FUZZ_SECONDS`).
 
-use segtune::config::{self, budget};
+use segtune::config::{self, eval_meter};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -448,7 +448,7 @@ fn main() {
         println!("config_fuzz: test");
         return;
     }
-    budget::set_hard_cap(MEMORY_CAP);
+    eval_meter::set_hard_cap(MEMORY_CAP);
     std::panic::set_hook(Box::new(|info| eprintln!("config fuzz: PANIC: {info}")));
     let scratch = Scratch::new();
     let origin = Instant::now();
@@ -509,7 +509,7 @@ fn main() {
         t.inputs += 1;
         t.by_kind[kind] += 1;
         t.slowest = t.slowest.max(took);
-        t.largest_peak = t.largest_peak.max(budget::last_peak_bytes());
+        t.largest_peak = t.largest_peak.max(eval_meter::last_peak_bytes());
         let keep = |what: &str| {
             let p = scratch.dir.join(format!("{what}-{i}-{name}"));
             std::fs::write(&p, format!("{text}\n# --cfg-options {options:?}\n")).unwrap();

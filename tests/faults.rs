@@ -45,12 +45,12 @@ fn children(parent: u32, args: &[&str]) -> Vec<u32> {
 }
 
 /// The pids of `parent`'s traced steps (not the model check that runs
-/// first): `segtune-torch trial` children, spawned, or `st-trial` children
+/// first): `segtune-torch run` children, spawned, or `st-run` children
 /// of its fork servers (`worker::fork_server`).
 fn trial_workers(parent: u32) -> Vec<u32> {
-    let mut found = children(parent, &["-f", "segtune-torch trial"]);
+    let mut found = children(parent, &["-f", "segtune-torch run"]);
     for server in children(parent, &["-f", "segtune-torch serve"]) {
-        found.extend(children(server, &["-x", "st-trial"]));
+        found.extend(children(server, &["-x", "st-run"]));
     }
     found
 }

@@ -80,7 +80,11 @@ fn no_module_imports_one_from_a_higher_floor() {
     for file in &files {
         let relative = file.strip_prefix(&src).expect("under src");
         let first = relative.components().next().expect("a component");
-        let module = first.as_os_str().to_str().expect("UTF-8").trim_end_matches(".rs");
+        let module = first
+            .as_os_str()
+            .to_str()
+            .expect("UTF-8")
+            .trim_end_matches(".rs");
         if matches!(module, "lib" | "main" | "bin") {
             continue;
         }
@@ -103,14 +107,24 @@ fn no_module_imports_one_from_a_higher_floor() {
             }
         }
     }
-    assert!(upward.is_empty(), "imports that run up the layers:\n{}", upward.join("\n"));
-    assert!(seen_floors.len() >= 12, "every floor was read: {seen_floors:?}");
+    assert!(
+        upward.is_empty(),
+        "imports that run up the layers:\n{}",
+        upward.join("\n")
+    );
+    assert!(
+        seen_floors.len() >= 12,
+        "every floor was read: {seen_floors:?}"
+    );
 }
 
 #[test]
 fn the_error_type_names_no_trial() {
     let error = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/error.rs"))
         .expect("src/error.rs");
-    let code: Vec<&str> = error.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+    let code: Vec<&str> = error
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect();
     assert!(!named_modules(&code.join("\n")).contains("trial"));
 }

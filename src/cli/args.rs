@@ -6,7 +6,9 @@ pub use super::scale_args::{AtlasArgs, ScaleArgs, DEFAULT_MAX_PARALLEL};
 use crate::config::dump;
 use crate::error::Result;
 use crate::kinds::VersionSource;
-use crate::kinds::{Amp, DeviceChoice, MmcvVersion, RunMode, Stack, TorchVersion, TrainingSetup};
+use crate::kinds::{
+    Amp, DeviceChoice, GpuChoice, MmcvVersion, RunMode, Stack, TorchVersion, TrainingSetup, Vram,
+};
 use crate::named::Named;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
@@ -56,11 +58,10 @@ impl std::str::FromStr for Crop {
     }
 }
 
-/// `--vram`: checked when parsed (the library parses it again where a
-/// `segtune` dict in the config can give it too).
-pub(super) fn vram_size(s: &str) -> std::result::Result<String, String> {
-    crate::predict::budget::parse_vram(s)
-        .map(|_| s.to_string())
+/// `--vram` as bytes (a trial's cap).
+fn vram_bytes(s: &str) -> std::result::Result<u64, String> {
+    s.parse::<Vram>()
+        .map(|v| v.bytes())
         .map_err(|e| e.to_string())
 }
 
@@ -250,8 +251,8 @@ pub struct GpuArgs {
     pub preset: Option<String>,
     /// GPU memory: 4G, 4GB, 4GiB, 3.5G, 4096M, 4096MiB or bytes. All units
     /// are binary (1G = 1 GiB = 1024 MiB, as nvidia-smi's MiB).
-    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
-    pub vram: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub vram: Option<Vram>,
     /// Compute capability for --vram (decides the CUDA context, the cuBLAS
     /// workspace and bf16; default 8.6).
     #[arg(long)]
@@ -259,12 +260,17 @@ pub struct GpuArgs {
 }
 
 impl GpuArgs {
+    /// The GPU the flags name.
+    pub fn choice(&self) -> GpuChoice {
+        GpuChoice {
+            vram: self.vram.clone(),
+            preset: self.preset.clone(),
+            compute_capability: self.compute_capability.clone(),
+        }
+    }
+
     fn gpu(&self) -> Result<Gpu> {
-        Gpu::choose(
-            self.preset.as_deref(),
-            self.vram.as_deref(),
-            self.compute_capability.as_deref(),
-        )
+        Gpu::choose(&self.choice())
     }
 }
 
@@ -329,7 +335,8 @@ pub struct PythonWorkerArgs {
     pub python: Option<PathBuf>,
 }
 
-/// `segtune trial` arguments (also the worker's: see [`TrialRequest::to_argv`]).
+/// `segtune trial` arguments (also `segtune-torch trial`'s, for people; the
+/// parent sends workers the request itself, see [`TrialRequest::to_json`]).
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrialArgs {
     /// The config (.py or .rhai).
@@ -370,8 +377,8 @@ pub struct TrialArgs {
     /// caching allocator is capped at it less the CUDA context, so a
     /// larger card stands in for a smaller one; with --as-cuda on the CPU
     /// the counted tensors are capped at it.
-    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
-    pub vram: Option<String>,
+    #[arg(long, value_parser = vram_bytes, allow_hyphen_values = true)]
+    pub vram: Option<u64>,
     /// Write every CPU allocation and free (from the model build on) to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
@@ -413,10 +420,7 @@ impl TrialArgs {
             gt_segments: self.step.gt_segments.0,
             threads: self.threads,
             cpu_cap_bytes: self.cpu_cap,
-            vram_budget_bytes: self
-                .vram
-                .as_deref()
-                .map(|v| crate::predict::budget::parse_vram(v).expect("validated by clap")),
+            vram_budget_bytes: self.vram,
             trace_out: self.trace_out.clone(),
             setup: self.setup.setup(),
             as_cuda: self.as_cuda,
@@ -676,12 +680,10 @@ impl SearchArgs {
             config: self.config_path().to_path_buf(),
             cfg_options: self.common.cfg_options.clone(),
             settings: SearchSpec {
-                vram: self.gpu.vram.clone(),
-                preset: self.gpu.preset.clone(),
+                gpu: self.gpu.choice(),
                 margin: self.margin,
                 objective: self.objective,
                 device: self.device.clone(),
-                compute_capability: self.gpu.compute_capability.clone(),
                 gpus: self.gpus,
                 torch: self.torch,
                 effective_batch: self.effective_batch,
@@ -769,7 +771,7 @@ mod tests {
     fn a_request_survives_the_worker_command_line() {
         let plain = TrialRequest::new("cfg.py");
         assert_eq!(parse(vec!["trial".into(), "cfg.py".into()]), plain);
-        assert_eq!(parse(plain.to_argv()), plain);
+        assert_eq!(TrialRequest::from_json(&plain.to_json()).unwrap(), plain);
         let full = TrialRequest {
             cfg_options: vec!["crop_size=(64,64)".into(), "a.b=1".into()],
             batch_size: 3,
@@ -794,6 +796,17 @@ mod tests {
             cudnn_benchmark: Some(false),
             ..TrialRequest::new("cfg.rhai")
         };
-        assert_eq!(parse(full.to_argv()), full);
+        // The worker's request: the same request back from its JSON.
+        assert_eq!(TrialRequest::from_json(&full.to_json()).unwrap(), full);
+        // `segtune trial`'s flags build it too.
+        let flags = "trial cfg.rhai --batch-size 3 --crop 256x128 --amp bf16 --accum 4 \
+                     --warmup 2 --steps 1 --device cuda:1 --seed 7 --ignore-fraction 0 \
+                     --gt-segments 12 --threads 2 --cpu-cap 1073741824 --trace-out /tmp/x.trace \
+                     --gpus 8 --torch 1.10 --mmcv 1.2.4 --as-cuda --cudnn-benchmark off \
+                     --cfg-options crop_size=(64,64) a.b=1";
+        assert_eq!(
+            parse(flags.split_whitespace().map(Into::into).collect()),
+            full
+        );
     }
 }

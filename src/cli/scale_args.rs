@@ -1,7 +1,7 @@
 //! The arguments of where trials run (`--devices`, `--launcher slurm`,
 //! shared by `search` and `atlas`) and of `segtune atlas`.
 
-use super::args::{fraction, named, vram_size, CommonArgs, TraceTimeoutArgs};
+use super::args::{fraction, named, CommonArgs, TraceTimeoutArgs};
 use crate::kinds::{Amp, TorchVersion};
 use crate::search::spec::MAX_GPUS;
 use crate::search::{Objective, SearchRequest, SearchSpec};
@@ -109,8 +109,8 @@ pub struct AtlasArgs {
     #[arg(long, conflicts_with = "preset")]
     pub all_presets: bool,
     /// A GPU by its memory (4G, 6GiB, ...); give it several times for several.
-    #[arg(long, value_parser = vram_size, allow_hyphen_values = true)]
-    pub vram: Vec<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub vram: Vec<crate::kinds::Vram>,
     /// Compute capability of the --vram GPUs (default 8.6).
     #[arg(long)]
     pub compute_capability: Option<String>,
@@ -184,17 +184,18 @@ impl AtlasArgs {
     /// The atlas's request (`presets`: the shipped presets' names, for
     /// --all-presets).
     pub fn request(&self, presets: &[&str]) -> crate::search::atlas::AtlasRequest {
-        use crate::search::atlas::{AtlasGpu, AtlasRequest};
-        let mut gpus: Vec<AtlasGpu> = if self.all_presets {
-            presets.iter().map(|p| AtlasGpu::preset(p)).collect()
+        use crate::kinds::GpuChoice;
+        use crate::search::atlas::AtlasRequest;
+        let mut gpus: Vec<GpuChoice> = if self.all_presets {
+            presets.iter().map(|p| GpuChoice::preset(p)).collect()
         } else {
-            self.preset.iter().map(|p| AtlasGpu::preset(p)).collect()
+            self.preset.iter().map(|p| GpuChoice::preset(p)).collect()
         };
-        gpus.extend(self.vram.iter().map(|v| AtlasGpu {
-            preset: None,
-            vram: Some(v.clone()),
-            compute_capability: self.compute_capability.clone(),
-        }));
+        gpus.extend(
+            self.vram
+                .iter()
+                .map(|v| GpuChoice::custom(v.clone(), self.compute_capability.clone())),
+        );
         let cache_dir = self
             .trace_cache
             .clone()

@@ -1,6 +1,7 @@
-//! The `segtune-torch` worker's command line: `trial` (the protocol's
-//! request, see `trial::request`), `inspect`, `devices` and `serve` (the
-//! fork server, `worker::fork_server`). It lives in a
+//! The `segtune-torch` worker's command line: `run` (the protocol's
+//! request, a `TrialRequest` as JSON, see `trial::request`), `trial` (the
+//! same trial from `segtune trial`'s flags, for people), `inspect`,
+//! `devices` and `serve` (the fork server, `worker::fork_server`). It lives in a
 //! binary of its own so that `segtune` starts in milliseconds (libtorch
 //! takes ~0.4 s to load).
 //!
@@ -27,6 +28,12 @@ struct WorkerCli {
 
 #[derive(Subcommand, Debug)]
 enum WorkerCommand {
+    /// Run one trial from a request (`TrialRequest` as JSON: the text
+    /// itself, `@FILE`, or `-` for stdin); print its report as JSON.
+    Run {
+        #[arg(value_name = "REQUEST")]
+        request: String,
+    },
     Trial(Box<TrialArgs>),
     Inspect(InspectArgs),
     /// Print the number of CUDA devices libtorch sees.
@@ -58,6 +65,16 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
         }
     };
     finish_refusing(match cli.command {
+        WorkerCommand::Run { request } => read_request(&request).and_then(|request| {
+            crate::worker::execute(&request).map(|report| Output {
+                text: json(&report),
+                code: if report.status == trial::TrialStatus::Ok {
+                    0
+                } else {
+                    1
+                },
+            })
+        }),
         WorkerCommand::Trial(args) => {
             crate::worker::execute(&args.request()).map(|report| Output {
                 text: if args.common.json {
@@ -94,6 +111,25 @@ fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
     })
 }
 
+/// The request `run` was given: JSON text, `@FILE` or `-` (stdin).
+fn read_request(given: &str) -> Result<trial::TrialRequest> {
+    let text = match given {
+        "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|e| Error::io("cannot read the request on stdin", e))?;
+            text
+        }
+        _ => match given.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| Error::io(format!("cannot read the request {path}"), e))?,
+            None => given.to_string(),
+        },
+    };
+    trial::TrialRequest::from_json(&text)
+        .map_err(|e| Error::Input(format!("the trial request is not a TrialRequest: {e}")))
+}
+
 /// [`finish`], an error also said on stdout as a [`WorkerRefusal`] (its
 /// kind: the machine's, or the request's).
 fn finish_refusing(result: Result<Output>) -> i32 {
@@ -127,6 +163,11 @@ fn refuse(kind: RefusalKind, message: &str) {
 fn resolve_in_server(argv: &[std::ffi::OsString]) {
     let argv = std::iter::once("segtune-torch".into()).chain(argv.iter().cloned());
     let (config, cfg_options) = match WorkerCli::try_parse_from(argv).map(|cli| cli.command) {
+        // stdin is the server's own pipe, never a request's.
+        Ok(WorkerCommand::Run { request }) if request != "-" => match read_request(&request) {
+            Ok(request) => (request.config, request.cfg_options),
+            Err(_) => return,
+        },
         Ok(WorkerCommand::Trial(args)) => {
             let request = args.request();
             (request.config, request.cfg_options)

@@ -3,8 +3,8 @@
 //! Python keeps Python's semantics, preset modules for `import`, and the
 //! conversion between Rhai values and config [`Value`]s.
 
-use super::budget;
 use super::error::{ConfigError, ErrorKind};
+use super::eval_meter;
 use super::guarded;
 use super::imports;
 use super::pyops::{self, BinOp, CmpOp, PyError};
@@ -101,11 +101,11 @@ fn convert_counted(d: &Dynamic, remaining: &mut usize) -> Result<Value, PyError>
         // Rhai shares a string between the values that hold it; here each
         // becomes a copy, so a list of lists of one long string would
         // expand past any memory: ask the budget before each copy.
-        budget::reserve(s.len()).map_err(|_| {
+        eval_meter::reserve(s.len()).map_err(|_| {
             PyError::limit(format!(
                 "copying the config's values out of the evaluation would hold more than {} MiB \
                  (a long string repeated many times?)",
-                budget::EVALUATION_BUDGET_BYTES >> 20
+                eval_meter::EVALUATION_BUDGET_BYTES >> 20
             ))
         })?;
         return Ok(Value::Str(s.to_string()));
@@ -352,7 +352,7 @@ fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
         .set_max_call_levels(limits.max_call_levels)
         .set_max_expr_depths(limits.max_expr_depth, limits.max_expr_depth)
         .set_max_modules(limits.max_modules);
-    engine.on_progress(|_| budget::exceeded().then(|| Dynamic::from(BudgetExceeded)));
+    engine.on_progress(|_| eval_meter::exceeded().then(|| Dynamic::from(BudgetExceeded)));
     guarded::register(&mut engine);
     engine.set_module_resolver(resolver);
     // `print` and `debug` in a config must not write into `segtune
@@ -665,7 +665,7 @@ pub fn rhai_error(e: &EvalAltResult) -> ConfigError {
             "the config ran for too long (operation limit reached); is there an endless loop?",
         ),
         E::ErrorTerminated(token, _) if token.is::<BudgetExceeded>() => {
-            ConfigError::new(ErrorKind::Limit, budget::exceeded_message())
+            ConfigError::new(ErrorKind::Limit, eval_meter::exceeded_message())
         }
         E::ErrorStackOverflow(_) => ConfigError::new(ErrorKind::Limit, "the config recursed too deeply (call depth limit reached)"),
         E::ErrorDataTooLarge(what, _) => ConfigError::new(ErrorKind::Limit, format!("the config built a value larger than the limit ({what})")),

@@ -8,7 +8,7 @@
 //! their inputs in a single operation (`a.pad(100000000, x)`, `s.to_chars()`
 //! of a long string, `s.split("")`), so they check before building.
 
-use super::budget;
+use super::eval_meter;
 use super::pyops::PyError;
 use rhai::{Array, Dynamic, Engine, EvalAltResult, ImmutableString, INT};
 use std::mem::size_of;
@@ -36,7 +36,7 @@ fn deep_bytes(value: &Dynamic) -> usize {
         } else if let Some(s) = v.read_lock::<ImmutableString>() {
             bytes = bytes.saturating_add(s.len());
         }
-        if bytes > budget::EVALUATION_BUDGET_BYTES {
+        if bytes > eval_meter::EVALUATION_BUDGET_BYTES {
             break;
         }
     }
@@ -44,7 +44,7 @@ fn deep_bytes(value: &Dynamic) -> usize {
 }
 
 fn reserve(bytes: usize) -> Checked<()> {
-    budget::reserve(bytes).map_err(limit)
+    eval_meter::reserve(bytes).map_err(limit)
 }
 
 /// What splitting `s` into up to its length + 1 pieces may hold.

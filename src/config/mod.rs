@@ -23,10 +23,10 @@
 //! - [`metafile`]: MMSeg's `metafile.yaml` files, the published result of
 //!   each config (`segtune atlas`).
 
-pub mod budget;
 pub mod dump;
 pub mod error;
 pub mod eval;
+pub mod eval_meter;
 mod guarded;
 pub mod hf;
 mod imports;
@@ -179,9 +179,9 @@ fn on_evaluation_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
             .name("segtune-config".into())
             .stack_size(EVALUATION_STACK_BYTES)
             .spawn_scoped(scope, || {
-                budget::start_metering();
+                eval_meter::start_metering();
                 let out = f();
-                budget::stop_metering();
+                eval_meter::stop_metering();
                 out
             });
         match handle {

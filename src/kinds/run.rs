@@ -71,3 +71,17 @@ crate::named::named_enum!(RunMode, "a run mode", {
     Train => "train",
     Infer => "infer",
 });
+
+/// As the command line writes it (`cpu`, `cuda:1`).
+impl serde::Serialize for DeviceChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DeviceChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<DeviceChoice, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}

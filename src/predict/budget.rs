@@ -5,6 +5,7 @@
 use super::kernels::cudnn_speed::GpuMath;
 use crate::config::{presets, Dict, Value};
 use crate::error::{Error, Result};
+use crate::kinds::GpuChoice;
 
 /// The compute capability of a `--vram` budget that names none (Ampere's
 /// consumer cards: the RTX 30 series and the A10 are 8.6).
@@ -193,8 +194,7 @@ impl Gpu {
     /// ones, its rates (for speed and ranking) those of the table's
     /// representative card of that capability ([`representative_preset`]),
     /// which its `description` names.
-    pub fn custom(vram: &str, compute_capability: &str) -> Result<Gpu> {
-        let vram_bytes = parse_vram(vram).map_err(|e| Error::Input(format!("vram {e}")))?;
+    pub fn custom(vram_bytes: u64, compute_capability: &str) -> Result<Gpu> {
         let bf16 = compute_capability
             .split('.')
             .next()
@@ -229,12 +229,9 @@ impl Gpu {
     }
 
     /// The preset if one is named, else the bare `vram`.
-    pub fn choose(
-        preset: Option<&str>,
-        vram: Option<&str>,
-        compute_capability: Option<&str>,
-    ) -> Result<Gpu> {
-        match (preset, vram) {
+    pub fn choose(choice: &GpuChoice) -> Result<Gpu> {
+        let compute_capability = choice.compute_capability.as_deref();
+        match (choice.preset.as_deref(), &choice.vram) {
             // A preset is a card: its compute capability is its own, and
             // one given beside it would be silently ignored.
             (Some(name), _) if compute_capability.is_some() => {
@@ -248,7 +245,7 @@ impl Gpu {
             }
             (Some(name), _) => Gpu::preset(name),
             (None, Some(v)) => Gpu::custom(
-                v,
+                v.bytes(),
                 compute_capability.unwrap_or(DEFAULT_COMPUTE_CAPABILITY),
             ),
             // Neither: the local card, where nvidia-smi names one.
@@ -420,67 +417,6 @@ impl Budget {
     }
 }
 
-/// Parses a VRAM size. All units are binary (1G = 1 GiB = 1024 MiB, as
-/// nvidia-smi's MiB are): `4G`, `4GB`, `4GiB`, `3.5G`, `4096M`, `4096MiB`,
-/// `512K`, or plain bytes.
-pub fn parse_vram(text: &str) -> std::result::Result<u64, VramError> {
-    let t = text.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let text = || text.to_string();
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| VramError::NotASize { text: text() })?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(VramError::UnknownUnit {
-                text: text(),
-                unit: other.into(),
-            })
-        }
-    };
-    if !(value.is_finite() && value > 0.0) {
-        return Err(VramError::NotPositive { text: text() });
-    }
-    let bytes = (value * scale as f64).round();
-    // `as u64` would saturate: 99999999999G is not a GPU, it is a typo.
-    if bytes >= u64::MAX as f64 {
-        return Err(VramError::TooLarge { text: text() });
-    }
-    if bytes < 1.0 {
-        return Err(VramError::NotPositive { text: text() });
-    }
-    // No GPU has under a mebibyte: `--vram 8` means 8 GiB, not 8 bytes.
-    if bytes < (1u64 << 20) as f64 {
-        return Err(VramError::TooSmall {
-            text: text(),
-            guess: format!("{}G", number.trim()),
-        });
-    }
-    Ok(bytes as u64)
-}
-
-/// Why a `--vram` value is not a memory size.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VramError {
-    #[error("`{text}` is not a memory size; write e.g. 4G, 4096MiB or 3.5GB")]
-    NotASize { text: String },
-    #[error("`{text}`: unknown unit `{unit}` (use K, M, G or T; all binary)")]
-    UnknownUnit { text: String, unit: String },
-    #[error("`{text}` must be a positive size")]
-    NotPositive { text: String },
-    #[error("`{text}` is under 1 MiB, smaller than any GPU's memory: did you mean {guess}? (a size without a unit is in bytes)")]
-    TooSmall { text: String, guess: String },
-    #[error("`{text}` is beyond any memory size (the largest is 16 EiB); write e.g. 24G")]
-    TooLarge { text: String },
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,7 +436,7 @@ mod tests {
         let h200 = Gpu::preset("h200").unwrap();
         assert_eq!(h200.overheads.cuda_context_bytes, 520 << 20);
         assert_eq!(h200.overheads.cublas_workspace_bytes, 32 << 20);
-        let turing = Gpu::custom("8G", "7.5").unwrap();
+        let turing = Gpu::custom(8 << 30, "7.5").unwrap();
         assert_eq!(turing.overheads.cuda_context_bytes, 290 << 20);
         assert_eq!(
             turing.overheads.cublas_workspace_bytes,
@@ -512,36 +448,8 @@ mod tests {
     }
 
     #[test]
-    fn vram_sizes() {
-        for (t, want) in [
-            ("4G", 4u64 << 30),
-            ("4GB", 4 << 30),
-            ("4GiB", 4 << 30),
-            ("3.5G", 7 << 29),
-            ("4096M", 4 << 30),
-            ("4096MiB", 4 << 30),
-            ("1073741824", 1 << 30),
-        ] {
-            assert_eq!(parse_vram(t).unwrap(), want, "{t}");
-        }
-        for bad in [
-            "",
-            "G",
-            "-1G",
-            "4X",
-            "four",
-            "NaN",
-            "infG",
-            "99999999999G",
-            "0.1",
-        ] {
-            assert!(parse_vram(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn a_budget_that_leaves_nothing_is_refused() {
-        let gpu = Gpu::custom("200M", "8.6").unwrap();
+        let gpu = Gpu::custom(200 << 20, "8.6").unwrap();
         let err = Budget::new(&gpu, 0.05).unwrap_err().to_string();
         assert!(
             err.contains("leaves nothing after the CUDA context"),
@@ -570,7 +478,7 @@ mod tests {
         ] {
             assert_eq!(representative_preset(cc), card, "{cc}");
         }
-        let gpu = Gpu::custom("6G", "8.6").unwrap();
+        let gpu = Gpu::custom(6 << 30, "8.6").unwrap();
         let rtx3060 = Gpu::preset("rtx3060").unwrap();
         assert_eq!(gpu.name, "custom");
         assert_eq!(gpu.form, "custom");
@@ -596,19 +504,19 @@ mod tests {
         assert_eq!(gpu.conv_math(), GpuMath::of_compute_capability("8.6"));
         let budget = Budget::new(&gpu, 0.05).unwrap();
         assert_eq!(budget.conv_math(), GpuMath::of_compute_capability("8.6"));
-        let volta = Gpu::custom("16G", "7.0").unwrap();
+        let volta = Gpu::custom(16 << 30, "7.0").unwrap();
         assert_eq!(
             volta.description.as_deref(),
             Some("rates of a Tesla V100 SXM2 16 GB (compute capability 7.0)")
         );
         assert!(!volta.bf16 && volta.bf16_tflops == 0.0 && volta.tensor_cores);
-        let ampere = Gpu::custom("40G", "8.0").unwrap();
+        let ampere = Gpu::custom(40 << 30, "8.0").unwrap();
         assert!(ampere
             .description
             .unwrap()
             .starts_with("rates of an NVIDIA A100"));
         // A Pascal card's FP16 is its native rate, without tensor cores.
-        let pascal = Gpu::custom("11G", "6.1").unwrap();
+        let pascal = Gpu::custom(11 << 30, "6.1").unwrap();
         assert!(!pascal.tensor_cores && pascal.fp16_tflops < 1.0);
     }
 

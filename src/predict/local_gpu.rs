@@ -29,7 +29,7 @@ impl LocalGpu {
         match self.preset {
             Some(p) => Gpu::preset(p),
             None => Gpu::custom(
-                &format!("{}M", self.memory_mib),
+                self.memory_mib << 20,
                 self.compute_capability
                     .as_deref()
                     .unwrap_or(super::budget::DEFAULT_COMPUTE_CAPABILITY),

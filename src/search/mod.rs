@@ -45,7 +45,6 @@ pub mod journal;
 pub mod knobs;
 pub mod owned;
 pub mod placement;
-pub mod predictor;
 pub mod recipe;
 pub mod record;
 pub mod run;

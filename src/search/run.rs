@@ -7,11 +7,11 @@ use super::checks::{
 };
 use super::confirm::{confirm, Confirmation};
 use super::emit;
+pub use super::evaluate::predictor;
+pub(super) use super::evaluate::trace_slots;
 use super::evaluate::{Evaluator, MeasuredEvaluator};
 use super::journal::{hash_text, Inputs, Journal};
 use super::knobs;
-pub use super::predictor::predictor;
-pub(super) use super::predictor::trace_slots;
 use super::record::{Mode, Outcome, SearchResult};
 use super::saved;
 use super::space::{self, Amp, Recipe};
@@ -704,11 +704,7 @@ pub(super) fn cuda_device(
 
 /// The GPU budget the settings name (a preset or a VRAM size).
 pub(super) fn budget_of(spec: &SearchSpec) -> Result<Budget> {
-    let gpu = Gpu::choose(
-        spec.preset.as_deref(),
-        spec.vram.as_deref(),
-        spec.compute_capability.as_deref(),
-    )?;
+    let gpu = Gpu::choose(&spec.gpu)?;
     Budget::new(&gpu, spec.margin.unwrap_or(0.05))
 }
 

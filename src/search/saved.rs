@@ -177,13 +177,9 @@ pub fn breakdown_of(
     ));
     // The search's card where it was a preset (its rates choose cuDNN's
     // algorithms and their workspaces), else the same memory and capability.
-    let mut gpu = match Gpu::choose(Some(&r.budget.gpu), None, None) {
+    let mut gpu = match Gpu::preset(&r.budget.gpu) {
         Ok(gpu) if r.budget.gpu != "custom" => gpu,
-        _ => Gpu::choose(
-            None,
-            Some(&r.budget.vram_bytes.to_string()),
-            Some(&r.budget.compute_capability),
-        )?,
+        _ => Gpu::custom(r.budget.vram_bytes, &r.budget.compute_capability)?,
     };
     // The search replays each step within the usable memory (the margin
     // kept free): where memory is tight the allocator frees its cache and

@@ -4,6 +4,7 @@
 
 use crate::config::{self, Value};
 use crate::error::{Error, Result};
+use crate::kinds::{GpuChoice, Vram};
 
 /// The most data-parallel GPUs a search or an estimate takes: far above any
 /// MMSeg run (its zoo trains on 4 to 8), low enough that batch x
@@ -70,18 +71,15 @@ impl std::str::FromStr for DeviceSetting {
 /// The search settings: from the CLI, or a `segtune` section of the config.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct SearchSpec {
-    /// GPU memory (`4G`, `4096MiB`, ...; binary units) — or use `preset`.
-    pub vram: Option<String>,
-    /// A shipped GPU preset (`rtx3050ti`, `rtx2070`, `rtx3060`, `rtx3090`, `rtx4090`, `h200`).
-    pub preset: Option<String>,
+    /// The GPU: `vram` (and `compute_capability`) or `preset`.
+    #[serde(flatten)]
+    pub gpu: GpuChoice,
     /// Fraction of the VRAM kept free (default 0.05).
     pub margin: Option<f64>,
     /// `keep-crop` (default) or `throughput`.
     pub objective: Option<Objective>,
     /// `auto` (default), `cpu` (predict) or `cuda:N` (measure).
     pub device: Option<String>,
-    /// Compute capability of a `vram` budget (e.g. "8.6").
-    pub compute_capability: Option<String>,
     /// GPUs training data-parallel (default 1): the batch is per GPU, the
     /// effective batch is batch x accumulation x gpus, and every GPU holds
     /// DDP's gradient buckets.
@@ -150,11 +148,10 @@ impl SearchSpec {
             .map(|o| o.parse::<Objective>())
             .transpose()
             .map_err(|e| bad(format!("`segtune.objective`: {e}")))?;
-        let vram = s("vram")?;
-        if let Some(v) = &vram {
-            crate::predict::budget::parse_vram(v)
-                .map_err(|e| bad(format!("`segtune.vram`: {e}")))?;
-        }
+        let vram = s("vram")?
+            .map(|v| v.parse::<Vram>())
+            .transpose()
+            .map_err(|e| bad(format!("`segtune.vram`: {e}")))?;
         let margin = match get("margin") {
             None | Some(Value::None) => None,
             Some(v) => match v.as_f64() {
@@ -197,12 +194,14 @@ impl SearchSpec {
             .map_err(|e| bad(format!("`segtune.torch`: {e}")))?;
         Ok(SearchSpec {
             torch,
-            vram,
-            preset: s("preset")?,
+            gpu: GpuChoice {
+                vram,
+                preset: s("preset")?,
+                compute_capability: s("compute_capability")?,
+            },
             margin,
             objective,
             device: s("device")?,
-            compute_capability: s("compute_capability")?,
             gpus,
             effective_batch,
             schedule,
@@ -212,22 +211,24 @@ impl SearchSpec {
     /// These settings where given, else `fallback`'s. A GPU named one way
     /// (`vram` or `preset`) here hides the other way in `fallback`.
     pub fn or(self, fallback: SearchSpec) -> SearchSpec {
-        let names_gpu = self.vram.is_some() || self.preset.is_some();
+        // The GPU is named as a whole, on the command line or in the
+        // config: a config's compute capability is of its GPU.
+        let gpu = if self.gpu.names_a_gpu() {
+            self.gpu
+        } else {
+            GpuChoice {
+                compute_capability: self
+                    .gpu
+                    .compute_capability
+                    .or(fallback.gpu.compute_capability),
+                ..fallback.gpu
+            }
+        };
         SearchSpec {
-            vram: self.vram.or(if names_gpu { None } else { fallback.vram }),
-            preset: self
-                .preset
-                .or(if names_gpu { None } else { fallback.preset }),
+            gpu,
             margin: self.margin.or(fallback.margin),
             objective: self.objective.or(fallback.objective),
             device: self.device.or(fallback.device),
-            // The GPU is named as a whole, on the command line or in the
-            // config: a config's compute capability is of its GPU.
-            compute_capability: self.compute_capability.or(if names_gpu {
-                None
-            } else {
-                fallback.compute_capability
-            }),
             gpus: self.gpus.or(fallback.gpus),
             torch: self.torch.or(fallback.torch),
             effective_batch: self.effective_batch.or(fallback.effective_batch),
@@ -251,17 +252,17 @@ mod tests {
     #[test]
     fn the_command_line_overrides_the_config_and_a_gpu_hides_the_other() {
         let from_cli = SearchSpec {
-            vram: Some("8G".into()),
+            gpu: GpuChoice::custom("8G".parse().unwrap(), None),
             ..SearchSpec::default()
         };
         let from_cfg = SearchSpec {
-            preset: Some("rtx3050ti".into()),
+            gpu: GpuChoice::preset("rtx3050ti"),
             margin: Some(0.1),
             ..SearchSpec::default()
         };
         let spec = from_cli.or(from_cfg);
-        assert_eq!(spec.vram.as_deref(), Some("8G"));
-        assert_eq!(spec.preset, None);
+        assert_eq!(spec.gpu.vram.map(|v| v.to_string()).as_deref(), Some("8G"));
+        assert_eq!(spec.gpu.preset, None);
         assert_eq!(spec.margin, Some(0.1));
     }
 

@@ -1,15 +1,15 @@
-//! What the parent asks the `segtune-torch` worker to run: one
-//! [`TrialRequest`], turned into the worker's argv here and only here. The
-//! worker's command line (`segtune trial`'s, in `cli`) parses it back into
-//! the same request.
+//! What a trial is asked to run: one [`TrialRequest`], the one request
+//! format of every worker. It travels as JSON ([`TrialRequest::to_json`]):
+//! `segtune-torch run REQUEST` and the Python worker's `--request REQUEST`
+//! read the same text, so no worker's command line is kept by hand beside
+//! it. `segtune trial`'s flags (in `cli`) build the same request for people.
 
 use crate::kinds::{Amp, DeviceChoice, RunMode, TrainingSetup};
-use std::ffi::OsString;
 use std::path::PathBuf;
 
 /// One trial: the config, the candidate, the measurement and the setup.
-
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrialRequest {
     /// The config (.py or .rhai) and its `--cfg-options`.
     pub config: PathBuf,
@@ -60,20 +60,6 @@ pub struct TrialRequest {
     pub cudnn_benchmark: Option<bool>,
 }
 
-/// `on` or `off`, as `--cudnn-benchmark` takes it.
-pub fn on_off(on: bool) -> &'static str {
-    if on {
-        "on"
-    } else {
-        "off"
-    }
-}
-
-fn flag_after(name: &str, value: String, argv: &mut Vec<OsString>) {
-    argv.push(format!("--{name}").into());
-    argv.push(value.into());
-}
-
 /// Classes per synthetic label map by default: 20, or all of a config's
 /// classes when it has fewer (Cityscapes' 19). Not measured on a dataset:
 /// with it, predictions of MMSeg's Mask2Former configs land within -5% to
@@ -111,62 +97,13 @@ impl TrialRequest {
         }
     }
 
-    /// The worker's argv for this request (after the program name), asking
-    /// for the JSON report.
-    pub fn to_argv(&self) -> Vec<OsString> {
-        let mut argv: Vec<OsString> = vec!["trial".into(), self.config.clone().into()];
-        let mut flag = |name: &str, value: String| {
-            argv.push(format!("--{name}").into());
-            argv.push(value.into());
-        };
-        flag("batch-size", self.batch_size.to_string());
-        flag("crop", format!("{}x{}", self.crop.0, self.crop.1));
-        flag("amp", self.amp.to_string());
-        if let Some(n) = self.accumulative_counts {
-            flag("accum", n.to_string());
-        }
-        flag("warmup", self.warmup_steps.to_string());
-        flag("steps", self.measured_steps.to_string());
-        flag("device", self.device.to_string());
-        flag("seed", self.seed.to_string());
-        flag("ignore-fraction", self.ignore_fraction.to_string());
-        flag(
-            "gt-segments",
-            self.gt_segments.map_or("all".into(), |n| n.to_string()),
-        );
-        if let Some(n) = self.threads {
-            flag("threads", n.to_string());
-        }
-        if let Some(n) = self.cpu_cap_bytes {
-            flag("cpu-cap", n.to_string());
-        }
-        if let Some(n) = self.vram_budget_bytes {
-            flag("vram", n.to_string());
-        }
-        flag("gpus", self.setup.gpus.to_string());
-        flag("torch", self.setup.torch.to_string());
-        flag("mmcv", self.setup.mmcv.to_string());
-        if let Some(path) = &self.trace_out {
-            argv.push("--trace-out".into());
-            argv.push(path.clone().into());
-        }
-        if self.as_cuda {
-            argv.push("--as-cuda".into());
-        }
-        if self.op_trace != super::memory::OpTrace::Off {
-            flag_after("op-trace", self.op_trace.to_string(), &mut argv);
-        }
-        if self.mode != RunMode::Train {
-            flag_after("mode", self.mode.to_string(), &mut argv);
-        }
-        if let Some(on) = self.cudnn_benchmark {
-            flag_after("cudnn-benchmark", on_off(on).into(), &mut argv);
-        }
-        argv.push("--json".into());
-        if !self.cfg_options.is_empty() {
-            argv.push("--cfg-options".into());
-            argv.extend(self.cfg_options.iter().map(OsString::from));
-        }
-        argv
+    /// The request as the workers read it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a request serialises")
+    }
+
+    /// The request a worker was sent (`to_json`'s text).
+    pub fn from_json(text: &str) -> Result<TrialRequest, serde_json::Error> {
+        serde_json::from_str(text)
     }
 }

@@ -19,7 +19,7 @@
 //! (waitpid(2)'s status) when it has ended. The server dies with segtune
 //! (`PR_SET_PDEATHSIG`, and it exits when its stdin closes), its child with
 //! it: a segtune that dies leaves no work behind. A child's command name
-//! (`ps`, `pgrep`) is `st-` and the request's command: `st-trial`,
+//! (`ps`, `pgrep`) is `st-` and the request's command: `st-run`,
 //! `st-inspect`.
 
 use super::process::{Finished, LiveWorker};
@@ -113,7 +113,7 @@ fn serve_one(request: &ServeRequest, run: &dyn Fn(Vec<OsString>) -> i32) -> std:
     }
     if pid == 0 {
         // `ps` and `pgrep` tell the children by their command:
-        // `st-trial`, `st-inspect` (the name holds 15 bytes).
+        // `st-run`, `st-inspect` (the name holds 15 bytes).
         let mut name = format!("st-{}", request.argv.first().map_or("", String::as_str));
         name.truncate(15);
         let name = std::ffi::CString::new(name).unwrap_or_default();

@@ -33,6 +33,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The worker's command line for `request`: `run` and the request as JSON,
+/// the one format every worker reads.
+pub fn run_argv(request: &TrialRequest) -> Vec<OsString> {
+    vec!["run".into(), request.to_json().into()]
+}
+
 /// The worker's exit code for input errors (as `segtune`'s).
 pub const EXIT_INPUT_ERROR: i32 = 2;
 
@@ -234,7 +240,7 @@ impl Worker {
         if !forkable && self.launcher.is_none() {
             super::machine::check_cuda_trial()?;
         }
-        let run = self.run_launched(&request.to_argv(), timeout, forkable)?;
+        let run = self.run_launched(&run_argv(request), timeout, forkable)?;
         // The worker's own refusal first: Slurm did not end that job.
         if let Some(e) = run.refusal(&self.path) {
             return Err(e);

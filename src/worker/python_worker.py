@@ -2,7 +2,9 @@
 user's own Python, with MMSeg's own modules and `model.train_step`.
 
 segtune (src/worker/python_worker.rs) runs this file with the interpreter it
-chose and the flags of a `TrialRequest`; it prints ONE JSON object on stdout:
+chose and `--request JSON`: the `TrialRequest` (src/trial/request.rs) every
+worker reads, with `inspect` and `record_ops` beside it; it prints ONE JSON
+object on stdout:
 
 * a `TrialReport` (src/trial/report.rs) with `"worker": "python"`; exit 0
   when its status is `ok`, 1 otherwise (`oom`, `infeasible`, `error`,
@@ -161,31 +163,39 @@ def emit(obj, code):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog='segtune-python-worker')
-    ap.add_argument('config')
-    ap.add_argument('--cfg-options', nargs='*', default=[])
-    ap.add_argument('--batch-size', type=int, default=2)
-    ap.add_argument('--crop', default='512x512')
-    ap.add_argument('--amp', choices=['off', 'fp16', 'bf16'], default='off')
-    ap.add_argument('--accum', type=int, default=None)
-    ap.add_argument('--warmup', type=int, default=1)
-    ap.add_argument('--steps', type=int, default=2)
-    ap.add_argument('--threads', type=int, default=None)
-    ap.add_argument('--device', default='cpu')
-    ap.add_argument('--seed', type=int, default=0)
-    ap.add_argument('--ignore-fraction', type=float, default=0.05)
-    ap.add_argument('--gt-segments', default='20')
+    ap.add_argument('--request', required=True,
+                    help='a TrialRequest as JSON (src/trial/request.rs), '
+                         'with "inspect" and "record_ops"')
     ap.add_argument('--ext-dir', default=None)
-    ap.add_argument('--trace-out', default=None)
-    ap.add_argument('--foreach', action='store_true')
-    ap.add_argument('--op-trace', choices=['off', 'meta'], default='off')
-    ap.add_argument('--record-ops', default='')
-    ap.add_argument('--inspect', action='store_true',
-                    help='build the model only; print its types and parameter counts')
-    args = ap.parse_args(argv)
-    h, w = args.crop.lower().split('x')
-    args.crop = (int(h), int(w))
-    args.gt_segments = None if args.gt_segments == 'all' else int(args.gt_segments)
-    return args
+    given = ap.parse_args(argv)
+    return request_args(json.loads(given.request), given.ext_dir)
+
+
+def request_args(request, ext_dir=None):
+    """The settings of a TrialRequest's JSON, by the names this file uses."""
+    return argparse.Namespace(
+        config=request['config'],
+        cfg_options=list(request.get('cfg_options') or []),
+        batch_size=int(request['batch_size']),
+        crop=tuple(int(n) for n in request['crop']),
+        amp=request['amp'],
+        accum=request.get('accumulative_counts'),
+        warmup=int(request['warmup_steps']),
+        steps=int(request['measured_steps']),
+        threads=request.get('threads'),
+        device=request['device'],
+        seed=int(request['seed']),
+        ignore_fraction=float(request['ignore_fraction']),
+        gt_segments=request.get('gt_segments'),
+        ext_dir=ext_dir,
+        trace_out=request.get('trace_out'),
+        # In fp32 CUDA's only difference the CPU can show: torch.optim's
+        # foreach implementation (its default for CUDA parameters).
+        foreach=bool(request.get('as_cuda')),
+        op_trace=request.get('op_trace', 'off'),
+        record_ops=','.join(request.get('record_ops') or []),
+        inspect=bool(request.get('inspect')),
+    )
 
 
 def check_packages():

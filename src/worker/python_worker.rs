@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::kinds::{RunMode, TorchVersion};
 use crate::trial::TrialReport;
 use crate::trial::{OpTrace, TrialRequest, TrialStatus};
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -123,14 +122,14 @@ impl PythonWorker {
     /// install), a config it cannot load and an interpreter that cannot
     /// start; everything else is the report's status.
     pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
-        let argv = request.to_python_argv()?;
+        let text = request.to_python_request()?;
         let dir = LiveTempDir::new()
             .map_err(|e| Error::io("cannot create a directory for the Python worker", e))?;
         let script = dir.path().join("segtune_python_worker.py");
         std::fs::write(&script, SCRIPT)
             .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
         let mut command = Command::new(&self.python);
-        command.arg(&script).args(&argv);
+        command.arg(&script).arg("--request").arg(text);
         if let Some(n) = request.threads {
             command.env("OMP_NUM_THREADS", n.to_string());
         }
@@ -189,10 +188,14 @@ impl PythonWorker {
         std::fs::write(&script, SCRIPT)
             .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
         let mut command = Command::new(&self.python);
-        command.arg(&script).arg(config).arg("--inspect");
-        if !cfg_options.is_empty() {
-            command.arg("--cfg-options").args(cfg_options);
-        }
+        let request = TrialRequest {
+            cfg_options: cfg_options.to_vec(),
+            ..TrialRequest::new(config)
+        };
+        command
+            .arg(&script)
+            .arg("--request")
+            .arg(python_request(&request, true));
         let run = run_child(command, &self.python, Some(INSPECT_DEADLINE))?;
         if run.timed_out {
             return Err(Error::environment(format!(
@@ -252,16 +255,44 @@ fn last_json_line<T: serde::de::DeserializeOwned>(stdout: &[u8]) -> Option<T> {
         .find_map(|line| serde_json::from_str(line.trim()).ok())
 }
 
+/// `request` as the script reads it.
+fn python_request(request: &TrialRequest, inspect: bool) -> String {
+    let record_ops = if request.op_trace == OpTrace::Meta {
+        crate::trial::kernel_calls::RECORDED_OPS
+    } else {
+        &[]
+    };
+    serde_json::to_string(&PythonRequest {
+        trial: request,
+        inspect,
+        record_ops,
+    })
+    .expect("a request serialises")
+}
+
 /// A report the Python worker never wrote, marked as its.
 fn with_python_marks(mut report: TrialReport) -> TrialReport {
     report.worker = crate::trial::WorkerKind::Python;
     report
 }
 
+/// What the Python worker reads (`--request`): the [`TrialRequest`] as every
+/// worker reads it, and what only the script needs beside it.
+#[derive(serde::Serialize)]
+struct PythonRequest<'a> {
+    #[serde(flatten)]
+    trial: &'a TrialRequest,
+    /// Build the model only, and answer a `ModelSummary`.
+    inspect: bool,
+    /// The ops whose calls an op-level trace records with their arguments
+    /// (the native worker's list).
+    record_ops: &'a [&'a str],
+}
+
 impl TrialRequest {
-    /// The Python worker's argv for this request (after the script), or the
+    /// The Python worker's `--request` text for this request, or the
     /// settings it cannot honour, by name.
-    pub fn to_python_argv(&self) -> Result<Vec<OsString>> {
+    pub fn to_python_request(&self) -> Result<String> {
         let refused = self.python_refusals();
         if !refused.is_empty() {
             return Err(Error::Input(format!(
@@ -270,50 +301,7 @@ impl TrialRequest {
                 refused.join(", ")
             )));
         }
-        let mut argv: Vec<OsString> = vec![self.config.clone().into()];
-        let mut flag = |name: &str, value: String| {
-            argv.push(format!("--{name}").into());
-            argv.push(value.into());
-        };
-        flag("batch-size", self.batch_size.to_string());
-        flag("crop", format!("{}x{}", self.crop.0, self.crop.1));
-        flag("amp", self.amp.to_string());
-        if let Some(n) = self.accumulative_counts {
-            flag("accum", n.to_string());
-        }
-        flag("warmup", self.warmup_steps.to_string());
-        flag("steps", self.measured_steps.to_string());
-        flag("device", self.device.to_string());
-        flag("seed", self.seed.to_string());
-        flag("ignore-fraction", self.ignore_fraction.to_string());
-        flag(
-            "gt-segments",
-            self.gt_segments.map_or("all".into(), |n| n.to_string()),
-        );
-        if let Some(n) = self.threads {
-            flag("threads", n.to_string());
-        }
-        if self.op_trace == OpTrace::Meta {
-            flag("op-trace", "meta".into());
-            flag(
-                "record-ops",
-                crate::trial::kernel_calls::RECORDED_OPS.join(","),
-            );
-        }
-        if let Some(path) = &self.trace_out {
-            argv.push("--trace-out".into());
-            argv.push(path.clone().into());
-        }
-        if self.as_cuda {
-            // In fp32 CUDA's only difference the CPU can show: torch.optim's
-            // foreach implementation (its default for CUDA parameters).
-            argv.push("--foreach".into());
-        }
-        if !self.cfg_options.is_empty() {
-            argv.push("--cfg-options".into());
-            argv.extend(self.cfg_options.iter().map(OsString::from));
-        }
-        Ok(argv)
+        Ok(python_request(self, false))
     }
 
     /// The request's settings that only the native worker implements.

@@ -13,8 +13,13 @@ fn fake_python(dir: &tempfile::TempDir, stdout: &str, code: i32) -> PathBuf {
     path
 }
 
+/// The script's `--request`: the request as every worker reads it.
+fn python_request(request: &TrialRequest) -> serde_json::Value {
+    serde_json::from_str(&request.to_python_request().unwrap()).unwrap()
+}
+
 #[test]
-fn a_request_becomes_the_scripts_flags() {
+fn a_request_becomes_the_scripts_request() {
     let request = TrialRequest {
         cfg_options: vec!["model.decode_head.num_classes=5".into()],
         batch_size: 3,
@@ -26,26 +31,38 @@ fn a_request_becomes_the_scripts_flags() {
         gt_segments: None,
         ..TrialRequest::new("cfg.py")
     };
-    let argv: Vec<String> = request
-        .to_python_argv()
-        .unwrap()
-        .into_iter()
-        .map(|a| a.into_string().unwrap())
-        .collect();
-    let text = argv.join(" ");
-    assert!(text.starts_with("cfg.py --batch-size 3 --crop 256x128 --amp bf16 --accum 2 "));
-    for part in [
-        "--warmup 1",
-        "--steps 2",
-        "--device cuda:1",
-        "--seed 0",
-        "--ignore-fraction 0.05",
-        "--gt-segments all",
-        "--threads 1",
-        "--cfg-options model.decode_head.num_classes=5",
+    let sent = python_request(&request);
+    for (field, value) in [
+        ("config", serde_json::json!("cfg.py")),
+        ("batch_size", 3.into()),
+        ("crop", serde_json::json!([256, 128])),
+        ("amp", "bf16".into()),
+        ("accumulative_counts", 2.into()),
+        ("warmup_steps", 1.into()),
+        ("measured_steps", 2.into()),
+        ("device", "cuda:1".into()),
+        ("seed", 0.into()),
+        ("ignore_fraction", 0.05.into()),
+        ("gt_segments", serde_json::Value::Null),
+        ("threads", 1.into()),
+        (
+            "cfg_options",
+            serde_json::json!(["model.decode_head.num_classes=5"]),
+        ),
+        ("inspect", false.into()),
     ] {
-        assert!(text.contains(part), "{part} in {text}");
+        assert_eq!(sent[field], value, "{field} in {sent}");
     }
+    // The script reads the request the native worker reads, field for field.
+    let back: TrialRequest = serde_json::from_value({
+        let mut v = sent.clone();
+        let map = v.as_object_mut().unwrap();
+        map.remove("inspect");
+        map.remove("record_ops");
+        v
+    })
+    .unwrap();
+    assert_eq!(back, request);
 }
 
 /// A CPU-allocator trace for a prediction: the trace file, and torch.optim's
@@ -58,26 +75,25 @@ fn a_traced_step_for_a_prediction_passes_the_trace_file_and_foreach() {
         op_trace: OpTrace::Meta,
         ..TrialRequest::new("cfg.py")
     };
-    let text = request
-        .to_python_argv()
+    let sent = python_request(&request);
+    assert_eq!(sent["trace_out"], "/tmp/step.trace", "{sent}");
+    assert_eq!(sent["as_cuda"], true, "{sent}");
+    assert_eq!(sent["op_trace"], "meta", "{sent}");
+    let ops: Vec<&str> = sent["record_ops"]
+        .as_array()
         .unwrap()
-        .into_iter()
-        .map(|a| a.into_string().unwrap())
-        .collect::<Vec<_>>()
-        .join(" ");
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
     assert!(
-        text.contains("--trace-out /tmp/step.trace --foreach"),
-        "{text}"
-    );
-    assert!(
-        text.contains("--op-trace meta --record-ops aten::convolution,aten::convolution_backward,"),
-        "{text}"
+        ops.starts_with(&["aten::convolution", "aten::convolution_backward"]),
+        "{ops:?}"
     );
     let on_gpu = TrialRequest {
         device: DeviceChoice::Cuda(0),
         ..request
     };
-    let err = on_gpu.to_python_argv().unwrap_err().to_string();
+    let err = on_gpu.to_python_request().unwrap_err().to_string();
     assert!(
         err.contains("--as-cuda on a GPU") && err.contains("--trace-out on a GPU"),
         "{err}"
@@ -94,7 +110,7 @@ fn settings_only_the_native_worker_has_are_refused_by_name() {
         op_trace: OpTrace::Cpu,
         ..TrialRequest::new("cfg.py")
     };
-    let err = request.to_python_argv().unwrap_err().to_string();
+    let err = request.to_python_request().unwrap_err().to_string();
     for name in [
         "--mode infer",
         "--as-cuda with --amp",
@@ -108,13 +124,13 @@ fn settings_only_the_native_worker_has_are_refused_by_name() {
         amp: Amp::Fp16,
         ..TrialRequest::new("cfg.py")
     };
-    let err = fp16.to_python_argv().unwrap_err().to_string();
+    let err = fp16.to_python_request().unwrap_err().to_string();
     assert!(err.contains("--amp fp16 on the CPU"), "{err}");
     let on_cuda = TrialRequest {
         device: DeviceChoice::Cuda(0),
         ..fp16
     };
-    assert!(on_cuda.to_python_argv().is_ok());
+    assert!(on_cuda.to_python_request().is_ok());
 }
 
 #[test]

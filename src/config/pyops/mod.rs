@@ -113,7 +113,7 @@ fn deep_bytes(v: &Value) -> usize {
             }
             _ => {}
         }
-        if bytes > crate::config::budget::EVALUATION_BUDGET_BYTES {
+        if bytes > crate::config::eval_meter::EVALUATION_BUDGET_BYTES {
             break;
         }
     }
@@ -141,7 +141,7 @@ fn check_nested(items: &[Value], copies: usize) -> Result<(), PyError> {
         .fold(0usize, usize::saturating_add)
         .saturating_mul(copies);
     // Built as segtune's value, then converted for Rhai: twice.
-    crate::config::budget::reserve(bytes.saturating_mul(2)).map_err(PyError::limit)
+    crate::config::eval_meter::reserve(bytes.saturating_mul(2)).map_err(PyError::limit)
 }
 
 /// Refuses a sequence over [`MAX_SEQUENCE_LEN`] before it is built.

@@ -30,6 +30,7 @@ use super::spec::SearchSpec;
 use crate::config::metafile::Published;
 use crate::config::{dump, Value};
 use crate::error::{Error, Result};
+use crate::kinds::GpuChoice;
 use crate::predict::{Budget, Gpu, TraceCache};
 use crate::worker::Worker;
 use std::collections::BTreeMap;
@@ -41,40 +42,9 @@ use std::time::Instant;
 /// Bump when a row's meaning changes: older rows are searched again.
 const ROW_FORMAT: u32 = 1;
 
-/// One GPU of the atlas: a preset, or a VRAM size (and compute capability).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AtlasGpu {
-    pub preset: Option<String>,
-    pub vram: Option<String>,
-    pub compute_capability: Option<String>,
-}
-
-impl AtlasGpu {
-    pub fn preset(name: &str) -> AtlasGpu {
-        AtlasGpu {
-            preset: Some(name.to_string()),
-            vram: None,
-            compute_capability: None,
-        }
-    }
-
-    /// The column's name: the preset's, or `vram-<size>`.
-    pub fn label(&self) -> String {
-        match (&self.preset, &self.vram) {
-            (Some(p), _) => p.clone(),
-            (None, Some(v)) => format!("vram-{v}"),
-            (None, None) => "gpu".into(),
-        }
-    }
-
-    fn budget(&self, margin: Option<f64>) -> Result<Budget> {
-        let gpu = Gpu::choose(
-            self.preset.as_deref(),
-            self.vram.as_deref(),
-            self.compute_capability.as_deref(),
-        )?;
-        Budget::new(&gpu, margin.unwrap_or(0.05))
-    }
+/// The budget of one of the atlas's GPUs.
+fn budget_of(gpu: &GpuChoice, margin: Option<f64>) -> Result<Budget> {
+    Budget::new(&Gpu::choose(gpu)?, margin.unwrap_or(0.05))
 }
 
 /// What `segtune atlas` was asked.
@@ -82,7 +52,7 @@ pub struct AtlasRequest {
     /// Directories searched recursively for configs (`_base_` and hidden
     /// directories left out).
     pub dirs: Vec<PathBuf>,
-    pub gpus: Vec<AtlasGpu>,
+    pub gpus: Vec<GpuChoice>,
     /// Where atlas.json, atlas.csv, atlas.html, the searches, the trace
     /// cache and the row cache go.
     pub out: PathBuf,
@@ -428,7 +398,7 @@ fn configs_of(request: &AtlasRequest) -> Result<Vec<(PathBuf, PathBuf)>> {
 fn base_row(
     (relative, name, family): &(String, String, String),
     found: Option<&Published>,
-    gpu: &AtlasGpu,
+    gpu: &GpuChoice,
     budget: &Budget,
 ) -> AtlasRow {
     AtlasRow {
@@ -466,7 +436,7 @@ fn searched_row(
     settings: &SearchRequest,
     worker: &Worker,
     config: &Path,
-    gpu: &AtlasGpu,
+    gpu: &GpuChoice,
     cache: &Arc<TraceCache>,
     base: AtlasRow,
 ) -> (AtlasRow, bool) {
@@ -474,9 +444,7 @@ fn searched_row(
     let search_request = SearchRequest {
         config: config.to_path_buf(),
         settings: SearchSpec {
-            preset: gpu.preset.clone(),
-            vram: gpu.vram.clone(),
-            compute_capability: gpu.compute_capability.clone(),
+            gpu: gpu.clone(),
             ..settings.settings.clone()
         },
         out: search_dir(&request.out, &base.family, &base.name, &gpu.label()),
@@ -504,7 +472,7 @@ struct Shared<'a> {
     /// The searches' settings (one trace at a time when configs run at once).
     search: &'a SearchRequest,
     worker: &'a Worker,
-    budgets: &'a [(AtlasGpu, Budget)],
+    budgets: &'a [(GpuChoice, Budget)],
     published: &'a BTreeMap<String, Published>,
     cache: &'a Arc<TraceCache>,
     rows_cache: &'a Mutex<RowCache>,
@@ -635,14 +603,11 @@ impl Shared<'_> {
 }
 
 /// Each GPU's budget.
-fn budgets_of(request: &AtlasRequest) -> Result<Vec<(AtlasGpu, Budget)>> {
+fn budgets_of(request: &AtlasRequest) -> Result<Vec<(GpuChoice, Budget)>> {
     request
         .gpus
         .iter()
-        .map(|g| {
-            g.budget(request.search.settings.margin)
-                .map(|b| (g.clone(), b))
-        })
+        .map(|g| budget_of(g, request.search.settings.margin).map(|b| (g.clone(), b)))
         .collect()
 }
 

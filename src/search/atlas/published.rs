@@ -166,7 +166,8 @@ pub(super) fn fill_datasets(rows: &mut [AtlasRow], keys: &[Option<DatasetKey>]) 
 mod tests {
     use super::*;
     use crate::config::dump;
-    use crate::search::atlas::{base_row, AtlasGpu};
+    use crate::kinds::GpuChoice;
+    use crate::search::atlas::{base_row, budget_of};
     #[test]
     fn a_misnamed_metafile_entry_is_matched_to_its_config_by_its_name_parts() {
         let entry = |metafile: &str, miou: f64| Published {
@@ -267,8 +268,8 @@ mod tests {
             ..base_row(
                 &("a.py".into(), "a".into(), "f".into()),
                 None,
-                &AtlasGpu::preset("rtx3050ti"),
-                &AtlasGpu::preset("rtx3050ti").budget(None).unwrap(),
+                &GpuChoice::preset("rtx3050ti"),
+                &budget_of(&GpuChoice::preset("rtx3050ti"), None).unwrap(),
             )
         };
         let dark = (

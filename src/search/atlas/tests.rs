@@ -31,14 +31,10 @@ fn configs_are_found_below_the_directories_without_bases() {
 
 #[test]
 fn gpus_are_labelled_by_preset_or_size() {
-    assert_eq!(AtlasGpu::preset("rtx3090").label(), "rtx3090");
-    let vram = AtlasGpu {
-        preset: None,
-        vram: Some("6G".into()),
-        compute_capability: None,
-    };
+    assert_eq!(GpuChoice::preset("rtx3090").label(), "rtx3090");
+    let vram = GpuChoice::custom("6G".parse().unwrap(), None);
     assert_eq!(vram.label(), "vram-6G");
-    assert!(vram.budget(None).unwrap().vram_bytes == 6 << 30);
+    assert!(budget_of(&vram, None).unwrap().vram_bytes == 6 << 30);
 }
 
 #[test]

@@ -1,13 +1,19 @@
 //! How a candidate is evaluated: measured by a real CUDA trial
 //! ([`MeasuredEvaluator`]) or predicted from CPU traces
-//! ([`PredictedEvaluator`]). The strategy sees only the [`Evaluator`] trait.
+//! ([`PredictedEvaluator`], built for a search by [`predictor`], its steps
+//! named by [`StepKey`]). The strategy sees only the [`Evaluator`] trait.
 
 mod against_budget;
 mod measured;
 mod predicted;
+mod predictor;
+mod step_key;
 
 pub use measured::MeasuredEvaluator;
 pub use predicted::{Peek, PredictedEvaluator, Tracer};
+pub use predictor::predictor;
+pub(crate) use predictor::trace_slots;
+pub use step_key::{PairKey, StepKey};
 
 use super::record::{Mode, TrialRecord};
 use super::space::Candidate;

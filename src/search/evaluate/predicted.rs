@@ -6,7 +6,7 @@
 //! 1 can fail where 2 trains: BatchNorm after global pooling).
 
 use super::against_budget::{replay_against_budget, Speed};
-use super::Evaluator;
+use super::{Evaluator, PairKey, StepKey};
 use crate::error::Result;
 use crate::kinds::RunMode;
 use crate::models::layers::norm::ONE_VALUE_PER_CHANNEL;
@@ -21,17 +21,15 @@ use crate::trial::trace::{phase_of, Phase, TraceEvent};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// Traces one step: (batch, crop, precision, model knobs, whether the
-/// candidate accumulates gradients) -> the traced step. A candidate that
-/// accumulates is traced at the last micro-step of a cycle (its gradients
-/// held through the forward, the optimizer state there): any accumulation
-/// above 1 keeps the same tensors.
-pub type Tracer =
-    Box<dyn FnMut(i64, (i64, i64), Amp, ModelKnobs, bool) -> Result<TracedStep> + Send>;
+/// Traces one step (a [`StepKey`]). A candidate that accumulates is traced
+/// at the last micro-step of a cycle (its gradients held through the
+/// forward, the optimizer state there): any accumulation above 1 keeps the
+/// same tensors.
+pub type Tracer = Box<dyn FnMut(StepKey) -> Result<TracedStep> + Send>;
 
 /// A step as [`Tracer`] would trace it, if it was traced already (the
 /// trace cache): `None` costs nothing.
-pub type Peek = Box<dyn Fn(i64, (i64, i64), Amp, ModelKnobs, bool) -> Option<TracedStep> + Send>;
+pub type Peek = Box<dyn Fn(StepKey) -> Option<TracedStep> + Send>;
 
 /// Traces of one (crop, precision) at batch 2 and 3, and what they imply.
 struct TracePair {
@@ -107,19 +105,13 @@ impl TraceFailure {
     }
 }
 
-/// A traced pair's crop, precision, model knobs and accumulation (or not).
-type PairKey = ((i64, i64), Amp, ModelKnobs, bool);
-
-/// A traced step's batch, crop, precision, model knobs and accumulation.
-type TraceKey = (i64, (i64, i64), Amp, ModelKnobs, bool);
-
 /// Predicts candidates from CPU traces (two per crop and precision).
 pub struct PredictedEvaluator {
     budget: Budget,
     tracer: Tracer,
     pairs: HashMap<PairKey, std::result::Result<TracePair, TraceFailure>>,
     /// Steps traced at a batch below [`TRACED_BATCHES`].
-    small: HashMap<TraceKey, std::result::Result<SmallTrace, TraceFailure>>,
+    small: HashMap<StepKey, std::result::Result<SmallTrace, TraceFailure>>,
     traces_run: usize,
     /// Every candidate traced as it is (op-level traces take a second), not
     /// extrapolated from a pair.
@@ -216,15 +208,11 @@ impl PredictedEvaluator {
     /// Whether the step at `batch` is known without tracing it: traced by
     /// this evaluator, or found by `peek` (and kept).
     fn known(&mut self, batch: i64, c: &Candidate) -> bool {
-        let key = (batch, c.crop, c.amp, c.knobs(), true);
+        let key = PairKey::of(c, true).at(batch);
         if matches!(self.small.get(&key), Some(Ok(_))) {
             return true;
         }
-        let Some(step) = self
-            .peek
-            .as_ref()
-            .and_then(|peek| peek(batch, c.crop, c.amp, c.knobs(), true))
-        else {
+        let Some(step) = self.peek.as_ref().and_then(|peek| peek(key)) else {
             return false;
         };
         self.small.insert(
@@ -248,7 +236,7 @@ impl PredictedEvaluator {
         c: &Candidate,
         cx: ReplayContext,
     ) -> Option<TrialRecord> {
-        let key = (c.crop, c.amp, c.knobs(), true);
+        let key = PairKey::of(c, true);
         if self.unaligned.contains(&key) {
             return None;
         }
@@ -256,10 +244,8 @@ impl PredictedEvaluator {
         if !(self.known(ba, c) && self.known(bb, c)) {
             return None;
         }
-        let knobs = c.knobs();
-        let key_one = (ba, c.crop, c.amp, knobs, true);
-        let key_two = (bb, c.crop, c.amp, knobs, true);
-        let (Some(Ok(one)), Some(Ok(two))) = (self.small.get(&key_one), self.small.get(&key_two))
+        let (Some(Ok(one)), Some(Ok(two))) =
+            (self.small.get(&key.at(ba)), self.small.get(&key.at(bb)))
         else {
             return None;
         };
@@ -326,11 +312,16 @@ impl PredictedEvaluator {
         // fp16 and bf16 keep the same tensors in half precision (2 bytes):
         // one CPU trace (bf16 autocast) stands for both.
         let traced = if amp == Amp::Off { Amp::Off } else { Amp::Bf16 };
-        let key = (crop, traced, knobs, accumulates);
+        let key = PairKey {
+            crop,
+            amp: traced,
+            knobs,
+            accumulates,
+        };
         if !self.pairs.contains_key(&key) {
             let mut run = |b: i64| -> std::result::Result<TracedStep, TraceFailure> {
                 self.traces_run += 1;
-                (self.tracer)(b, crop, traced, knobs, accumulates).map_err(TraceFailure::from)
+                (self.tracer)(key.at(b)).map_err(TraceFailure::from)
             };
             let (ba, bb) = TRACED_BATCHES;
             let pair = run(ba).and_then(|one| {
@@ -373,10 +364,16 @@ impl PredictedEvaluator {
         } else {
             Amp::Bf16
         };
-        let key = (batch, crop, traced, knobs, accumulates);
+        let key = StepKey {
+            batch,
+            crop,
+            amp: traced,
+            knobs,
+            accumulates,
+        };
         if !self.small.contains_key(&key) {
             self.traces_run += 1;
-            let step = (self.tracer)(batch, crop, traced, knobs, accumulates)
+            let step = (self.tracer)(key)
                 .map(|s| SmallTrace {
                     work: StepWork::from_trace(&s, amp),
                     step_bytes: step_bytes(&s.events),
@@ -544,7 +541,11 @@ mod tests {
         events.extend((0..30).filter(|i| i % 3 != 2).map(|i| event(i, -6 * MIB)));
         events.extend((100..109).map(|i| event(i, 9 * MIB)));
         // 600 MiB: 570 usable, 260 for the allocator besides the context.
-        let gpu = Gpu::choose(None, Some("600M"), None).unwrap();
+        let gpu = Gpu::custom(
+            600 << 20,
+            crate::predict::budget::DEFAULT_COMPUTE_CAPABILITY,
+        )
+        .unwrap();
         let budget = Budget::new(&gpu, 0.05).unwrap();
         let c = candidate(1);
         let flops = (1.0, 0.0);
@@ -602,7 +603,7 @@ mod tests {
         let cx = training(false);
         let record = |vram_mib: u64| {
             // sm 7.0 (no TF32): Winograd's transforms win fp32 3x3 convolutions.
-            let gpu = Gpu::choose(None, Some(&format!("{vram_mib}M")), Some("7.0")).unwrap();
+            let gpu = Gpu::custom(vram_mib << 20, "7.0").unwrap();
             let budget = Budget::new(&gpu, 0.0).unwrap();
             let r = replay_with(
                 &budget,

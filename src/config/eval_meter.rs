@@ -1,4 +1,6 @@
-//! The memory budget of a config evaluation, counted by the allocator.
+//! The allocation meter of a config evaluation: the memory it may hold,
+//! counted by the allocator (not the GPU's budget, which is
+//! `predict::budget`'s).
 //!
 //! A config is a program, and a hostile one can build memory in many small
 //! steps (3000 variables of a million items each) that no per-value size

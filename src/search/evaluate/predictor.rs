@@ -3,13 +3,13 @@
 //! deadline), the trace cache and the aligned-pair extrapolation wired in,
 //! and how many traces run side by side.
 
-use super::evaluate::{Evaluator, Peek, PredictedEvaluator, Tracer};
-use super::run::SearchRequest;
-use super::space::{self, Amp};
+use super::{Evaluator, Peek, PredictedEvaluator, StepKey, Tracer};
 use crate::kinds::{RunMode, Switch, TrainingSetup};
 use crate::predict::estimate::{BatchLayout, KernelSetup};
 use crate::predict::step_trace::trace_deadline;
 use crate::predict::{trace_step_cached, Budget, StepToTrace, TraceKind};
+use crate::search::run::SearchRequest;
+use crate::search::space;
 use crate::worker::Worker;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,9 +40,9 @@ pub fn predictor(
     };
     let mode = request.mode;
     let traced = (steps.clone(), worker.clone(), request.trace_cache.clone());
-    let tracer: Tracer = Box::new(move |batch, crop, amp, knobs, accumulates| {
+    let tracer: Tracer = Box::new(move |key: StepKey| {
         let (steps, worker, cache) = &traced;
-        let traced = steps.with(batch, crop, amp, knobs, accumulates, |step| {
+        let traced = steps.with(key, |step| {
             trace_step_cached(worker, step, cache.as_deref())
         });
         match traced {
@@ -56,7 +56,7 @@ pub fn predictor(
                     kind: TraceKind::CpuAllocator,
                     ..steps.clone()
                 };
-                on_cpu.with(batch, crop, amp, knobs, accumulates, |step| {
+                on_cpu.with(key, |step| {
                     trace_step_cached(worker, step, cache.as_deref())
                 })
             }
@@ -67,18 +67,15 @@ pub fn predictor(
     // prediction from an aligned pair may use without tracing.
     let peek: Option<Peek> = request.trace_cache.clone().map(|cache| {
         let worker = worker.clone();
-        Box::new(move |batch, crop, amp, knobs, accumulates| {
-            steps.with(batch, crop, amp, knobs, accumulates, |step| {
-                cache.peek(&cache.key(&worker, step)?)
-            })
-        }) as Peek
+        Box::new(move |key: StepKey| steps.with(key, |step| cache.peek(&cache.key(&worker, step)?)))
+            as Peek
     });
     // The flags MMEngine sets from the config decide cuDNN's workspaces.
     let cfg = crate::config::resolve(&request.config, &request.cfg_options).ok();
     let flag = |f: fn(&crate::config::Dict) -> bool| cfg.as_ref().is_some_and(f);
     let kernels = KernelSetup {
         torch: setup.torch,
-        amp: Amp::Off,
+        amp: space::Amp::Off,
         cudnn_benchmark: request
             .cudnn_benchmark
             .unwrap_or_else(|| flag(crate::trial::cudnn_flags::cudnn_benchmark)),
@@ -130,30 +127,22 @@ struct CandidateSteps {
 impl CandidateSteps {
     /// `f` on the step of a candidate: its batch, crop, precision, model
     /// knobs, and whether it accumulates gradients.
-    fn with<R>(
-        &self,
-        batch_size: i64,
-        crop: (i64, i64),
-        amp: Amp,
-        knobs: space::ModelKnobs,
-        accumulates: bool,
-        f: impl FnOnce(&StepToTrace) -> R,
-    ) -> R {
-        let mut cfg_options = space::options_with_knobs(&self.options, knobs);
+    fn with<R>(&self, key: StepKey, f: impl FnOnce(&StepToTrace) -> R) -> R {
+        let mut cfg_options = space::options_with_knobs(&self.options, key.knobs);
         if self.mode == RunMode::Train {
             // The candidate's accumulation, not the recipe's: 2 stands for
             // any above 1 (see `Tracer`).
             cfg_options.push(format!(
                 "optim_wrapper.accumulative_counts={}",
-                if accumulates { 2 } else { 1 }
+                if key.accumulates { 2 } else { 1 }
             ));
         }
         f(&StepToTrace {
             config: &self.config,
             cfg_options: &cfg_options,
-            batch_size,
-            crop,
-            amp,
+            batch_size: key.batch,
+            crop: key.crop,
+            amp: key.amp,
             threads: self.threads,
             gt_segments: self.gt_segments,
             setup: self.setup,
@@ -161,7 +150,7 @@ impl CandidateSteps {
             mode: self.mode,
             deadline: self
                 .timeout
-                .unwrap_or_else(|| trace_deadline(self.kind, batch_size, crop)),
+                .unwrap_or_else(|| trace_deadline(self.kind, key.batch, key.crop)),
             python: self.python.as_ref(),
         })
     }
@@ -170,7 +159,7 @@ impl CandidateSteps {
 /// CPU threads of one traced step: on Slurm the job's CPUs
 /// (`--cpus-per-trial`, else 1); here half the cores, shared by the
 /// `side_by_side` traces that run at once.
-fn default_trace_threads(placement: &super::Placement, side_by_side: usize) -> i32 {
+fn default_trace_threads(placement: &crate::search::Placement, side_by_side: usize) -> i32 {
     if let Some(slurm) = &placement.slurm {
         return slurm.cpus_per_trial.map_or(1, |c| c.min(4096) as i32);
     }
@@ -182,7 +171,7 @@ fn default_trace_threads(placement: &super::Placement, side_by_side: usize) -> i
 /// which take a core each and little memory. The strategy fills them with
 /// its independent groups (each precision's binary search), so the winner
 /// and the candidates tried are those of one trace at a time.
-pub(super) fn trace_slots(request: &SearchRequest, slots: usize) -> usize {
+pub(crate) fn trace_slots(request: &SearchRequest, slots: usize) -> usize {
     let placement = &request.placement;
     if placement.slurm.is_some() || placement.devices.is_some() || request.trace != TraceKind::Meta
     {
