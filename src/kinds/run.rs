@@ -1,6 +1,8 @@
 //! Where a trial runs (`--device`) and what it runs (`--mode`: training or
 //! inference steps).
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 /// Where a trial runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
@@ -46,17 +48,7 @@ impl std::fmt::Display for DeviceChoice {
 }
 
 /// What a trial runs: training steps, or inference (test) steps.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RunMode {
     /// `train_step`: forward, loss, backward, optimizer.

@@ -4,20 +4,12 @@
 
 use super::mmcv_version::MmcvVersion;
 use super::torch_version::TorchVersion;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// The two named software stacks of earlier segtune releases, kept as
 /// aliases of PyTorch releases (`--stack`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub enum Stack {
     /// PyTorch 2.x with MMEngine (MMSeg 1.x): what segtune trains with.
     #[default]

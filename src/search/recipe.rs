@@ -10,6 +10,8 @@
 use crate::config::{Dict, Value};
 use crate::kinds::Amp;
 use regex::Regex;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// What the recipe trains with.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -44,17 +46,7 @@ fn fp32() -> Amp {
 
 /// How a search keeps the recipe's schedule when the batch per iteration
 /// changes (`--schedule`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Schedule {
     /// Iteration-counted settings scaled so the recipe's optimizer updates

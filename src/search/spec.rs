@@ -5,6 +5,8 @@
 use crate::config::{self, Value};
 use crate::error::{Error, Result};
 use crate::kinds::{GpuChoice, Vram};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// The most data-parallel GPUs a search or an estimate takes: far above any
 /// MMSeg run (its zoo trains on 4 to 8), low enough that batch x
@@ -12,17 +14,7 @@ use crate::kinds::{GpuChoice, Vram};
 pub const MAX_GPUS: i64 = 4096;
 
 /// What the ranking favours.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Objective {
     /// The recipe's crop if anything fits at it, then throughput.

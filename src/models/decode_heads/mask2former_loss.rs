@@ -16,6 +16,7 @@
 //! Kirillov et al., "PointRend", CVPR 2020, arXiv:1912.08193.
 
 use super::mask2former_head::check_type;
+use super::query_loss::{layer_loss_items, matched_queries, Targets};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::{
@@ -252,17 +253,6 @@ pub struct GtInstances {
     pub masks: Tensor,
 }
 
-/// What `_get_targets_single` returns and the loss keeps.
-struct Targets {
-    labels: Tensor,
-    label_weights: Tensor,
-    mask_targets: Tensor,
-    mask_weights: Tensor,
-    num_pos: i64,
-    /// The matched queries (`pos_inds`), ascending.
-    pos: Vec<i64>,
-}
-
 pub struct Mask2FormerLoss {
     cfg: Mask2FormerLossCfg,
     num_classes: i64,
@@ -464,6 +454,7 @@ impl Mask2FormerLoss {
             mask_weights,
             num_pos: (pos.len() as i64).max(1),
             pos,
+            sampling: (Tensor::new(), Tensor::new(), Tensor::new()),
         }
     }
 
@@ -516,42 +507,18 @@ impl Mask2FormerLoss {
                 )
             })
             .collect();
-        let avg_factor: i64 = targets.iter().map(|t| t.num_pos).sum();
-        let field = |f: fn(&Targets) -> &Tensor| -> Vec<Tensor> {
-            targets.iter().map(|t| f(t).shallow_clone()).collect()
-        };
-        let labels = Tensor::stack(&field(|t| &t.labels), 0);
-        let label_weights = Tensor::stack(&field(|t| &t.label_weights), 0);
-        let mask_targets = Tensor::cat(&field(|t| &t.mask_targets), 0);
-        let mask_weights = Tensor::stack(&field(|t| &t.mask_weights), 0);
-        let cls_flat = cls_scores.flatten(0, 1);
-        let labels = labels.flatten(0, 1);
-        let label_weights = label_weights.flatten(0, 1);
-        let class_weight = from_host(&c.class_weight).to_kind(cls_flat.kind());
-        let loss_cls = class_loss(
-            &cls_flat,
-            &labels,
-            &label_weights,
-            &class_weight,
+        let m = match matched_queries(
+            targets,
+            cls_scores,
+            mask_preds,
             &c.class_weight,
             c.cls_weight,
-        );
-        let num_total_masks = from_host(&[avg_factor as f32]).to_kind(cls_flat.kind());
-        // `mask_preds[mask_weights > 0]`, indexed by the matched queries'
-        // positions (known on the host, also where values are not).
-        let queries = mask_preds.size()[1];
-        let positions: Vec<i64> = targets
-            .iter()
-            .enumerate()
-            .flat_map(|(i, t)| t.pos.iter().map(move |q| i as i64 * queries + q))
-            .collect();
-        let mask_preds = mask_preds
-            .flatten(0, 1)
-            .index(&[Some(from_host(&positions))]);
-        if mask_targets.size()[0] == 0 {
-            let zero = mask_preds.sum(None::<Kind>);
-            return [loss_cls, zero.shallow_clone(), zero];
-        }
+        ) {
+            Ok(m) => m,
+            Err(losses) => return losses,
+        };
+        let (mask_preds, mask_targets, num_total_masks) =
+            (&m.mask_preds, &m.mask_targets, &m.num_total_masks);
         let (points, mask_point_targets) = tch::no_grad(|| {
             let points = self.uncertain_points(&mask_preds.unsqueeze(1));
             let targets = point_sample(&mask_targets.unsqueeze(1).to_kind(Kind::Float), &points)
@@ -573,7 +540,7 @@ impl Mask2FormerLoss {
                 let cc = (&target * &target).sum_dim_intlist(1, false, None::<Kind>) + eps;
                 a * 2 / (b + cc)
             };
-            mean_over(d.rsub_scalar(1), &num_total_masks) * c.dice_weight
+            mean_over(d.rsub_scalar(1), num_total_masks) * c.dice_weight
         };
         let preds = mask_point_preds.reshape([-1]);
         let targets_flat = mask_point_targets.reshape([-1]);
@@ -588,9 +555,9 @@ impl Mask2FormerLoss {
                 None::<Tensor>,
                 tch::Reduction::None,
             );
-            mean_over(per * valid, &(&num_total_masks * c.num_points)) * c.mask_weight
+            mean_over(per * valid, &(num_total_masks * c.num_points)) * c.mask_weight
         };
-        drop((targets, mask_targets, mask_weights, class_weight));
+        let loss_cls = m.release();
         [loss_cls, loss_mask, loss_dice]
     }
 
@@ -608,19 +575,7 @@ impl Mask2FormerLoss {
             .zip(all_masks)
             .map(|(c, m)| self.loss_single(c, m, gts))
             .collect();
-        let names = ["loss_cls", "loss_mask", "loss_dice"];
-        let last = per_layer.len() - 1;
-        let mut items: Vec<(String, Tensor)> = names
-            .iter()
-            .zip(per_layer[last].iter())
-            .map(|(n, t)| (n.to_string(), t.shallow_clone()))
-            .collect();
-        for (i, losses) in per_layer[..last].iter().enumerate() {
-            for (n, t) in names.iter().zip(losses.iter()) {
-                items.push((format!("d{i}.{n}"), t.shallow_clone()));
-            }
-        }
-        items
+        layer_loss_items(&per_layer)
     }
 }
 

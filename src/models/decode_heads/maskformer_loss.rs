@@ -16,8 +16,9 @@
 
 use super::mask2former_head::check_type;
 use super::mask2former_loss::{
-    class_loss, class_loss_cfg, instance_targets, mean_over, take_rows, GtInstances,
+    class_loss_cfg, instance_targets, mean_over, take_rows, GtInstances,
 };
+use super::query_loss::{layer_loss_items, matched_queries, Targets};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::{from_host, scalar_from_host, values_unavailable};
@@ -190,20 +191,6 @@ fn match_costs(assigner: Option<&Dict>) -> Result<MatchCosts, ModelError> {
         m.finish()?;
     }
     Ok(out)
-}
-
-/// What `_get_targets_single` returns and the loss keeps.
-struct Targets {
-    labels: Tensor,
-    label_weights: Tensor,
-    mask_targets: Tensor,
-    mask_weights: Tensor,
-    num_pos: i64,
-    /// The matched queries (`pos_inds`), ascending.
-    pos: Vec<i64>,
-    /// The `MaskSamplingResult`'s masks (pos, neg, pos ground truth), kept
-    /// by `multi_apply`'s results until `get_targets` returns.
-    sampling: (Tensor, Tensor, Tensor),
 }
 
 pub struct MaskFormerLoss {
@@ -455,53 +442,29 @@ impl MaskFormerLoss {
         for t in &mut targets {
             t.sampling = (Tensor::new(), Tensor::new(), Tensor::new());
         }
-        let avg_factor: i64 = targets.iter().map(|t| t.num_pos).sum();
-        let field = |f: fn(&Targets) -> &Tensor| -> Vec<Tensor> {
-            targets.iter().map(|t| f(t).shallow_clone()).collect()
-        };
-        let labels = Tensor::stack(&field(|t| &t.labels), 0);
-        let label_weights = Tensor::stack(&field(|t| &t.label_weights), 0);
-        let mask_targets = Tensor::cat(&field(|t| &t.mask_targets), 0);
-        let mask_weights = Tensor::stack(&field(|t| &t.mask_weights), 0);
-        let cls_flat = cls_scores.flatten(0, 1);
-        let labels = labels.flatten(0, 1);
-        let label_weights = label_weights.flatten(0, 1);
-        let class_weight = from_host(&c.class_weight).to_kind(cls_flat.kind());
-        let loss_cls = class_loss(
-            &cls_flat,
-            &labels,
-            &label_weights,
-            &class_weight,
+        let m = match matched_queries(
+            targets,
+            cls_scores,
+            mask_preds,
             &c.class_weight,
             c.cls_weight,
-        );
-        let num_total_masks = from_host(&[avg_factor as f32]).to_kind(cls_flat.kind());
-        // `mask_preds[mask_weights > 0]`, indexed by the matched queries'
-        // positions (known on the host, also where values are not).
-        let queries = mask_preds.size()[1];
-        let positions: Vec<i64> = targets
-            .iter()
-            .enumerate()
-            .flat_map(|(i, t)| t.pos.iter().map(move |q| i as i64 * queries + q))
-            .collect();
-        let mask_preds = mask_preds
-            .flatten(0, 1)
-            .index(&[Some(from_host(&positions))]);
-        if mask_targets.size()[0] == 0 {
-            let zero = mask_preds.sum(None::<Kind>);
-            return [loss_cls, zero.shallow_clone(), zero];
-        }
+        ) {
+            Ok(m) => m,
+            Err(losses) => return losses,
+        };
+        let (mask_targets, num_total_masks) = (&m.mask_targets, &m.num_total_masks);
         let (h, w) = (mask_targets.size()[1], mask_targets.size()[2]);
-        let mask_preds = mask_preds
+        let mask_preds = m
+            .mask_preds
             .unsqueeze(1)
             .upsample_bilinear2d([h, w], false, None, None)
             .squeeze_dim(1);
-        let loss_dice = self.dice_loss(&mask_preds, &mask_targets, &num_total_masks);
+        let loss_dice = self.dice_loss(&mask_preds, mask_targets, num_total_masks);
         let preds = mask_preds.reshape([-1, 1]);
         let flipped = mask_targets.reshape([-1]).rsub_scalar(1);
-        let avg = &num_total_masks * (h * w) as f64;
+        let avg = num_total_masks * (h * w) as f64;
         let loss_mask = self.focal_loss(&preds, &flipped, &avg);
-        drop((targets, mask_targets, mask_weights, class_weight));
+        let loss_cls = m.release();
         [loss_cls, loss_mask, loss_dice]
     }
 
@@ -519,19 +482,7 @@ impl MaskFormerLoss {
         let per_layer: Vec<[Tensor; 3]> = (0..layers)
             .map(|l| self.loss_single(&all_cls.select(0, l), &all_masks.select(0, l), gts))
             .collect();
-        let names = ["loss_cls", "loss_mask", "loss_dice"];
-        let last = per_layer.len() - 1;
-        let mut items: Vec<(String, Tensor)> = names
-            .iter()
-            .zip(per_layer[last].iter())
-            .map(|(n, t)| (n.to_string(), t.shallow_clone()))
-            .collect();
-        for (i, losses) in per_layer[..last].iter().enumerate() {
-            for (n, t) in names.iter().zip(losses.iter()) {
-                items.push((format!("d{i}.{n}"), t.shallow_clone()));
-            }
-        }
-        items
+        layer_loss_items(&per_layer)
     }
 }
 

@@ -38,6 +38,7 @@ pub mod pixel_decoder;
 pub mod point_head;
 pub mod psa_head;
 pub mod psp_head;
+mod query_loss;
 pub mod segformer_head;
 pub mod segmenter_mask_head;
 pub mod sep_aspp_head;

@@ -1,0 +1,139 @@
+//! The parts of mmdet's `MaskFormerHead` losses that `Mask2FormerHead`
+//! inherits unchanged (`mmdet/models/dense_heads/maskformer_head.py`;
+//! mmdet derives the one head from the other): the per-image targets
+//! `_get_targets_single` returns ([`Targets`]), the start of
+//! `_loss_by_feat_single` up to the mask losses (the class cross-entropy
+//! and the matched queries' masks, [`matched_queries`]), and
+//! `loss_by_feat`'s names for each decoder layer's losses
+//! ([`layer_loss_items`]). The matching and the mask losses are each
+//! head's own (`maskformer_loss.rs`, `mask2former_loss.rs`).
+//!
+//! Cheng et al., "Per-Pixel Classification is Not All You Need for Semantic
+//! Segmentation", NeurIPS 2021, arXiv:2107.06278.
+
+use super::mask2former_loss::class_loss;
+use crate::models::layers::host::from_host;
+use tch::{Kind, Tensor};
+
+/// What `_get_targets_single` returns and the loss keeps.
+pub(super) struct Targets {
+    pub labels: Tensor,
+    pub label_weights: Tensor,
+    pub mask_targets: Tensor,
+    pub mask_weights: Tensor,
+    pub num_pos: i64,
+    /// The matched queries (`pos_inds`), ascending.
+    pub pos: Vec<i64>,
+    /// The `MaskSamplingResult`'s masks (pos, neg, pos ground truth), where
+    /// `multi_apply`'s results keep them until `get_targets` returns
+    /// (MaskFormer); undefined where they are dropped at once.
+    pub sampling: (Tensor, Tensor, Tensor),
+}
+
+/// `_loss_by_feat_single` up to its mask losses: the class loss, the
+/// number of matched masks, and the matched queries' masks with their
+/// targets. `held` keeps what the Python function keeps alive to its end.
+pub(super) struct Matched {
+    pub loss_cls: Tensor,
+    pub num_total_masks: Tensor,
+    /// `mask_preds[mask_weights > 0]`: `[M, h, w]`.
+    pub mask_preds: Tensor,
+    /// `[M, H, W]`.
+    pub mask_targets: Tensor,
+    held: (Vec<Targets>, Tensor, Tensor, Tensor, Tensor),
+}
+
+impl Matched {
+    /// The class loss, what the loss kept to its end freed (the targets
+    /// first, as the Python function's locals go).
+    pub fn release(self) -> Tensor {
+        let Matched {
+            loss_cls,
+            held,
+            mask_targets,
+            ..
+        } = self;
+        drop((held, mask_targets));
+        loss_cls
+    }
+}
+
+/// The class loss and the matched masks of one decoder layer (`cls_scores`
+/// `[B, Q, C+1]`, `mask_preds` `[B, Q, h, w]`) from each image's
+/// `targets`; `Err` with the layer's three losses where no query matched
+/// (the mask losses then `mask_preds.sum()`, zero).
+pub(super) fn matched_queries(
+    targets: Vec<Targets>,
+    cls_scores: &Tensor,
+    mask_preds: &Tensor,
+    class_weight: &[f64],
+    cls_weight: f64,
+) -> Result<Matched, [Tensor; 3]> {
+    let avg_factor: i64 = targets.iter().map(|t| t.num_pos).sum();
+    let field = |f: fn(&Targets) -> &Tensor| -> Vec<Tensor> {
+        targets.iter().map(|t| f(t).shallow_clone()).collect()
+    };
+    let labels = Tensor::stack(&field(|t| &t.labels), 0);
+    let label_weights = Tensor::stack(&field(|t| &t.label_weights), 0);
+    let mask_targets = Tensor::cat(&field(|t| &t.mask_targets), 0);
+    let mask_weights = Tensor::stack(&field(|t| &t.mask_weights), 0);
+    let cls_flat = cls_scores.flatten(0, 1);
+    let labels = labels.flatten(0, 1);
+    let label_weights = label_weights.flatten(0, 1);
+    let class_weight_tensor = from_host(class_weight).to_kind(cls_flat.kind());
+    let loss_cls = class_loss(
+        &cls_flat,
+        &labels,
+        &label_weights,
+        &class_weight_tensor,
+        class_weight,
+        cls_weight,
+    );
+    let num_total_masks = from_host(&[avg_factor as f32]).to_kind(cls_flat.kind());
+    // `mask_preds[mask_weights > 0]`, indexed by the matched queries'
+    // positions (known on the host, also where values are not).
+    let queries = mask_preds.size()[1];
+    let positions: Vec<i64> = targets
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| t.pos.iter().map(move |q| i as i64 * queries + q))
+        .collect();
+    let mask_preds = mask_preds
+        .flatten(0, 1)
+        .index(&[Some(from_host(&positions))]);
+    if mask_targets.size()[0] == 0 {
+        let zero = mask_preds.sum(None::<Kind>);
+        return Err([loss_cls, zero.shallow_clone(), zero]);
+    }
+    Ok(Matched {
+        loss_cls,
+        num_total_masks,
+        mask_preds,
+        mask_targets,
+        held: (
+            targets,
+            mask_weights,
+            class_weight_tensor,
+            labels,
+            label_weights,
+        ),
+    })
+}
+
+/// `loss_by_feat`'s items: the last layer's losses unprefixed, then
+/// `d<i>.` for the others, in mmdet's dict order.
+pub(super) fn layer_loss_items(per_layer: &[[Tensor; 3]]) -> Vec<(String, Tensor)> {
+    let names = ["loss_cls", "loss_mask", "loss_dice"];
+    let last = per_layer.len() - 1;
+    let mut items: Vec<(String, Tensor)> = names
+        .iter()
+        .zip(per_layer[last].iter())
+        .map(|(n, t)| (n.to_string(), t.shallow_clone()))
+        .collect();
+    for (i, losses) in per_layer[..last].iter().enumerate() {
+        for (n, t) in names.iter().zip(losses.iter()) {
+            items.push((format!("d{i}.{n}"), t.shallow_clone()));
+        }
+    }
+    items
+}
