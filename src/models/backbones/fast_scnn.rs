@@ -18,6 +18,7 @@ use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::decode_heads::psp_head::Ppm;
+use crate::models::layers::inverted_residual::{BlockAct, InvertedResidual};
 use crate::models::layers::{resize_bilinear, ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 use crate::models::params::ParamScope;
 use crate::models::{ModelError, NormCfg};
@@ -138,66 +139,6 @@ fn read_dw_act_cfg(c: &mut ComponentConfig) -> Result<bool, ModelError> {
     c.relu_or_none("dw_act_cfg", false)
 }
 
-/// MobileNetV2's `InvertedResidual(in, out, stride, expand_ratio)` with
-/// FastSCNN's `act_cfg`: `conv.0` the 1x1 expansion (absent when
-/// `expand_ratio == 1`), then the 3x3 depthwise, both with mmcv's in-place
-/// activation, then the linear 1x1 projection.
-struct InvertedResidual {
-    convs: Vec<ConvModule>,
-    use_res_connect: bool,
-}
-
-impl InvertedResidual {
-    fn new(
-        p: &mut ParamScope,
-        (in_channels, out_channels): (i64, i64),
-        stride: i64,
-        c: &FastScnnCfg,
-    ) -> Self {
-        let hidden = in_channels * EXPAND_RATIO;
-        let mut cp = p.sub("conv");
-        let mut convs = Vec::new();
-        if EXPAND_RATIO != 1 {
-            let spec = ConvSpec::new(in_channels, hidden, 1);
-            convs.push(ConvModule::new(&mut cp.sub(0), spec, c.norm, c.relu));
-        }
-        let depthwise = ConvSpec::new(hidden, hidden, 3)
-            .stride(stride)
-            .padding(1)
-            .groups(hidden);
-        convs.push(ConvModule::new(
-            &mut cp.sub(convs.len() as i64),
-            depthwise,
-            c.norm,
-            c.relu,
-        ));
-        let project = ConvSpec::new(hidden, out_channels, 1);
-        convs.push(ConvModule::new(
-            &mut cp.sub(convs.len() as i64),
-            project,
-            c.norm,
-            false,
-        ));
-        InvertedResidual {
-            convs,
-            use_res_connect: stride == 1 && in_channels == out_channels,
-        }
-    }
-
-    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
-        // nn.Sequential: each intermediate dies once the next exists.
-        let mut out = self.convs[0].forward(x, training);
-        for conv in &self.convs[1..] {
-            out = conv.forward(&out, training);
-        }
-        if self.use_res_connect {
-            x + out
-        } else {
-            out
-        }
-    }
-}
-
 /// `LearningToDownsample`: `conv`, `dsconv1`, `dsconv2` (1/8).
 struct LearningToDownsample {
     conv: ConvModule,
@@ -264,8 +205,14 @@ impl GlobalFeatureExtractor {
                     let block = InvertedResidual::new(
                         &mut lp.sub(b),
                         (in_channels, channels),
-                        block_stride,
-                        c,
+                        (block_stride, 1),
+                        EXPAND_RATIO,
+                        c.norm,
+                        if c.relu {
+                            BlockAct::Relu
+                        } else {
+                            BlockAct::Linear
+                        },
                     );
                     in_channels = channels;
                     block

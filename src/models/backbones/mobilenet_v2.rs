@@ -15,7 +15,7 @@
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::{ComponentConfig, NormCfg};
-use crate::models::layers::inverted_residual::make_divisible;
+use crate::models::layers::inverted_residual::{make_divisible, BlockAct, InvertedResidual};
 use crate::models::layers::{ConvModule, ConvSpec};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -124,72 +124,6 @@ impl ConvBnAct {
     }
 }
 
-/// `InvertedResidual(in, out, stride, expand_ratio, dilation)`:
-/// `conv.0..2` (without the expansion when `expand_ratio == 1`).
-struct InvertedResidual {
-    convs: Vec<ConvBnAct>,
-    use_res_connect: bool,
-}
-
-impl InvertedResidual {
-    fn new(
-        p: &mut ParamScope,
-        (in_channels, out_channels): (i64, i64),
-        stride: i64,
-        expand_ratio: i64,
-        dilation: i64,
-        norm: NormCfg,
-    ) -> InvertedResidual {
-        let hidden = (in_channels as f64 * expand_ratio as f64).round() as i64;
-        let mut cp = p.sub("conv");
-        let mut convs = Vec::new();
-        if expand_ratio != 1 {
-            let spec = ConvSpec::new(in_channels, hidden, 1);
-            convs.push(ConvBnAct::new(
-                &mut cp.sub(convs.len() as i64),
-                spec,
-                norm,
-                true,
-            ));
-        }
-        let depthwise = ConvSpec::new(hidden, hidden, 3)
-            .stride(stride)
-            .padding(dilation)
-            .dilation(dilation)
-            .groups(hidden);
-        convs.push(ConvBnAct::new(
-            &mut cp.sub(convs.len() as i64),
-            depthwise,
-            norm,
-            true,
-        ));
-        let project = ConvSpec::new(hidden, out_channels, 1);
-        convs.push(ConvBnAct::new(
-            &mut cp.sub(convs.len() as i64),
-            project,
-            norm,
-            false,
-        ));
-        InvertedResidual {
-            convs,
-            use_res_connect: stride == 1 && in_channels == out_channels,
-        }
-    }
-
-    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
-        // nn.Sequential: each intermediate dies once the next exists.
-        let mut out = self.convs[0].forward(x, training);
-        for conv in &self.convs[1..] {
-            out = conv.forward(&out, training);
-        }
-        if self.use_res_connect {
-            x + out
-        } else {
-            out
-        }
-    }
-}
-
 pub struct MobileNetV2 {
     conv1: ConvBnAct,
     layers: Vec<Vec<InvertedResidual>>,
@@ -215,10 +149,14 @@ impl MobileNetV2 {
                     let block = InvertedResidual::new(
                         &mut lp.sub(b),
                         (in_channels, out_channels),
-                        if first { cfg.strides[i] } else { 1 },
+                        if first {
+                            (cfg.strides[i], cfg.dilations[i])
+                        } else {
+                            (1, 1)
+                        },
                         expand_ratio,
-                        if first { cfg.dilations[i] } else { 1 },
-                        cfg.norm,
+                        Some(cfg.norm),
+                        BlockAct::Relu6,
                     );
                     in_channels = out_channels;
                     block

@@ -6,9 +6,10 @@
 //!
 //! Howard et al., "Searching for MobileNetV3", ICCV 2019, arXiv:1905.02244.
 //!
-//! MobileNetV2's `InvertedResidual` (expand ratio, ReLU6) lives with its
-//! backbones (`backbones/mobilenet_v2.rs`, `backbones/fast_scnn.rs`); the V3
-//! block shares only [`make_divisible`] with it.
+//! MobileNetV2's block, `InvertedResidual` of the same file, is
+//! [`InvertedResidual`] here, for MobileNetV2 (ReLU6) and Fast-SCNN (its
+//! `act_cfg`, ReLU): Sandler et al., "MobileNetV2: Inverted Residuals and
+//! Linear Bottlenecks", CVPR 2018, arXiv:1801.04381.
 
 use super::activation::Activation;
 use super::conv::{ConvModule, ConvSpec};
@@ -223,6 +224,106 @@ impl InvertedResidualV3 {
         }
         out = self.linear_conv.forward(&out, training);
         if self.with_res_shortcut {
+            x + out
+        } else {
+            out
+        }
+    }
+}
+
+/// The activation after an [`InvertedResidual`]'s expansion and depthwise
+/// convs (`act_cfg`; the projection has none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockAct {
+    /// mmcv's `ReLU6(inplace=True)` (`hardtanh_(x, 0, 6)`: `relu6_`, whose
+    /// output autograd saves): MMSeg's default, MobileNetV2's.
+    Relu6,
+    /// `ReLU(inplace=True)` through the `ConvModule` (Fast-SCNN).
+    Relu,
+    /// None (a linear conv).
+    Linear,
+}
+
+/// A `ConvModule` with BN and a [`BlockAct`].
+struct ConvNormAct {
+    conv: ConvModule,
+    relu6: bool,
+}
+
+impl ConvNormAct {
+    fn new(p: &mut ParamScope, spec: ConvSpec, norm: Option<NormCfg>, act: BlockAct) -> Self {
+        ConvNormAct {
+            conv: ConvModule::new(p, spec, norm, act == BlockAct::Relu),
+            relu6: act == BlockAct::Relu6,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        let mut y = self.conv.forward(x, training);
+        if self.relu6 {
+            super::relu6_(&mut y);
+        }
+        y
+    }
+}
+
+/// MMSeg's `InvertedResidual(in_channels, out_channels, stride,
+/// expand_ratio, dilation, norm_cfg, act_cfg)`: `conv.0` the 1x1
+/// expansion (absent when `expand_ratio == 1`), the 3x3 depthwise (padding
+/// and dilation `dilation`), both with `act`, then the linear 1x1
+/// projection; the input added back where the shape allows.
+pub struct InvertedResidual {
+    convs: Vec<ConvNormAct>,
+    use_res_connect: bool,
+}
+
+impl InvertedResidual {
+    pub fn new(
+        p: &mut ParamScope,
+        (in_channels, out_channels): (i64, i64),
+        (stride, dilation): (i64, i64),
+        expand_ratio: i64,
+        norm: Option<NormCfg>,
+        act: BlockAct,
+    ) -> InvertedResidual {
+        let hidden = (in_channels as f64 * expand_ratio as f64).round() as i64;
+        let mut cp = p.sub("conv");
+        let mut convs = Vec::new();
+        if expand_ratio != 1 {
+            let spec = ConvSpec::new(in_channels, hidden, 1);
+            convs.push(ConvNormAct::new(&mut cp.sub(0), spec, norm, act));
+        }
+        let depthwise = ConvSpec::new(hidden, hidden, 3)
+            .stride(stride)
+            .padding(dilation)
+            .dilation(dilation)
+            .groups(hidden);
+        convs.push(ConvNormAct::new(
+            &mut cp.sub(convs.len() as i64),
+            depthwise,
+            norm,
+            act,
+        ));
+        let project = ConvSpec::new(hidden, out_channels, 1);
+        convs.push(ConvNormAct::new(
+            &mut cp.sub(convs.len() as i64),
+            project,
+            norm,
+            BlockAct::Linear,
+        ));
+        InvertedResidual {
+            convs,
+            use_res_connect: stride == 1 && in_channels == out_channels,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        // nn.Sequential: each intermediate dies once the next exists.
+        let mut out = self.convs[0].forward(x, training);
+        for conv in &self.convs[1..] {
+            out = conv.forward(&out, training);
+        }
+        if self.use_res_connect {
             x + out
         } else {
             out
