@@ -117,19 +117,26 @@ impl PythonWorker {
         )
     }
 
-    /// Runs one trial. `Err` for a request the Python worker cannot run, a
-    /// Python without MMSeg (`Error::Environment`: which Python, what to
-    /// install), a config it cannot load and an interpreter that cannot
-    /// start; everything else is the report's status.
-    pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
-        let text = request.to_python_request()?;
+    /// The script written to a directory of its own (removed when the
+    /// directory is dropped) and its command for `request` (the
+    /// `--request` text).
+    fn command(&self, request: &str) -> Result<(LiveTempDir, Command)> {
         let dir = LiveTempDir::new()
             .map_err(|e| Error::io("cannot create a directory for the Python worker", e))?;
         let script = dir.path().join("segtune_python_worker.py");
         std::fs::write(&script, SCRIPT)
             .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
         let mut command = Command::new(&self.python);
-        command.arg(&script).arg("--request").arg(text);
+        command.arg(&script).arg("--request").arg(request);
+        Ok((dir, command))
+    }
+
+    /// Runs one trial. `Err` for a request the Python worker cannot run, a
+    /// Python without MMSeg (`Error::Environment`: which Python, what to
+    /// install), a config it cannot load and an interpreter that cannot
+    /// start; everything else is the report's status.
+    pub fn trial(&self, request: &TrialRequest, timeout: Option<Duration>) -> Result<TrialReport> {
+        let (_dir, mut command) = self.command(&request.to_python_request()?)?;
         if let Some(n) = request.threads {
             command.env("OMP_NUM_THREADS", n.to_string());
         }
@@ -182,20 +189,11 @@ impl PythonWorker {
     /// `segtune inspect --python-worker`: the model MMSeg itself builds
     /// (the config's `custom_imports` imported), its types and parameters.
     pub fn inspect(&self, config: &Path, cfg_options: &[String]) -> Result<ModelSummary> {
-        let dir = LiveTempDir::new()
-            .map_err(|e| Error::io("cannot create a directory for the Python worker", e))?;
-        let script = dir.path().join("segtune_python_worker.py");
-        std::fs::write(&script, SCRIPT)
-            .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
-        let mut command = Command::new(&self.python);
         let request = TrialRequest {
             cfg_options: cfg_options.to_vec(),
             ..TrialRequest::new(config)
         };
-        command
-            .arg(&script)
-            .arg("--request")
-            .arg(python_request(&request, true));
+        let (_dir, command) = self.command(&python_request(&request, true))?;
         let run = run_child(command, &self.python, Some(INSPECT_DEADLINE))?;
         if run.timed_out {
             return Err(Error::environment(format!(

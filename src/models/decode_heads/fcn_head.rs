@@ -13,7 +13,7 @@ use super::decode_head::{BaseHead, DecodeHeadBase, DecodeHeadCfg, FeatureHead};
 use super::DecodeHead;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
-use crate::models::layers::{ConvModule, ConvSpec};
+use crate::models::layers::{ConvModule, ConvSpec, DepthwiseSeparableConvModule};
 use crate::models::params::ParamScope;
 use crate::models::{ModelError, NormCfg};
 use tch::Tensor;
@@ -89,10 +89,27 @@ pub trait MidBlock {
     fn forward(&self, x: &Tensor, training: bool) -> Tensor;
 }
 
+/// One of FCNHead's convs: mmcv's `ConvModule`, or the
+/// `DepthwiseSeparableConvModule` that `DepthwiseSeparableFCNHead` puts in
+/// its place (`sep_fcn_head.rs`).
+pub enum FcnConv {
+    Plain(ConvModule),
+    Separable(DepthwiseSeparableConvModule),
+}
+
+impl FcnConv {
+    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        match self {
+            FcnConv::Plain(c) => c.forward(x, training),
+            FcnConv::Separable(c) => c.forward(x, training),
+        }
+    }
+}
+
 pub struct FcnHead {
     base: DecodeHeadBase,
-    convs: Vec<ConvModule>,
-    conv_cat: Option<ConvModule>,
+    convs: Vec<FcnConv>,
+    conv_cat: Option<FcnConv>,
     /// A subclass's block after `convs[0]`.
     mid_block: Option<Box<dyn MidBlock>>,
 }
@@ -112,6 +129,21 @@ impl FcnHead {
         head
     }
 
+    /// The head with other convs in place of its own (as a subclass
+    /// replaces them), `base` built first (its `conv_seg` named first).
+    pub fn with_convs(
+        base: DecodeHeadBase,
+        convs: Vec<FcnConv>,
+        conv_cat: Option<FcnConv>,
+    ) -> FcnHead {
+        FcnHead {
+            base,
+            convs,
+            conv_cat,
+            mid_block: None,
+        }
+    }
+
     pub fn new(p: &mut ParamScope, cfg: FcnHeadCfg) -> FcnHead {
         let head = cfg.head;
         let (channels, norm) = (head.channels, head.norm);
@@ -126,12 +158,12 @@ impl FcnHead {
                 let spec = ConvSpec::new(from, channels, k)
                     .padding((k / 2) * cfg.dilation)
                     .dilation(cfg.dilation);
-                ConvModule::new(&mut cp.sub(i), spec, norm, true)
+                FcnConv::Plain(ConvModule::new(&mut cp.sub(i), spec, norm, true))
             })
             .collect();
         let conv_cat = cfg.concat_input.then(|| {
             let spec = ConvSpec::new(in_channels + channels, channels, k).padding(k / 2);
-            ConvModule::new(&mut p.sub("conv_cat"), spec, norm, true)
+            FcnConv::Plain(ConvModule::new(&mut p.sub("conv_cat"), spec, norm, true))
         });
         FcnHead {
             base,

@@ -12,22 +12,21 @@
 //! the replaced modules. The depthwise convs take `dw_act_cfg` (default
 //! `None`: no activation), the pointwise ones a ReLU.
 
-use super::decode_head::{BaseHead, DecodeHeadBase, FeatureHead};
-use super::fcn_head::FcnHeadCfg;
+use super::decode_head::DecodeHeadBase;
+use super::fcn_head::{FcnConv, FcnHead, FcnHeadCfg};
 use super::DecodeHead;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{ConvSpec, DepthwiseSeparableConvModule};
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
-use tch::Tensor;
 
 const SOURCE: &str = "mmseg/models/decode_heads/sep_fcn_head.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `DepthwiseSeparableFCNHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
     let cfg = SepFcnHeadCfg::from_cfg(cfg)?;
-    Ok(Box::new(SepFcnHead::new(p, cfg)))
+    Ok(Box::new(new(p, cfg)))
 }
 
 /// `DepthwiseSeparableFCNHead(dw_act_cfg=None, **kwargs)` on `FCNHead`'s
@@ -66,69 +65,28 @@ impl SepFcnHeadCfg {
     }
 }
 
-pub struct SepFcnHead {
-    base: DecodeHeadBase,
-    convs: Vec<DepthwiseSeparableConvModule>,
-    conv_cat: Option<DepthwiseSeparableConvModule>,
-}
-
-impl SepFcnHead {
-    pub fn new(p: &mut ParamScope, cfg: SepFcnHeadCfg) -> SepFcnHead {
-        let SepFcnHeadCfg { fcn, dw_relu } = cfg;
-        let head = fcn.head;
-        let (channels, norm) = (head.channels, head.norm);
-        // resize_concat heads see the sum of the selected maps' channels.
-        let in_channels: i64 = head.in_channels.iter().sum();
-        let base = DecodeHeadBase::new(p, head);
-        let k = fcn.kernel_size;
-        let mut cp = p.sub("convs");
-        let convs = (0..fcn.num_convs)
-            .map(|i| {
-                let from = if i == 0 { in_channels } else { channels };
-                let spec = ConvSpec::new(from, channels, k).padding(k / 2);
-                DepthwiseSeparableConvModule::new(&mut cp.sub(i), spec, norm, dw_relu)
-            })
-            .collect();
-        let conv_cat = fcn.concat_input.then(|| {
-            let spec = ConvSpec::new(in_channels + channels, channels, k).padding(k / 2);
-            DepthwiseSeparableConvModule::new(&mut p.sub("conv_cat"), spec, norm, dw_relu)
-        });
-        SepFcnHead {
-            base,
-            convs,
-            conv_cat,
-        }
-    }
-}
-
-impl BaseHead for SepFcnHead {
-    fn base(&self) -> &DecodeHeadBase {
-        &self.base
-    }
-
-    fn logits(&self, features: &[Tensor], training: bool) -> Tensor {
-        let feats = self.forward_feature(features, training);
-        self.base.cls_seg(feats, training) // [B, num_classes, h, w]
-    }
-}
-
-impl FeatureHead for SepFcnHead {
-    /// FCNHead's `_forward_feature`.
-    fn forward_feature(&self, features: &[Tensor], training: bool) -> Tensor {
-        let x = self.base.transform_inputs(features); // [B, C_in, h, w]
-                                                      // nn.Sequential rebinds its input: each intermediate dies when the next exists.
-        let mut feats = x.shallow_clone();
-        for conv in &self.convs {
-            feats = conv.forward(&feats, training); // [B, channels, h, w]
-        }
-        if let Some(conv_cat) = &self.conv_cat {
-            let cat = Tensor::cat(&[&x, &feats], 1); // [B, C_in + channels, h, w]
-            let fused = conv_cat.forward(&cat, training); // [B, channels, h, w]
-            drop(cat);
-            feats = fused;
-        }
-        feats
-    }
+/// `DepthwiseSeparableFCNHead(cfg)`: an [`FcnHead`] whose convs are
+/// depthwise-separable.
+pub fn new(p: &mut ParamScope, cfg: SepFcnHeadCfg) -> FcnHead {
+    let SepFcnHeadCfg { fcn, dw_relu } = cfg;
+    let head = fcn.head;
+    let (channels, norm) = (head.channels, head.norm);
+    // resize_concat heads see the sum of the selected maps' channels.
+    let in_channels: i64 = head.in_channels.iter().sum();
+    let base = DecodeHeadBase::new(p, head);
+    let k = fcn.kernel_size;
+    let mut cp = p.sub("convs");
+    let separable = |p: &mut ParamScope, from: i64| {
+        let spec = ConvSpec::new(from, channels, k).padding(k / 2);
+        FcnConv::Separable(DepthwiseSeparableConvModule::new(p, spec, norm, dw_relu))
+    };
+    let convs = (0..fcn.num_convs)
+        .map(|i| separable(&mut cp.sub(i), if i == 0 { in_channels } else { channels }))
+        .collect();
+    let conv_cat = fcn
+        .concat_input
+        .then(|| separable(&mut p.sub("conv_cat"), in_channels + channels));
+    FcnHead::with_convs(base, convs, conv_cat)
 }
 
 #[cfg(test)]
