@@ -15,7 +15,7 @@ use super::Backbone;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::basic_block::{
-    BlockArgs, BlockKind, Downsample, DownsampleStyle, ResBlock, ResLayer,
+    BlockArgs, BlockKind, BranchStem, Downsample, DownsampleStyle, ResBlock, ResLayer,
 };
 use crate::models::layers::ppm::Pappm;
 use crate::models::layers::{resize_bilinear, ConvModule, ConvSpec};
@@ -112,48 +112,8 @@ fn make_layer(
     ResLayer::new(blocks)
 }
 
-/// The stem: two stride-2 ConvModules, a layer of BasicBlocks, a ReLU, a
-/// stride-2 layer to `2 * channels`, a ReLU (`stem.0` to `stem.5`).
-struct Stem {
-    convs: [ConvModule; 2],
-    layers: [ResLayer; 2],
-}
-
-impl Stem {
-    fn new(p: &mut ParamScope, c: &DdrNetCfg) -> Stem {
-        let ch = c.channels;
-        let norm = Some(c.norm);
-        let conv0 = ConvModule::new(
-            &mut p.sub(0),
-            ConvSpec::new(c.in_channels, ch, 3).stride(2).padding(1),
-            norm,
-            c.relu,
-        );
-        let conv1 = ConvModule::new(
-            &mut p.sub(1),
-            ConvSpec::new(ch, ch, 3).stride(2).padding(1),
-            norm,
-            c.relu,
-        );
-        let layer2 = make_layer(&mut p.sub(2), c, BlockKind::Basic, ch, ch, 2, 1);
-        let layer4 = make_layer(&mut p.sub(4), c, BlockKind::Basic, ch, ch * 2, 2, 2);
-        Stem {
-            convs: [conv0, conv1],
-            layers: [layer2, layer4],
-        }
-    }
-
-    /// `[B, in, H, W]` -> `[B, 2 * channels, H/8, W/8]`.
-    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
-        let mut x = self.convs[0].forward(x, training); // [B, ch, H/2, W/2]
-        x = self.convs[1].forward(&x, training); // [B, ch, H/4, W/4]
-        x = self.layers[0].forward(&x, training).relu(); // [B, ch, H/4, W/4]
-        self.layers[1].forward(&x, training).relu() // [B, 2ch, H/8, W/8]
-    }
-}
-
 pub struct DdrNet {
-    stem: Stem,
+    stem: BranchStem,
     context_branch_layers: Vec<ResLayer>,
     compression_1: ConvModule,
     down_1: ConvModule,
@@ -168,7 +128,12 @@ impl DdrNet {
     pub fn new(p: &mut ParamScope, c: &DdrNetCfg) -> DdrNet {
         let ch = c.channels;
         let norm = Some(c.norm);
-        let stem = Stem::new(&mut p.sub("stem"), c);
+        let stem = BranchStem::new(
+            &mut p.sub("stem"),
+            (c.in_channels, ch),
+            (c.norm, c.relu),
+            |p, (from, to), stride| make_layer(p, c, BlockKind::Basic, from, to, 2, stride),
+        );
         let context_branch_layers = (0..3)
             .map(|i| {
                 let kind = if i < 2 {

@@ -20,7 +20,7 @@ use super::Backbone;
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::basic_block::{
-    BlockArgs, BlockKind, Downsample, DownsampleStyle, ResBlock, ResLayer,
+    BlockArgs, BlockKind, BranchStem, Downsample, DownsampleStyle, ResBlock, ResLayer,
 };
 use crate::models::layers::ppm::Pappm;
 use crate::models::layers::{resize_bilinear, ConvModule, ConvSpec};
@@ -263,39 +263,8 @@ impl Dfm {
     }
 }
 
-/// The stem: two stride-2 ConvModules, a layer of BasicBlocks, a ReLU, a
-/// stride-2 layer to `2 * channels`, a ReLU (`stem.0` to `stem.5`).
-struct Stem {
-    convs: [ConvModule; 2],
-    layers: [ResLayer; 2],
-}
-
-impl Stem {
-    fn new(p: &mut ParamScope, c: &PidNetCfg) -> Stem {
-        let ch = c.channels;
-        let s2 = |from: i64| ConvSpec::new(from, ch, 3).stride(2).padding(1);
-        let conv0 = ConvModule::new(&mut p.sub(0), s2(c.in_channels), Some(c.norm), c.relu);
-        let conv1 = ConvModule::new(&mut p.sub(1), s2(ch), Some(c.norm), c.relu);
-        let n = c.num_stem_blocks;
-        let layer2 = make_layer(&mut p.sub(2), c, BlockKind::Basic, (ch, ch), n, 1);
-        let layer4 = make_layer(&mut p.sub(4), c, BlockKind::Basic, (ch, ch * 2), n, 2);
-        Stem {
-            convs: [conv0, conv1],
-            layers: [layer2, layer4],
-        }
-    }
-
-    /// `[B, in, H, W]` -> `[B, 2 * channels, H/8, W/8]`.
-    fn forward(&self, x: &Tensor, training: bool) -> Tensor {
-        let mut x = self.convs[0].forward(x, training); // [B, ch, H/2, W/2]
-        x = self.convs[1].forward(&x, training); // [B, ch, H/4, W/4]
-        x = self.layers[0].forward(&x, training).relu(); // [B, ch, H/4, W/4]
-        self.layers[1].forward(&x, training).relu() // [B, 2ch, H/8, W/8]
-    }
-}
-
 pub struct PidNet {
-    stem: Stem,
+    stem: BranchStem,
     i_branch_layers: Vec<ResLayer>,
     p_branch_layers: Vec<ResLayer>,
     compression_1: ConvModule,
@@ -313,7 +282,12 @@ pub struct PidNet {
 impl PidNet {
     pub fn new(p: &mut ParamScope, c: &PidNetCfg) -> PidNet {
         let ch = c.channels;
-        let stem = Stem::new(&mut p.sub("stem"), c);
+        let stem = BranchStem::new(
+            &mut p.sub("stem"),
+            (c.in_channels, ch),
+            (c.norm, c.relu),
+            |p, io, stride| make_layer(p, c, BlockKind::Basic, io, c.num_stem_blocks, stride),
+        );
         let kind = |i: i64| {
             if i < 2 {
                 BlockKind::Basic

@@ -186,6 +186,42 @@ impl ResLayer {
     }
 }
 
+/// DDRNet's and PIDNet's stem: two stride-2 ConvModules to `channels`, a
+/// layer of BasicBlocks, a ReLU, a stride-2 layer to `2 * channels`, a
+/// ReLU (`stem.0` to `stem.5`). `layer(p, (in, out), stride)` is the
+/// backbone's own `_make_layer` of BasicBlocks.
+pub struct BranchStem {
+    convs: [ConvModule; 2],
+    layers: [ResLayer; 2],
+}
+
+impl BranchStem {
+    pub fn new(
+        p: &mut ParamScope,
+        (in_channels, channels): (i64, i64),
+        (norm, relu): (NormCfg, bool),
+        layer: impl Fn(&mut ParamScope, (i64, i64), i64) -> ResLayer,
+    ) -> BranchStem {
+        let s2 = |from: i64| ConvSpec::new(from, channels, 3).stride(2).padding(1);
+        let conv0 = ConvModule::new(&mut p.sub(0), s2(in_channels), Some(norm), relu);
+        let conv1 = ConvModule::new(&mut p.sub(1), s2(channels), Some(norm), relu);
+        let layer2 = layer(&mut p.sub(2), (channels, channels), 1);
+        let layer4 = layer(&mut p.sub(4), (channels, channels * 2), 2);
+        BranchStem {
+            convs: [conv0, conv1],
+            layers: [layer2, layer4],
+        }
+    }
+
+    /// `[B, in, H, W]` -> `[B, 2 * channels, H/8, W/8]`.
+    pub fn forward(&self, x: &Tensor, training: bool) -> Tensor {
+        let mut x = self.convs[0].forward(x, training); // [B, ch, H/2, W/2]
+        x = self.convs[1].forward(&x, training); // [B, ch, H/4, W/4]
+        x = self.layers[0].forward(&x, training).relu(); // [B, ch, H/4, W/4]
+        self.layers[1].forward(&x, training).relu() // [B, 2ch, H/8, W/8]
+    }
+}
+
 #[cfg(test)]
 #[path = "basic_block_tests.rs"]
 mod tests;
