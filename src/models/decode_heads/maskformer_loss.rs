@@ -18,10 +18,10 @@ use super::mask2former_head::check_type;
 use super::mask2former_loss::{
     class_loss_cfg, instance_targets, mean_over, take_rows, GtInstances,
 };
-use super::query_loss::{layer_loss_items, matched_queries, Targets};
+use super::query_loss::{hungarian, layer_loss_items, matched_queries, query_targets, Targets};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
-use crate::models::layers::host::{from_host, scalar_from_host, values_unavailable};
+use crate::models::layers::host::from_host;
 use crate::models::ModelError;
 use tch::{Kind, Tensor};
 
@@ -272,31 +272,13 @@ impl MaskFormerLoss {
         };
         let focal_cost = self.focal_cost(mask_pred, &gt.masks);
         let dice_cost = self.dice_cost(mask_pred, &gt.masks);
-        let cost = Tensor::stack(&[cls_cost, focal_cost, dice_cost], 0).sum_dim_intlist(
-            0,
-            false,
-            None::<Kind>,
-        );
-        let (nr, nc) = (cost.size()[0] as usize, cost.size()[1] as usize);
-        let host_cost = cost.detach().to_kind(Kind::Double).reshape([-1]);
-        if values_unavailable() {
-            // A shape-only trace has no values to match on: any complete
-            // matching has the same shapes.
-            return (0..nr.min(nc) as i64).map(|i| (i, i)).collect();
-        }
-        let values = Vec::<f64>::try_from(&host_cost).expect("a cost matrix");
-        let (rows, cols) = lsap::solve(nr, nc, &values, false).unwrap_or_default();
-        rows.into_iter()
-            .zip(cols)
-            .map(|(r, c)| (r as i64, c as i64))
-            .collect()
+        hungarian([cls_cost, focal_cost, dice_cost])
     }
 
     /// `_get_targets_single` for one image and one decoder layer: matched on
     /// the ground truth downsampled (nearest) to the masks' resolution; the
     /// mask targets at the label's resolution.
     fn targets_single(&self, cls_score: &Tensor, mask_pred: &Tensor, gt: &GtInstances) -> Targets {
-        let device = cls_score.device();
         let num_queries = cls_score.size()[0];
         let num_gts = gt.labels.size()[0];
         let matched = if num_gts == 0 {
@@ -335,17 +317,13 @@ impl MaskFormerLoss {
             mask_pred.index(&[Some(from_host(&neg))]),
             take_rows(&gt.masks, &pos_assigned_gt_inds, pos.len()),
         );
-        let mut labels = Tensor::full([num_queries], self.num_classes, (Kind::Int64, device));
-        let _ = labels.index_put_(
-            &[Some(&pos_inds)],
-            &gt.labels.index(&[Some(&pos_assigned_gt_inds)]),
-            false,
+        let (labels, label_weights, mask_targets, mask_weights) = query_targets(
+            self.num_classes,
+            cls_score,
+            mask_pred,
+            gt,
+            (&pos_inds, &pos_assigned_gt_inds, pos.len()),
         );
-        let label_weights = Tensor::ones([num_queries], (Kind::Int64, device));
-        let mask_targets = take_rows(&gt.masks, &pos_assigned_gt_inds, pos.len());
-        let mut mask_weights = Tensor::zeros([num_queries], (mask_pred.kind(), device));
-        let one = scalar_from_host(1.0f32).to_kind(mask_pred.kind());
-        let _ = mask_weights.index_put_(&[Some(&pos_inds)], &one, false);
         Targets {
             labels,
             label_weights,

@@ -11,9 +11,60 @@
 //! Cheng et al., "Per-Pixel Classification is Not All You Need for Semantic
 //! Segmentation", NeurIPS 2021, arXiv:2107.06278.
 
-use super::mask2former_loss::class_loss;
-use crate::models::layers::host::from_host;
+use super::mask2former_loss::{class_loss, take_rows, GtInstances};
+use crate::models::layers::host::{from_host, scalar_from_host, values_unavailable};
 use tch::{Kind, Tensor};
+
+/// `HungarianAssigner.assign` from its three weighted costs (class, mask,
+/// Dice; each `[Q, G]`): the matched `(query, segment)` pairs, queries
+/// ascending, by scipy's `linear_sum_assignment` on the summed cost (the
+/// `lsap` crate, the same algorithm).
+pub(super) fn hungarian(costs: [Tensor; 3]) -> Vec<(i64, i64)> {
+    let cost = Tensor::stack(&costs, 0).sum_dim_intlist(0, false, None::<Kind>);
+    drop(costs);
+    let (nr, nc) = (cost.size()[0] as usize, cost.size()[1] as usize);
+    // `cost.detach().cpu()` and scipy's view of it.
+    let host_cost = cost.detach().to_kind(Kind::Double).reshape([-1]);
+    if values_unavailable() {
+        // A shape-only trace has no values to match on: any complete
+        // matching has the same shapes.
+        return (0..nr.min(nc) as i64).map(|i| (i, i)).collect();
+    }
+    let values = Vec::<f64>::try_from(&host_cost).expect("a cost matrix");
+    let (rows, cols) = lsap::solve(nr, nc, &values, false).unwrap_or_default();
+    rows.into_iter()
+        .zip(cols)
+        .map(|(r, c)| (r as i64, c as i64))
+        .collect()
+}
+
+/// The end of `_get_targets_single`: the queries' class labels (the
+/// no-object class `num_classes` but where matched), their weights, the
+/// matched segments' masks and the mask weights (1 where matched), from
+/// the matched queries `pos_inds` and their segments `pos_gt_inds`
+/// (`n_pos` of each).
+pub(super) fn query_targets(
+    num_classes: i64,
+    cls_score: &Tensor,
+    mask_pred: &Tensor,
+    gt: &GtInstances,
+    (pos_inds, pos_gt_inds, n_pos): (&Tensor, &Tensor, usize),
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let device = cls_score.device();
+    let num_queries = cls_score.size()[0];
+    let mut labels = Tensor::full([num_queries], num_classes, (Kind::Int64, device));
+    let _ = labels.index_put_(
+        &[Some(pos_inds)],
+        &gt.labels.index(&[Some(pos_gt_inds)]),
+        false,
+    );
+    let label_weights = Tensor::ones([num_queries], (Kind::Int64, device));
+    let mask_targets = take_rows(&gt.masks, pos_gt_inds, n_pos);
+    let mut mask_weights = Tensor::zeros([num_queries], (mask_pred.kind(), device));
+    let one = scalar_from_host(1.0f32).to_kind(mask_pred.kind());
+    let _ = mask_weights.index_put_(&[Some(pos_inds)], &one, false);
+    (labels, label_weights, mask_targets, mask_weights)
+}
 
 /// What `_get_targets_single` returns and the loss keeps.
 pub(super) struct Targets {
