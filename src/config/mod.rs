@@ -53,6 +53,20 @@ use eval::Limits;
 use prepare::{FileKind, Prepared};
 use std::path::Path;
 
+/// A dataloader's pipeline: under its `dataset`, or the `dataset` of
+/// dataset wrappers (`RepeatDataset`, `ConcatDataset`'s first, ...), four
+/// deep at most.
+pub fn dataloader_pipeline(loader: &Value) -> Option<&Value> {
+    let mut node = loader.get_path("dataset")?;
+    for _ in 0..4 {
+        if let Some(p) = node.get_path("pipeline") {
+            return Some(p);
+        }
+        node = node.get_path("dataset")?;
+    }
+    None
+}
+
 /// The modules a config's `custom_imports` names (`imports`, a string or a
 /// list), in order: the user's Python that MMEngine imports before building
 /// anything, and that segtune reads as text and never runs.

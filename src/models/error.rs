@@ -121,11 +121,19 @@ impl ModelError {
         setting: impl Into<String>,
         why: impl Display,
     ) -> Self {
-        ModelError::Unsupported {
-            component: component.into(),
-            setting: setting.into(),
-            source: Some(source.into()),
-            why: why.to_string(),
+        match ModelError::unsupported(component, setting, why) {
+            ModelError::Unsupported {
+                component,
+                setting,
+                why,
+                ..
+            } => ModelError::Unsupported {
+                component,
+                setting,
+                source: Some(source.into()),
+                why,
+            },
+            other => other,
         }
     }
 

@@ -539,18 +539,6 @@ fn pair(v: &Value) -> Option<(i64, i64)> {
     }
 }
 
-/// A dataloader's pipeline, under `dataset` or the `dataset` of wrappers.
-fn wrapped_pipeline(loader: &Value) -> Option<&Value> {
-    let mut node = loader.get_path("dataset")?;
-    for _ in 0..4 {
-        if let Some(p) = node.get_path("pipeline") {
-            return Some(p);
-        }
-        node = node.get_path("dataset")?;
-    }
-    None
-}
-
 /// The recipe's training crop as the data pipeline cuts it: `crop_size`,
 /// else the `RandomCrop` of the train pipeline (under dataset wrappers such
 /// as `RepeatDataset` too).
@@ -558,9 +546,10 @@ pub fn training_crop(cfg: &Dict) -> Option<(i64, i64)> {
     if let Some(c) = cfg.get("crop_size").and_then(pair) {
         return Some(c);
     }
-    let pipeline = cfg
-        .get("train_pipeline")
-        .or_else(|| cfg.get("train_dataloader").and_then(wrapped_pipeline));
+    let pipeline = cfg.get("train_pipeline").or_else(|| {
+        cfg.get("train_dataloader")
+            .and_then(crate::config::dataloader_pipeline)
+    });
     if let Some(steps) = pipeline.and_then(Value::as_seq) {
         for step in steps {
             if step.get_path("type").and_then(Value::as_str) == Some("RandomCrop") {

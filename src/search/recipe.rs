@@ -80,11 +80,7 @@ pub fn recipe_amp(cfg: &Dict) -> Amp {
 
 /// The recipe's `optim_wrapper.accumulative_counts` (1: none).
 pub fn recipe_accumulation(cfg: &Dict) -> i64 {
-    cfg.get("optim_wrapper")
-        .and_then(|o| o.get_path("accumulative_counts"))
-        .and_then(Value::as_i64)
-        .unwrap_or(1)
-        .max(1)
+    crate::config::train_loop::accumulation(cfg)
 }
 
 /// The file name's `NxbB` (GPUs, batch per GPU), as MMSeg names its configs.

@@ -94,16 +94,9 @@ impl GenerateEdge {
 /// The training pipeline: under `train_dataloader.dataset` (or the
 /// `dataset` of dataset wrappers), else the config's `train_pipeline`.
 fn train_pipeline(cfg: &Dict) -> Option<&Value> {
-    let from_loader = cfg.get("train_dataloader").and_then(|loader| {
-        let mut node = loader.get_path("dataset")?;
-        for _ in 0..4 {
-            if let Some(p) = node.get_path("pipeline") {
-                return Some(p);
-            }
-            node = node.get_path("dataset")?;
-        }
-        None
-    });
+    let from_loader = cfg
+        .get("train_dataloader")
+        .and_then(crate::config::dataloader_pipeline);
     from_loader.or_else(|| cfg.get("train_pipeline"))
 }
 
