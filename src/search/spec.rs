@@ -94,36 +94,7 @@ pub struct SearchSpec {
 impl SearchSpec {
     /// The `segtune` dict of a resolved config.
     pub fn from_config(cfg: &config::Dict) -> Result<SearchSpec> {
-        const KEYS: [&str; 10] = [
-            "effective_batch",
-            "schedule",
-            "vram",
-            "preset",
-            "margin",
-            "objective",
-            "device",
-            "compute_capability",
-            "gpus",
-            "torch",
-        ];
-        let bad = |what: String| Error::Input(format!("the config's `segtune` settings: {what}"));
-        let d = match cfg.get("segtune") {
-            None => None,
-            Some(Value::Dict(d)) => Some(d),
-            Some(other) => {
-                return Err(bad(format!(
-                    "`segtune` must be a dict, e.g. segtune = dict(preset='rtx3050ti'), not {} {}",
-                    other.type_name(),
-                    config::value::python_repr(other)
-                )))
-            }
-        };
-        if let Some(key) = d.and_then(|d| d.keys().find(|k| !KEYS.contains(&k.as_str()))) {
-            return Err(bad(format!(
-                "unknown key `segtune.{key}`; the keys are {}",
-                KEYS.join(", ")
-            )));
-        }
+        let d = segtune_section(cfg)?;
         let get = |k: &str| d.and_then(|d| d.get(k));
         let s = |k: &str| -> Result<Option<String>> {
             match get(k) {
@@ -235,6 +206,45 @@ impl SearchSpec {
             .map_or(Ok(DeviceSetting::Auto), str::parse)
             .map_err(|e| Error::Input(e.to_string()))
     }
+}
+
+/// An error in the config's `segtune` settings.
+fn bad(what: String) -> Error {
+    Error::Input(format!("the config's `segtune` settings: {what}"))
+}
+
+/// The config's `segtune` dict (`None` without one), its keys checked.
+fn segtune_section(cfg: &config::Dict) -> Result<Option<&config::Dict>> {
+    const KEYS: [&str; 10] = [
+        "effective_batch",
+        "schedule",
+        "vram",
+        "preset",
+        "margin",
+        "objective",
+        "device",
+        "compute_capability",
+        "gpus",
+        "torch",
+    ];
+    let d = match cfg.get("segtune") {
+        None => None,
+        Some(Value::Dict(d)) => Some(d),
+        Some(other) => {
+            return Err(bad(format!(
+                "`segtune` must be a dict, e.g. segtune = dict(preset='rtx3050ti'), not {} {}",
+                other.type_name(),
+                config::value::python_repr(other)
+            )))
+        }
+    };
+    if let Some(key) = d.and_then(|d| d.keys().find(|k| !KEYS.contains(&k.as_str()))) {
+        return Err(bad(format!(
+            "unknown key `segtune.{key}`; the keys are {}",
+            KEYS.join(", ")
+        )));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
