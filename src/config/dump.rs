@@ -219,11 +219,7 @@ fn write_py(v: &Value, indent: usize, column: usize, out: &mut String) {
     let inner = "    ".repeat(indent + 1);
     match v {
         Value::List(items) | Value::Tuple(items) => {
-            let (open, close) = if matches!(v, Value::List(_)) {
-                ('[', ']')
-            } else {
-                ('(', ')')
-            };
+            let (open, close) = v.python_brackets();
             out.push(open);
             out.push('\n');
             for item in items {

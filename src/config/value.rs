@@ -25,6 +25,16 @@ pub enum Value {
 }
 
 impl Value {
+    /// The brackets Python writes a sequence in: `[]` for a list, `()`
+    /// for a tuple.
+    pub(crate) fn python_brackets(&self) -> (char, char) {
+        if matches!(self, Value::List(_)) {
+            ('[', ']')
+        } else {
+            ('(', ')')
+        }
+    }
+
     /// Python's name for the value's type, used in error messages.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -271,11 +281,7 @@ fn write_python_repr(v: &Value, out: &mut String) {
         Value::Float(f) => out.push_str(&python_float_repr(*f)),
         Value::Str(s) => out.push_str(&python_str_repr(s)),
         Value::List(items) | Value::Tuple(items) => {
-            let (open, close) = if matches!(v, Value::List(_)) {
-                ('[', ']')
-            } else {
-                ('(', ')')
-            };
+            let (open, close) = v.python_brackets();
             out.push(open);
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {

@@ -1,21 +1,13 @@
 //! Mixed precision: off, fp16 (autocast with dynamic loss scaling) or bf16,
 //! as MMEngine's `AmpOptimWrapper` runs them.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use tch::Kind;
 
 /// Mixed precision (of a trial, a prediction, a search candidate).
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Amp {

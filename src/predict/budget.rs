@@ -262,41 +262,19 @@ impl Gpu {
     /// known; a card known only by its compute capability takes a typical
     /// card's (`GpuMath::of_compute_capability`), its ratios being what matter.
     pub fn conv_math(&self) -> GpuMath {
-        card_math(
-            self.name == "custom",
-            &self.compute_capability,
-            [
-                self.fp32_tflops,
-                self.tf32_tflops,
-                self.fp16_tflops,
-                self.bf16_tflops,
-            ],
-            self.sms,
-        )
+        let custom = self.name == "custom";
+        GpuMath::of_card(custom, &self.compute_capability, self.rates(), self.sms)
+    }
+
+    /// `[fp32, tf32, fp16, bf16]` TFLOPS.
+    fn rates(&self) -> [f64; 4] {
+        let (fp32, tf32) = (self.fp32_tflops, self.tf32_tflops);
+        [fp32, tf32, self.fp16_tflops, self.bf16_tflops]
     }
 
     /// Every shipped preset.
     pub fn presets() -> Result<Vec<Gpu>> {
         presets::names().into_iter().map(Gpu::preset).collect()
-    }
-}
-
-/// A card's math rates (`[fp32, tf32, fp16, bf16]` TFLOPS and SMs): its
-/// own, or a typical card's for its compute capability where it is known
-/// only by `--vram` (`custom`) or its SMs are not given.
-fn card_math(custom: bool, compute_capability: &str, rates: [f64; 4], sms: i64) -> GpuMath {
-    let typical = GpuMath::of_compute_capability(compute_capability);
-    if custom || sms == 0 {
-        return typical;
-    }
-    let [fp32, tf32, fp16, bf16] = rates;
-    GpuMath {
-        fp32,
-        tf32,
-        fp16,
-        bf16,
-        sms,
-        max_threads_per_sm: typical.max_threads_per_sm,
     }
 }
 
@@ -359,17 +337,14 @@ impl Budget {
 
     /// The rates cuDNN's algorithm choice depends on (see [`Gpu::conv_math`]).
     pub fn conv_math(&self) -> GpuMath {
-        card_math(
-            self.gpu == "custom",
-            &self.compute_capability,
-            [
-                self.fp32_tflops,
-                self.tf32_tflops,
-                self.fp16_tflops,
-                self.bf16_tflops,
-            ],
-            self.sms,
-        )
+        let custom = self.gpu == "custom";
+        GpuMath::of_card(custom, &self.compute_capability, self.rates(), self.sms)
+    }
+
+    /// `[fp32, tf32, fp16, bf16]` TFLOPS.
+    fn rates(&self) -> [f64; 4] {
+        let (fp32, tf32) = (self.fp32_tflops, self.tf32_tflops);
+        [fp32, tf32, self.fp16_tflops, self.bf16_tflops]
     }
 
     /// `gpu` with a fraction `margin` of its VRAM kept free.

@@ -5,6 +5,8 @@ use crate::config::{Dict, Value};
 use crate::models::backbones::BACKBONE_FACTS;
 use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::registry::facts_of;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 pub use super::recipe::Recipe;
 pub use crate::kinds::Amp;
@@ -12,17 +14,7 @@ pub use crate::models::segmentors::inference::TestMode;
 
 /// One configuration to try.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 pub struct Candidate {
     pub batch_size: i64,

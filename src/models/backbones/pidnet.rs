@@ -244,7 +244,7 @@ impl Dfm {
         }
         let spec = ConvSpec::new(channels, channels, 3).padding(1);
         Dfm::Bag {
-            conv: ConvModule::norm_act_conv(&mut p.sub("conv"), spec, Some(c.norm), c.relu, false),
+            conv: ConvModule::norm_act_conv(&mut p.sub("conv"), spec, c.norm, c.relu),
         }
     }
 

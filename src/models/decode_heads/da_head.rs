@@ -12,7 +12,7 @@
 //! of each of the three logits, prefixed `pam_cam.`, `pam.` and `cam.`.
 
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::self_attention_block::{SelfAttentionBlock, SelfAttentionBlockCfg};
@@ -208,15 +208,9 @@ impl DecodeHead for DaHead {
         pam_cam_out
     }
 
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
         // The three logits stay alive while `loss_by_feat` runs on each.
-        let logits = self.outputs(features, training);
+        let logits = self.outputs(features, true);
         let mut losses = Vec::new();
         for (prefix, logit) in ["pam_cam", "pam", "cam"].iter().zip(&logits) {
             for (name, value) in self.base.loss_by_feat(logit, labels) {

@@ -12,7 +12,7 @@
 //! (`loss_spatial`), positionally; `acc_seg` is the context logits'.
 
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{resize_bilinear, BatchNorm2d, Conv2d, ConvModule, ConvSpec};
@@ -68,7 +68,7 @@ impl BaseHeadBlock {
     ) -> Self {
         let spec = ConvSpec::new(in_channels, channels, 3).padding(1);
         BaseHeadBlock {
-            conv: ConvModule::norm_act_conv(&mut p.sub(names.0), spec, Some(*norm), true, false),
+            conv: ConvModule::norm_act_conv(&mut p.sub(names.0), spec, *norm, true),
             norm: BatchNorm2d::from_cfg(&mut p.sub(names.1), channels, norm),
         }
     }
@@ -132,13 +132,7 @@ impl DecodeHead for DdrHead {
     }
 
     /// `loss`: the logits stay alive while `loss_by_feat` runs.
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev: Option<&Tensor>,
-        labels: &[Tensor],
-        _training: bool,
-    ) -> Vec<(String, Tensor)> {
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
         let (context, spatial) = self.forward_train(features);
         let _part = crate::models::scope::enter("loss");
         let ac = self.base.cfg.align_corners;

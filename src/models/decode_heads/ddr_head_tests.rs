@@ -44,7 +44,7 @@ fn the_head_classifies_at_the_features_resolution_and_names_its_losses() {
         shapes(&[h.forward(&inputs[1..], None, false)]),
         [[2, 19, 8, 8]]
     );
-    let items = h.loss(&inputs, None, &labels(2, 64, 64), true);
+    let items = h.loss(&inputs, None, &labels(2, 64, 64));
     let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["loss_context", "loss_spatial", "acc_seg"]);
 }

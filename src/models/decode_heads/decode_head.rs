@@ -12,7 +12,7 @@
 //! (its base and its logits); the loss comes from
 //! [`DecodeHeadBase::loss_by_feat`].
 
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::Value;
 use crate::models::component_config::{ComponentConfig, NormCfg};
 use crate::models::layers::{resize_bilinear, Conv2d, ConvSpec};
@@ -370,24 +370,13 @@ pub trait FeatureHead: BaseHead {
 /// Not a cascade head: `prev_output` is never given (the segmentor checks
 /// [`DecodeHead::is_cascade`] when it is built).
 impl<H: BaseHead> DecodeHead for H {
-    fn forward(
-        &self,
-        features: &[Tensor],
-        _prev_output: Option<&Tensor>,
-        training: bool,
-    ) -> Tensor {
+    fn forward(&self, features: &[Tensor], _prev: Option<&Tensor>, training: bool) -> Tensor {
         self.logits(features, training)
     }
 
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev_output: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
         // `seg_logits` stays alive in `loss()` while `loss_by_feat` runs.
-        let logits = self.logits(features, training);
+        let logits = self.logits(features, true);
         self.base().loss_by_feat(&logits, labels)
     }
 

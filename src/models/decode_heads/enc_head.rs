@@ -14,7 +14,7 @@
 //! a binary cross-entropy (`loss_se`) against the labels' class histogram.
 
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg, InputTransform};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{resize_bilinear, BatchNorm2d, ConvModule, ConvSpec, Linear};
@@ -304,14 +304,8 @@ impl DecodeHead for EncHead {
         self.outputs(features, training).0
     }
 
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        let (logits, se_logits) = self.outputs(features, training);
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
+        let (logits, se_logits) = self.outputs(features, true);
         let mut losses = self.base.loss_by_feat(&logits, labels);
         if let (Some(se_logits), Some(weight)) = (&se_logits, self.se_loss_weight) {
             losses.push(("loss_se".into(), self.se_loss(se_logits, labels, weight)));

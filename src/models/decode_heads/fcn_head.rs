@@ -271,7 +271,7 @@ mod tests {
             .map(|_| Tensor::zeros([1, 64, 64], (tch::Kind::Int64, tch::Device::Cpu)))
             .collect();
         let names: Vec<String> = head
-            .loss(&features, None, &labels, true)
+            .loss(&features, None, &labels)
             .into_iter()
             .map(|(n, _)| n)
             .collect();

@@ -12,7 +12,7 @@
 //! is `CrossEntropyLoss(ignore_index=semantic_loss_ignore_index)` with mean
 //! reduction over the logits upsampled to the label size, with no accuracy.
 
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{dropout, resize_bilinear, BatchNorm2d, Conv2d, ConvSpec, Linear};
@@ -130,14 +130,8 @@ impl DecodeHead for SegformerDecodeHead {
     /// The model's loss: logits upsampled to the labels' size, then
     /// `CrossEntropyLoss(ignore_index)` (mean over the labelled pixels).
     /// `labels`: one `[B, H, W]` tensor (the batch's `labels`).
-    fn loss(
-        &self,
-        features: &[Tensor],
-        prev_output: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        let logits = self.forward(features, prev_output, training);
+    fn loss(&self, features: &[Tensor], prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
+        let logits = self.forward(features, prev, true);
         let _part = crate::models::scope::enter("loss");
         let labels = &labels[0];
         let size = (labels.size()[1], labels.size()[2]);

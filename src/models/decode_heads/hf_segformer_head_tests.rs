@@ -41,7 +41,7 @@ fn the_head_classifies_at_a_quarter_of_the_image() {
         [2, 64, 64],
         (tch::Kind::Int64, tch::Device::Cpu),
     )];
-    let items = h.loss(&inputs, None, &batch_labels, true);
+    let items = h.loss(&inputs, None, &batch_labels);
     // transformers returns one `loss`, the cross-entropy of the upsampled logits.
     let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["loss"]);

@@ -15,7 +15,7 @@
 //! (`loss_ce.s0` ... `loss_ce.s3`).
 
 use super::decode_head::FeatureHead;
-use super::{DecodeHead, DECODE_HEADS};
+use super::{DecodeHead, LossItems, DECODE_HEADS};
 use crate::config::{Dict, Value};
 use crate::models::component_config::{ComponentConfig, NormCfg};
 use crate::models::layers::{
@@ -171,14 +171,8 @@ impl DecodeHead for IterativeDecodeHead {
 
     /// `loss_by_feat`: the generate head's loss of each stage's logits,
     /// `<item>.s<i>`; all the logits live until the last is done.
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        let stage_segs = self.stage_logits(features, training);
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
+        let stage_segs = self.stage_logits(features, true);
         let mut items = Vec::new();
         for (i, logits) in stage_segs.iter().enumerate() {
             for (name, value) in self.generate.base().loss_by_feat(logits, labels) {
@@ -745,7 +739,7 @@ mod tests {
         let labels: Vec<Tensor> = (0..2)
             .map(|_| Tensor::randint(150, [1, 32, 32], (Kind::Int64, Device::Cpu)))
             .collect();
-        let items = head.loss(&features, None, &labels, true);
+        let items = head.loss(&features, None, &labels);
         let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,

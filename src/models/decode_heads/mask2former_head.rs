@@ -15,7 +15,7 @@ use super::pixel_decoder::{
     ffn_and_norms, ffn_cfg, layer_norm_value, sine_encoding, MsDeformAttnPixelDecoder,
     PixelDecoderCfg,
 };
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::positional_encoding::SinePositionalEncoding;
@@ -522,15 +522,9 @@ impl DecodeHead for Mask2FormerHead {
         Tensor::einsum("bqc,bqhw->bchw", &[&cls_score, &mask_pred], None::<i64>)
     }
 
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
         let targets = self.loss.instance_targets(labels);
-        let (cls, masks) = self.forward_all(features, training);
+        let (cls, masks) = self.forward_all(features, true);
         self.loss.loss_by_feat(&cls, &masks, &targets)
     }
 

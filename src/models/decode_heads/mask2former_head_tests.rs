@@ -173,7 +173,7 @@ fn the_scores_are_at_the_mask_features_resolution() {
 fn the_loss_has_three_items_per_decoder_layer_last_first() {
     let (_, h) = head(r50_ade(), "decode_head");
     let inputs = features(1, &R50_64X64);
-    let items = h.loss(&inputs, None, &labels(1, 64, 64), true);
+    let items = h.loss(&inputs, None, &labels(1, 64, 64));
     let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
     // The last layer's, then d0 (the queries' own prediction) to d8.
     assert_eq!(names.len(), 3 * 10);

@@ -16,26 +16,25 @@
 //! Kirillov et al., "PointRend", CVPR 2020, arXiv:1912.08193.
 
 use super::mask2former_head::check_type;
-use super::query_loss::{hungarian, layer_loss_items, matched_queries, query_targets, Targets};
+use super::query_loss::{
+    binary_mask_dice_cost, dice_loss, hungarian, layer_loss_items, layer_losses, pseudo_sample,
+    query_targets, Matched, Targets,
+};
+use super::query_loss_cfg::{
+    class_loss_cfg, read_match_costs, sigmoid_loss_cfg, ClassLossCfg, DiceLossCfg, MMDET_LOSSES,
+};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::{from_host, shape_only_segments, values_unavailable};
 use crate::models::ModelError;
 use tch::{Kind, Tensor};
 
-const MMDET_LOSSES: &str = "mmdet/models/losses/";
-const ASSIGNER_SOURCE: &str = "mmdet/models/task_modules/assigners/";
-
 /// The head's `loss_cls`, `loss_mask`, `loss_dice` and `train_cfg`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mask2FormerLossCfg {
-    /// `loss_cls.class_weight`: `num_classes + 1` weights, no-object last.
-    pub class_weight: Vec<f64>,
-    pub cls_weight: f64,
+    pub cls: ClassLossCfg,
     pub mask_weight: f64,
-    pub dice_weight: f64,
-    pub dice_eps: f64,
-    pub dice_naive: bool,
+    pub dice: DiceLossCfg,
     pub num_points: i64,
     pub oversample_ratio: f64,
     pub importance_sample_ratio: f64,
@@ -50,28 +49,23 @@ impl Mask2FormerLossCfg {
     /// Reads the loss and `train_cfg` keys of the head's config.
     pub fn from_head(c: &mut ComponentConfig, num_classes: i64) -> Result<Self, ModelError> {
         let empty = Dict::new();
-        let (cls_weight, class_weight) = class_loss_cfg(c, num_classes, 2.0, "Mask2FormerHead")?;
+        let cls = class_loss_cfg(c, num_classes, 2.0, "Mask2FormerHead")?;
 
-        let mask = c.dict("loss_mask")?.unwrap_or(&empty);
-        check_type(mask, "CrossEntropyLoss", "loss_mask")?;
-        let mut m = ComponentConfig::new(mask, "CrossEntropyLoss", MMDET_LOSSES);
-        m.unimplemented("use_sigmoid", &Value::Bool(true))?;
+        let mut m = sigmoid_loss_cfg(c, "loss_mask", "CrossEntropyLoss", &empty)?;
         m.unimplemented("reduction", &Value::Str("mean".into()))?;
         m.unimplemented("class_weight", &Value::None)?;
         m.unimplemented("avg_non_ignore", &Value::Bool(false))?;
         let mask_weight = m.float("loss_weight", 5.0)?;
         m.finish()?;
 
-        let dice = c.dict("loss_dice")?.unwrap_or(&empty);
-        check_type(dice, "DiceLoss", "loss_dice")?;
-        let mut d = ComponentConfig::new(dice, "DiceLoss", MMDET_LOSSES);
-        d.unimplemented("use_sigmoid", &Value::Bool(true))?;
-        d.unimplemented("activate", &Value::Bool(true))?;
-        d.unimplemented("reduction", &Value::Str("mean".into()))?;
-        let dice_naive = d.flag("naive_dice", true);
-        let dice_eps = d.float("eps", 1.0)?;
-        let dice_weight = d.float("loss_weight", 5.0)?;
-        d.finish()?;
+        let dice = DiceLossCfg::read(
+            c,
+            DiceLossCfg {
+                naive: true,
+                eps: 1.0,
+                weight: 5.0,
+            },
+        )?;
 
         let train = c.dict("train_cfg")?.unwrap_or(&empty);
         let mut t = ComponentConfig::new(train, "Mask2FormerHead train_cfg", MMDET_LOSSES);
@@ -94,12 +88,9 @@ impl Mask2FormerLossCfg {
         let (cost_cls, cost_mask, cost_dice, cost_dice_eps, cost_dice_naive) =
             match_costs(assigner)?;
         Ok(Mask2FormerLossCfg {
-            class_weight,
-            cls_weight,
+            cls,
             mask_weight,
-            dice_weight,
-            dice_eps,
-            dice_naive,
+            dice,
             num_points,
             oversample_ratio,
             importance_sample_ratio,
@@ -112,87 +103,13 @@ impl Mask2FormerLossCfg {
     }
 }
 
-/// The head's `loss_cls` (mmdet's `CrossEntropyLoss` over the classes and
-/// no-object): `(loss_weight, class_weight)`.
-pub(super) fn class_loss_cfg(
-    c: &mut ComponentConfig,
-    num_classes: i64,
-    default_weight: f64,
-    head: &str,
-) -> Result<(f64, Vec<f64>), ModelError> {
-    let empty = Dict::new();
-    let cls = c.dict("loss_cls")?.unwrap_or(&empty);
-    let mut l = ComponentConfig::new(cls, "CrossEntropyLoss", MMDET_LOSSES);
-    check_type(cls, "CrossEntropyLoss", "loss_cls")?;
-    l.unimplemented("use_sigmoid", &Value::Bool(false))?;
-    l.unimplemented("use_mask", &Value::Bool(false))?;
-    l.unimplemented("reduction", &Value::Str("mean".into()))?;
-    l.unimplemented("avg_non_ignore", &Value::Bool(false))?;
-    l.unimplemented("ignore_index", &Value::None)?;
-    let cls_weight = l.float("loss_weight", default_weight)?;
-    let mut class_weight = l.floats("class_weight")?.unwrap_or_default();
-    l.finish()?;
-    if class_weight.is_empty() {
-        // mmdet's default [1.0] * 133 + [0.1] is for COCO panoptic.
-        return Err(ModelError::config(
-            head,
-            "loss_cls.class_weight must be set (num_classes + 1 weights, no-object last)",
-        ));
-    }
-    if class_weight.len() as i64 != num_classes + 1 {
-        return Err(ModelError::config(head, format!(
-            "loss_cls.class_weight has {} weights for num_classes {num_classes} (needs num_classes + 1)",
-            class_weight.len()
-        )));
-    }
-    class_weight.shrink_to_fit();
-    Ok((cls_weight, class_weight))
-}
-
-/// `HungarianAssigner(match_costs=[ClassificationCost, CrossEntropyLossCost,
-/// DiceCost])`, each cost at most once and in that order (as every MMSeg
-/// config has them): their weights and Dice's `eps` and `naive_dice`.
+/// The assigner's `ClassificationCost`, `CrossEntropyLossCost` and
+/// `DiceCost`: their weights (zero when absent) and Dice's `eps` and
+/// `naive_dice`.
 fn match_costs(assigner: Option<&Dict>) -> Result<(f64, f64, f64, f64, bool), ModelError> {
-    let Some(a) = assigner else {
-        return Err(ModelError::config(
-            "Mask2FormerHead",
-            "train_cfg.assigner must be set",
-        ));
-    };
-    check_type(a, "HungarianAssigner", "train_cfg.assigner")?;
-    let mut c = ComponentConfig::new(a, "HungarianAssigner", ASSIGNER_SOURCE);
-    let costs = c
-        .value("match_costs")
-        .and_then(|v| v.as_seq().map(<[Value]>::to_vec))
-        .unwrap_or_default();
-    c.finish()?;
     let mut out = (0.0, 0.0, 0.0, 1e-3, true);
     let order = ["ClassificationCost", "CrossEntropyLossCost", "DiceCost"];
-    let mut next = 0;
-    for cost in &costs {
-        let d = cost.as_dict().ok_or_else(|| {
-            ModelError::config("HungarianAssigner", "each match cost must be a dict")
-        })?;
-        let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
-        let name = ty.trim_start_matches("mmdet.");
-        let pos = order.iter().position(|o| *o == name).ok_or_else(|| {
-            ModelError::unsupported_in(
-                "HungarianAssigner",
-                format!("{ASSIGNER_SOURCE}match_cost.py"),
-                "match_costs",
-                format!("`{ty}` (implemented: {})", order.join(", ")),
-            )
-        })?;
-        if pos < next {
-            return Err(ModelError::unsupported(
-                "HungarianAssigner",
-                "match_costs",
-                format!("out of the order {} or repeated", order.join(", ")),
-            ));
-        }
-        next = pos + 1;
-        let mut m = ComponentConfig::new(d, "match cost", ASSIGNER_SOURCE);
-        let weight = m.float("weight", 1.0)?;
+    read_match_costs(assigner, "Mask2FormerHead", order, |pos, weight, m| {
         match pos {
             0 => out.0 = weight,
             1 => {
@@ -206,8 +123,8 @@ fn match_costs(assigner: Option<&Dict>) -> Result<(f64, f64, f64, f64, bool), Mo
                 out.4 = m.flag("naive_dice", true);
             }
         }
-        m.finish()?;
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -350,21 +267,13 @@ impl Mask2FormerLoss {
         let dice_cost = {
             let pred = mask_points_pred.sigmoid().flatten(1, -1);
             let target = gt_points_masks.flatten(1, -1).to_kind(Kind::Float);
-            let numerator = Tensor::einsum("nc,mc->nm", &[&pred, &target], None::<i64>) * 2;
-            let denominator = if c.cost_dice_naive {
-                pred.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(1)
-                    + target.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(0)
-            } else {
-                pred.pow_tensor_scalar(2)
-                    .sum_dim_intlist(1, false, None::<Kind>)
-                    .unsqueeze(1)
-                    + target
-                        .pow_tensor_scalar(2)
-                        .sum_dim_intlist(1, false, None::<Kind>)
-                        .unsqueeze(0)
-            };
-            let eps = c.cost_dice_eps;
-            ((numerator + eps) / (denominator + eps)).rsub_scalar(1) * c.cost_dice
+            binary_mask_dice_cost(
+                &pred,
+                &target,
+                c.cost_dice_naive,
+                c.cost_dice_eps,
+                c.cost_dice,
+            )
         };
         hungarian([cls_cost, ce_cost, dice_cost])
     }
@@ -391,17 +300,7 @@ impl Mask2FormerLoss {
             self.assign(cls_score, &mask_points_pred, gt, &gt_points_masks)
         };
         // MaskPseudoSampler / MaskSamplingResult
-        let mut positive = vec![false; num_queries as usize];
-        let mut assigned = vec![0i64; num_queries as usize];
-        for (q, g) in &matched {
-            positive[*q as usize] = true;
-            assigned[*q as usize] = *g;
-        }
-        let pos: Vec<i64> = (0..num_queries).filter(|q| positive[*q as usize]).collect();
-        let neg: Vec<i64> = (0..num_queries)
-            .filter(|q| !positive[*q as usize])
-            .collect();
-        let pos_gt: Vec<i64> = pos.iter().map(|q| assigned[*q as usize]).collect();
+        let (pos, neg, pos_gt) = pseudo_sample(&matched, num_queries);
         let pos_inds = from_host(&pos);
         let neg_inds = from_host(&neg);
         let pos_assigned_gt_inds = from_host(&pos_gt);
@@ -410,12 +309,12 @@ impl Mask2FormerLoss {
             mask_pred.index(&[Some(&neg_inds)]),
             take_rows(&gt.masks, &pos_assigned_gt_inds, pos.len()),
         );
-        let (labels, label_weights, mask_targets, mask_weights) = query_targets(
+        let targets = query_targets(
             self.num_classes,
-            cls_score,
-            mask_pred,
+            (cls_score, mask_pred),
             gt,
-            (&pos_inds, &pos_assigned_gt_inds, pos.len()),
+            (pos, &pos_inds, &pos_assigned_gt_inds),
+            (Tensor::new(), Tensor::new(), Tensor::new()),
         );
         drop((
             sampling_result,
@@ -423,15 +322,7 @@ impl Mask2FormerLoss {
             gt_points_masks,
             point_coords,
         ));
-        Targets {
-            labels,
-            label_weights,
-            mask_targets,
-            mask_weights,
-            num_pos: (pos.len() as i64).max(1),
-            pos,
-            sampling: (Tensor::new(), Tensor::new(), Tensor::new()),
-        }
+        targets
     }
 
     /// `get_uncertain_point_coords_with_randomness(mask_preds, None, ...)`
@@ -464,35 +355,10 @@ impl Mask2FormerLoss {
         }
     }
 
-    /// `_loss_by_feat_single`: `(loss_cls, loss_mask, loss_dice)` of one
-    /// decoder layer.
-    fn loss_single(
-        &self,
-        cls_scores: &Tensor,
-        mask_preds: &Tensor,
-        gts: &[GtInstances],
-    ) -> [Tensor; 3] {
+    /// `_loss_by_feat_single`'s mask losses, `(loss_mask, loss_dice)`, on
+    /// `num_points` points of the matched masks chosen by uncertainty.
+    fn mask_losses(&self, m: &Matched) -> (Tensor, Tensor) {
         let c = &self.cfg;
-        let num_imgs = cls_scores.size()[0];
-        let targets: Vec<Targets> = (0..num_imgs)
-            .map(|i| {
-                self.targets_single(
-                    &cls_scores.select(0, i),
-                    &mask_preds.select(0, i),
-                    &gts[i as usize],
-                )
-            })
-            .collect();
-        let m = match matched_queries(
-            targets,
-            cls_scores,
-            mask_preds,
-            &c.class_weight,
-            c.cls_weight,
-        ) {
-            Ok(m) => m,
-            Err(losses) => return losses,
-        };
         let (mask_preds, mask_targets, num_total_masks) =
             (&m.mask_preds, &m.mask_targets, &m.num_total_masks);
         let (points, mask_point_targets) = tch::no_grad(|| {
@@ -502,22 +368,12 @@ impl Mask2FormerLoss {
             (points, targets)
         });
         let mask_point_preds = point_sample(&mask_preds.unsqueeze(1), &points).squeeze_dim(1);
-        let loss_dice = {
-            let input = mask_point_preds.sigmoid().flatten(1, -1);
-            let target = mask_point_targets.flatten(1, -1).to_kind(Kind::Float);
-            let a = (&input * &target).sum_dim_intlist(1, false, None::<Kind>);
-            let eps = c.dice_eps;
-            let d = if c.dice_naive {
-                let b = input.sum_dim_intlist(1, false, None::<Kind>);
-                let cc = target.sum_dim_intlist(1, false, None::<Kind>);
-                (a * 2 + eps) / (b + cc + eps)
-            } else {
-                let b = (&input * &input).sum_dim_intlist(1, false, None::<Kind>) + eps;
-                let cc = (&target * &target).sum_dim_intlist(1, false, None::<Kind>) + eps;
-                a * 2 / (b + cc)
-            };
-            mean_over(d.rsub_scalar(1), num_total_masks) * c.dice_weight
-        };
+        let loss_dice = dice_loss(
+            &mask_point_preds,
+            &mask_point_targets,
+            &c.dice,
+            num_total_masks,
+        );
         let preds = mask_point_preds.reshape([-1]);
         let targets_flat = mask_point_targets.reshape([-1]);
         let loss_mask = {
@@ -533,8 +389,7 @@ impl Mask2FormerLoss {
             );
             mean_over(per * valid, &(num_total_masks * c.num_points)) * c.mask_weight
         };
-        let loss_cls = m.release();
-        [loss_cls, loss_mask, loss_dice]
+        (loss_mask, loss_dice)
     }
 
     /// `loss_by_feat`: the last layer's losses unprefixed, then `d<i>.` for
@@ -549,7 +404,13 @@ impl Mask2FormerLoss {
         let per_layer: Vec<[Tensor; 3]> = all_cls
             .iter()
             .zip(all_masks)
-            .map(|(c, m)| self.loss_single(c, m, gts))
+            .map(|(cls_scores, mask_preds)| {
+                let per_image =
+                    |s: &Tensor, p: &Tensor, i: usize| self.targets_single(s, p, &gts[i]);
+                layer_losses((cls_scores, mask_preds), &self.cfg.cls, per_image, |m| {
+                    self.mask_losses(m)
+                })
+            })
             .collect();
         layer_loss_items(&per_layer)
     }

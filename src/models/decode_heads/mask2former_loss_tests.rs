@@ -84,10 +84,10 @@ fn loss() -> Mask2FormerLoss {
 fn the_settings_are_mmdets() {
     let cfg = loss_cfg(r50_ade_losses()).unwrap();
     // class_weight: 1.0 for each of 150 classes, 0.1 for no-object.
-    assert_eq!(cfg.class_weight.len(), 151);
-    assert_eq!(cfg.class_weight[150], 0.1);
+    assert_eq!(cfg.cls.class_weight.len(), 151);
+    assert_eq!(cfg.cls.class_weight[150], 0.1);
     assert_eq!(
-        (cfg.cls_weight, cfg.mask_weight, cfg.dice_weight),
+        (cfg.cls.weight, cfg.mask_weight, cfg.dice.weight),
         (2.0, 5.0, 5.0)
     );
     assert_eq!(cfg.num_points, 12_544);

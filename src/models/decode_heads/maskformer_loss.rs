@@ -15,31 +15,28 @@
 //! for Dense Object Detection", ICCV 2017, arXiv:1708.02002.
 
 use super::mask2former_head::check_type;
-use super::mask2former_loss::{
-    class_loss_cfg, instance_targets, mean_over, take_rows, GtInstances,
+use super::mask2former_loss::{instance_targets, mean_over, take_rows, GtInstances};
+use super::query_loss::{
+    binary_mask_dice_cost, dice_loss, hungarian, layer_loss_items, layer_losses, pseudo_sample,
+    query_targets, Matched, Targets,
 };
-use super::query_loss::{hungarian, layer_loss_items, matched_queries, query_targets, Targets};
+use super::query_loss_cfg::{
+    class_loss_cfg, read_match_costs, sigmoid_loss_cfg, ClassLossCfg, DiceLossCfg, MMDET_LOSSES,
+};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::from_host;
 use crate::models::ModelError;
 use tch::{Kind, Tensor};
 
-const MMDET_LOSSES: &str = "mmdet/models/losses/";
-const ASSIGNER_SOURCE: &str = "mmdet/models/task_modules/assigners/match_cost.py";
-
 /// The head's `loss_cls`, `loss_mask`, `loss_dice` and `train_cfg`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MaskFormerLossCfg {
-    /// `loss_cls.class_weight`: `num_classes + 1` weights, no-object last.
-    pub class_weight: Vec<f64>,
-    pub cls_weight: f64,
+    pub cls: ClassLossCfg,
     pub focal_weight: f64,
     pub focal_gamma: f64,
     pub focal_alpha: f64,
-    pub dice_weight: f64,
-    pub dice_eps: f64,
-    pub dice_naive: bool,
+    pub dice: DiceLossCfg,
     pub costs: MatchCosts,
 }
 
@@ -62,12 +59,9 @@ impl MaskFormerLossCfg {
     /// Reads the loss and `train_cfg` keys of the head's config.
     pub fn from_head(c: &mut ComponentConfig, num_classes: i64) -> Result<Self, ModelError> {
         let empty = Dict::new();
-        let (cls_weight, class_weight) = class_loss_cfg(c, num_classes, 1.0, "MaskFormerHead")?;
+        let cls = class_loss_cfg(c, num_classes, 1.0, "MaskFormerHead")?;
 
-        let mask = c.dict("loss_mask")?.unwrap_or(&empty);
-        check_type(mask, "FocalLoss", "loss_mask")?;
-        let mut m = ComponentConfig::new(mask, "FocalLoss", MMDET_LOSSES);
-        m.unimplemented("use_sigmoid", &Value::Bool(true))?;
+        let mut m = sigmoid_loss_cfg(c, "loss_mask", "FocalLoss", &empty)?;
         m.unimplemented("activated", &Value::Bool(false))?;
         m.unimplemented("reduction", &Value::Str("mean".into()))?;
         let focal_gamma = m.float("gamma", 2.0)?;
@@ -75,16 +69,14 @@ impl MaskFormerLossCfg {
         let focal_weight = m.float("loss_weight", 1.0)?;
         m.finish()?;
 
-        let dice = c.dict("loss_dice")?.unwrap_or(&empty);
-        check_type(dice, "DiceLoss", "loss_dice")?;
-        let mut d = ComponentConfig::new(dice, "DiceLoss", MMDET_LOSSES);
-        d.unimplemented("use_sigmoid", &Value::Bool(true))?;
-        d.unimplemented("activate", &Value::Bool(true))?;
-        d.unimplemented("reduction", &Value::Str("mean".into()))?;
-        let dice_naive = d.flag("naive_dice", false);
-        let dice_eps = d.float("eps", 1e-3)?;
-        let dice_weight = d.float("loss_weight", 1.0)?;
-        d.finish()?;
+        let dice = DiceLossCfg::read(
+            c,
+            DiceLossCfg {
+                naive: false,
+                eps: 1e-3,
+                weight: 1.0,
+            },
+        )?;
 
         let train = c.dict("train_cfg")?.unwrap_or(&empty);
         let mut t = ComponentConfig::new(train, "MaskFormerHead train_cfg", MMDET_LOSSES);
@@ -95,36 +87,18 @@ impl MaskFormerLossCfg {
         }
         t.finish()?;
         Ok(MaskFormerLossCfg {
-            class_weight,
-            cls_weight,
+            cls,
             focal_weight,
             focal_gamma,
             focal_alpha,
-            dice_weight,
-            dice_eps,
-            dice_naive,
+            dice,
             costs: match_costs(assigner)?,
         })
     }
 }
 
-/// The assigner's `match_costs`, each at most once and in the order
-/// ClassificationCost, FocalLossCost, DiceCost (as every MMSeg config has
-/// them).
+/// The assigner's `ClassificationCost`, `FocalLossCost` and `DiceCost`.
 fn match_costs(assigner: Option<&Dict>) -> Result<MatchCosts, ModelError> {
-    let Some(a) = assigner else {
-        return Err(ModelError::config(
-            "MaskFormerHead",
-            "train_cfg.assigner must be set",
-        ));
-    };
-    check_type(a, "HungarianAssigner", "train_cfg.assigner")?;
-    let mut c = ComponentConfig::new(a, "HungarianAssigner", ASSIGNER_SOURCE);
-    let costs = c
-        .value("match_costs")
-        .and_then(|v| v.as_seq().map(<[Value]>::to_vec))
-        .unwrap_or_default();
-    c.finish()?;
     let mut out = MatchCosts {
         cls: 0.0,
         focal: 0.0,
@@ -137,33 +111,7 @@ fn match_costs(assigner: Option<&Dict>) -> Result<MatchCosts, ModelError> {
         dice_naive: true,
     };
     let order = ["ClassificationCost", "FocalLossCost", "DiceCost"];
-    let mut next = 0;
-    for cost in &costs {
-        let d = cost.as_dict().ok_or_else(|| {
-            ModelError::config("HungarianAssigner", "each match cost must be a dict")
-        })?;
-        let ty = d.get("type").and_then(Value::as_str).unwrap_or("");
-        let pos = order
-            .iter()
-            .position(|o| *o == ty.trim_start_matches("mmdet."))
-            .ok_or_else(|| {
-                ModelError::unsupported_in(
-                    "HungarianAssigner",
-                    ASSIGNER_SOURCE,
-                    "match_costs",
-                    format!("`{ty}` (implemented: {})", order.join(", ")),
-                )
-            })?;
-        if pos < next {
-            return Err(ModelError::unsupported(
-                "HungarianAssigner",
-                "match_costs",
-                format!("out of the order {} or repeated", order.join(", ")),
-            ));
-        }
-        next = pos + 1;
-        let mut m = ComponentConfig::new(d, order[pos], ASSIGNER_SOURCE);
-        let weight = m.float("weight", 1.0)?;
+    read_match_costs(assigner, "MaskFormerHead", order, |pos, weight, m| {
         match pos {
             0 => out.cls = weight,
             1 => {
@@ -188,8 +136,8 @@ fn match_costs(assigner: Option<&Dict>) -> Result<MatchCosts, ModelError> {
                 out.dice_naive = m.flag("naive_dice", true);
             }
         }
-        m.finish()?;
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -246,20 +194,7 @@ impl MaskFormerLoss {
         let act = c.dice_pred_act.then(|| mask_pred.sigmoid());
         let pred = act.as_ref().unwrap_or(mask_pred).flatten(1, -1);
         let target = gt_masks.flatten(1, -1).to_kind(Kind::Float);
-        let numerator = Tensor::einsum("nc,mc->nm", &[&pred, &target], None::<i64>) * 2;
-        let denominator = if c.dice_naive {
-            pred.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(1)
-                + target.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(0)
-        } else {
-            pred.pow_tensor_scalar(2)
-                .sum_dim_intlist(1, false, None::<Kind>)
-                .unsqueeze(1)
-                + target
-                    .pow_tensor_scalar(2)
-                    .sum_dim_intlist(1, false, None::<Kind>)
-                    .unsqueeze(0)
-        };
-        ((numerator + c.dice_eps) / (denominator + c.dice_eps)).rsub_scalar(1) * c.dice
+        binary_mask_dice_cost(&pred, &target, c.dice_naive, c.dice_eps, c.dice)
     }
 
     /// `HungarianAssigner.assign` on the masks at the prediction's
@@ -299,17 +234,7 @@ impl MaskFormerLoss {
             self.assign(cls_score, mask_pred, &downsampled)
         };
         // MaskPseudoSampler / MaskSamplingResult
-        let mut assigned = vec![None; num_queries as usize];
-        for (q, g) in &matched {
-            assigned[*q as usize] = Some(*g);
-        }
-        let pos: Vec<i64> = (0..num_queries)
-            .filter(|q| assigned[*q as usize].is_some())
-            .collect();
-        let neg: Vec<i64> = (0..num_queries)
-            .filter(|q| assigned[*q as usize].is_none())
-            .collect();
-        let pos_gt: Vec<i64> = pos.iter().filter_map(|q| assigned[*q as usize]).collect();
+        let (pos, neg, pos_gt) = pseudo_sample(&matched, num_queries);
         let pos_inds = from_host(&pos);
         let pos_assigned_gt_inds = from_host(&pos_gt);
         let sampling = (
@@ -317,41 +242,13 @@ impl MaskFormerLoss {
             mask_pred.index(&[Some(from_host(&neg))]),
             take_rows(&gt.masks, &pos_assigned_gt_inds, pos.len()),
         );
-        let (labels, label_weights, mask_targets, mask_weights) = query_targets(
+        query_targets(
             self.num_classes,
-            cls_score,
-            mask_pred,
+            (cls_score, mask_pred),
             gt,
-            (&pos_inds, &pos_assigned_gt_inds, pos.len()),
-        );
-        Targets {
-            labels,
-            label_weights,
-            mask_targets,
-            mask_weights,
-            num_pos: (pos.len() as i64).max(1),
-            pos,
+            (pos, &pos_inds, &pos_assigned_gt_inds),
             sampling,
-        }
-    }
-
-    /// mmdet's `DiceLoss` (sigmoid activation) on `[N, H, W]` logits.
-    fn dice_loss(&self, mask_preds: &Tensor, mask_targets: &Tensor, avg: &Tensor) -> Tensor {
-        let c = &self.cfg;
-        let pred = mask_preds.sigmoid();
-        let input = pred.flatten(1, -1);
-        let target = mask_targets.flatten(1, -1).to_kind(Kind::Float);
-        let a = (&input * &target).sum_dim_intlist(1, false, None::<Kind>);
-        let d = if c.dice_naive {
-            let b = input.sum_dim_intlist(1, false, None::<Kind>);
-            let cc = target.sum_dim_intlist(1, false, None::<Kind>);
-            (a * 2 + c.dice_eps) / (b + cc + c.dice_eps)
-        } else {
-            let b = (&input * &input).sum_dim_intlist(1, false, None::<Kind>) + c.dice_eps;
-            let cc = (&target * &target).sum_dim_intlist(1, false, None::<Kind>) + c.dice_eps;
-            a * 2 / (b + cc)
-        };
-        mean_over(d.rsub_scalar(1), avg) * c.dice_weight
+        )
     }
 
     /// mmdet's `FocalLoss` (`use_sigmoid=True`) of `pred` `[N, 1]` against
@@ -398,38 +295,9 @@ impl MaskFormerLoss {
         mean_over(loss, avg) * c.focal_weight
     }
 
-    /// `_loss_by_feat_single`: `(loss_cls, loss_mask, loss_dice)` of one
-    /// decoder layer.
-    fn loss_single(
-        &self,
-        cls_scores: &Tensor,
-        mask_preds: &Tensor,
-        gts: &[GtInstances],
-    ) -> [Tensor; 3] {
-        let c = &self.cfg;
-        let num_imgs = cls_scores.size()[0];
-        let mut targets: Vec<Targets> = (0..num_imgs)
-            .map(|i| {
-                self.targets_single(
-                    &cls_scores.select(0, i),
-                    &mask_preds.select(0, i),
-                    &gts[i as usize],
-                )
-            })
-            .collect();
-        for t in &mut targets {
-            t.sampling = (Tensor::new(), Tensor::new(), Tensor::new());
-        }
-        let m = match matched_queries(
-            targets,
-            cls_scores,
-            mask_preds,
-            &c.class_weight,
-            c.cls_weight,
-        ) {
-            Ok(m) => m,
-            Err(losses) => return losses,
-        };
+    /// `_loss_by_feat_single`'s mask losses, `(loss_mask, loss_dice)`, on
+    /// the matched masks upsampled to the label's resolution.
+    fn mask_losses(&self, m: &Matched) -> (Tensor, Tensor) {
         let (mask_targets, num_total_masks) = (&m.mask_targets, &m.num_total_masks);
         let (h, w) = (mask_targets.size()[1], mask_targets.size()[2]);
         let mask_preds = m
@@ -437,13 +305,12 @@ impl MaskFormerLoss {
             .unsqueeze(1)
             .upsample_bilinear2d([h, w], false, None, None)
             .squeeze_dim(1);
-        let loss_dice = self.dice_loss(&mask_preds, mask_targets, num_total_masks);
+        let loss_dice = dice_loss(&mask_preds, mask_targets, &self.cfg.dice, num_total_masks);
         let preds = mask_preds.reshape([-1, 1]);
         let flipped = mask_targets.reshape([-1]).rsub_scalar(1);
         let avg = num_total_masks * (h * w) as f64;
         let loss_mask = self.focal_loss(&preds, &flipped, &avg);
-        let loss_cls = m.release();
-        [loss_cls, loss_mask, loss_dice]
+        (loss_mask, loss_dice)
     }
 
     /// `loss_by_feat`: the last layer's losses unprefixed, then `d<i>.` for
@@ -458,7 +325,12 @@ impl MaskFormerLoss {
         let _part = crate::models::scope::enter("loss");
         let layers = all_cls.size()[0];
         let per_layer: Vec<[Tensor; 3]> = (0..layers)
-            .map(|l| self.loss_single(&all_cls.select(0, l), &all_masks.select(0, l), gts))
+            .map(|l| {
+                let layer = (&all_cls.select(0, l), &all_masks.select(0, l));
+                let per_image =
+                    |s: &Tensor, p: &Tensor, i: usize| self.targets_single(s, p, &gts[i]);
+                layer_losses(layer, &self.cfg.cls, per_image, |m| self.mask_losses(m))
+            })
             .collect();
         layer_loss_items(&per_layer)
     }

@@ -39,6 +39,7 @@ pub mod point_head;
 pub mod psa_head;
 pub mod psp_head;
 mod query_loss;
+mod query_loss_cfg;
 pub mod segformer_head;
 pub mod segmenter_mask_head;
 pub mod sep_aspp_head;
@@ -55,6 +56,10 @@ use crate::config::Dict;
 use decode_head::FeatureHead;
 use tch::Tensor;
 
+/// A head's loss items, named as MMSeg names them (`loss_ce`, `acc_seg`),
+/// in the order its `loss` returns them.
+pub type LossItems = Vec<(String, Tensor)>;
+
 /// A decode (or auxiliary) head in training.
 pub trait DecodeHead {
     /// `forward(inputs)`, or `forward(inputs, prev_output)` for a cascade
@@ -68,13 +73,7 @@ pub trait DecodeHead {
     /// MMSeg's order (`loss_ce`, `acc_seg`). `labels` are the padded
     /// per-image `[1, H, W]` label maps. Tensors must be created and dropped
     /// in the order MMSeg's Python creates and releases them.
-    fn loss(
-        &self,
-        features: &[Tensor],
-        prev_output: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)>;
+    fn loss(&self, features: &[Tensor], prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems;
 
     /// `loss` with the per-image `[1, H, W]` edge maps (`gt_edge_map`,
     /// padded as the labels) as well, empty unless the pipeline makes
@@ -85,9 +84,8 @@ pub trait DecodeHead {
         features: &[Tensor],
         labels: &[Tensor],
         _edges: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        self.loss(features, None, labels, training)
+    ) -> LossItems {
+        self.loss(features, None, labels)
     }
 
     /// Whether this is a `BaseCascadeDecodeHead` (its forward takes the

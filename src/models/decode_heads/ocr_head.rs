@@ -16,7 +16,7 @@
 //! before the classifier.
 
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{count_flops, softmax_saved, ConvModule, ConvSpec};
@@ -239,14 +239,8 @@ impl DecodeHead for OcrHead {
     }
 
     /// `BaseCascadeDecodeHead.loss(inputs, prev_output, ...)`.
-    fn loss(
-        &self,
-        features: &[Tensor],
-        prev_output: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        let logits = self.forward(features, prev_output, training);
+    fn loss(&self, features: &[Tensor], prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
+        let logits = self.forward(features, prev, true);
         self.base.loss_by_feat(&logits, labels)
     }
 

@@ -16,7 +16,7 @@
 
 use super::ddr_head::BaseHeadBlock;
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{resize_bilinear, Conv2d, ConvSpec};
@@ -185,13 +185,7 @@ impl DecodeHead for PidHead {
     /// `AttributeError` on `gt_edge_map`); the segmentor refuses a
     /// pipeline without `GenerateEdge` (the row's fact `takes_edge_maps`)
     /// and calls [`DecodeHead::loss_with_edges`].
-    fn loss(
-        &self,
-        _features: &[Tensor],
-        _prev: Option<&Tensor>,
-        _labels: &[Tensor],
-        _training: bool,
-    ) -> Vec<(String, Tensor)> {
+    fn loss(&self, _features: &[Tensor], _prev: Option<&Tensor>, _labels: &[Tensor]) -> LossItems {
         panic!("'SegDataSample' object has no attribute 'gt_edge_map' (PIDHead needs the pipeline's GenerateEdge)")
     }
 
@@ -200,10 +194,9 @@ impl DecodeHead for PidHead {
         features: &[Tensor],
         labels: &[Tensor],
         edges: &[Tensor],
-        _training: bool,
-    ) -> Vec<(String, Tensor)> {
+    ) -> LossItems {
         if edges.is_empty() {
-            return self.loss(features, None, labels, true);
+            return self.loss(features, None, labels);
         }
         // `seg_logits` stays alive in `loss()` while `loss_by_feat` runs.
         let logits = self.forward_train(features);

@@ -45,7 +45,7 @@ fn the_heads_classify_at_the_features_resolution_and_name_their_losses() {
         [[2, 19, 8, 8]]
     );
     let edges = labels(2, 64, 64);
-    let items = h.loss_with_edges(&inputs, &labels(2, 64, 64), &edges, true);
+    let items = h.loss_with_edges(&inputs, &labels(2, 64, 64), &edges);
     let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,

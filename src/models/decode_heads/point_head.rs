@@ -17,7 +17,7 @@
 //! logits scattered back in place.
 
 use super::decode_head::{DecodeHeadBase, DecodeHeadCfg, InputTransform};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::ops::point_sample;
@@ -379,20 +379,14 @@ impl DecodeHead for PointHead {
         self.subdivide(features, prev.expect("PointHead is a cascade head"), size)
     }
 
-    fn loss(
-        &self,
-        features: &[Tensor],
-        prev_output: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
-        let prev_output = prev_output.expect("PointHead is a cascade head");
+    fn loss(&self, features: &[Tensor], prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
+        let prev = prev.expect("PointHead is a cascade head");
         let x = self.base.selected_inputs(features);
-        let points = tch::no_grad(|| self.points_train(prev_output));
+        let points = tch::no_grad(|| self.points_train(prev));
         let ac = self.base.cfg.align_corners;
         let fine = self.fine_features(&x, &points);
-        let coarse = point_sample(prev_output, &points, false, ac);
-        let point_logits = self.point_logits(&fine, &coarse, training);
+        let coarse = point_sample(prev, &points, false, ac);
+        let point_logits = self.point_logits(&fine, &coarse, true);
         // loss_by_feat: the labels sampled (nearest) at the same points.
         // `gt_semantic_seg` is a live local of loss_by_feat.
         let gt_semantic_seg = Tensor::stack(labels, 0); // [B, 1, H, W]

@@ -73,7 +73,7 @@ fn the_loss_is_on_sampled_points_and_inference_subdivides_twice() {
     assert!(h.is_cascade());
     let inputs = features(2, &[(256, 16, 16), (256, 8, 8), (256, 4, 4), (256, 2, 2)]);
     let coarse = tch::Tensor::randn([2, 19, 16, 16], (tch::Kind::Float, tch::Device::Cpu));
-    let items = h.loss(&inputs, Some(&coarse), &labels(2, 64, 64), true);
+    let items = h.loss(&inputs, Some(&coarse), &labels(2, 64, 64));
     let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["pointloss_ce", "acc_point"]);
     // forward: two steps of scale_factor 2 from the coarse 16x16.

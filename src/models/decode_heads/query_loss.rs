@@ -11,7 +11,8 @@
 //! Cheng et al., "Per-Pixel Classification is Not All You Need for Semantic
 //! Segmentation", NeurIPS 2021, arXiv:2107.06278.
 
-use super::mask2former_loss::{class_loss, take_rows, GtInstances};
+use super::mask2former_loss::{class_loss, mean_over, take_rows, GtInstances};
+use super::query_loss_cfg::{ClassLossCfg, DiceLossCfg};
 use crate::models::layers::host::{from_host, scalar_from_host, values_unavailable};
 use tch::{Kind, Tensor};
 
@@ -38,18 +39,61 @@ pub(super) fn hungarian(costs: [Tensor; 3]) -> Vec<(i64, i64)> {
         .collect()
 }
 
+/// `DiceCost.binary_mask_dice_loss` of the (activated) masks `pred`
+/// `[Q, P]` against the segments `target` `[G, P]` (float), times the cost's
+/// `weight`: `[Q, G]`.
+pub(super) fn binary_mask_dice_cost(
+    pred: &Tensor,
+    target: &Tensor,
+    naive: bool,
+    eps: f64,
+    weight: f64,
+) -> Tensor {
+    let numerator = Tensor::einsum("nc,mc->nm", &[pred, target], None::<i64>) * 2;
+    let denominator = if naive {
+        pred.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(1)
+            + target.sum_dim_intlist(-1, false, None::<Kind>).unsqueeze(0)
+    } else {
+        pred.pow_tensor_scalar(2)
+            .sum_dim_intlist(1, false, None::<Kind>)
+            .unsqueeze(1)
+            + target
+                .pow_tensor_scalar(2)
+                .sum_dim_intlist(1, false, None::<Kind>)
+                .unsqueeze(0)
+    };
+    ((numerator + eps) / (denominator + eps)).rsub_scalar(1) * weight
+}
+
+/// `MaskPseudoSampler` of the `matched` `(query, segment)` pairs: the
+/// positive queries ascending, the negative ones, and each positive's
+/// segment.
+pub(super) fn pseudo_sample(
+    matched: &[(i64, i64)],
+    num_queries: i64,
+) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    let mut assigned = vec![None; num_queries as usize];
+    for (q, g) in matched {
+        assigned[*q as usize] = Some(*g);
+    }
+    let (pos, neg): (Vec<i64>, Vec<i64>) =
+        (0..num_queries).partition(|q| assigned[*q as usize].is_some());
+    let pos_gt = pos.iter().filter_map(|q| assigned[*q as usize]).collect();
+    (pos, neg, pos_gt)
+}
+
 /// The end of `_get_targets_single`: the queries' class labels (the
 /// no-object class `num_classes` but where matched), their weights, the
 /// matched segments' masks and the mask weights (1 where matched), from
-/// the matched queries `pos_inds` and their segments `pos_gt_inds`
-/// (`n_pos` of each).
+/// the matched queries `pos` (on the device, `pos_inds`) and their
+/// segments `pos_gt_inds`; `sampling` as [`Targets::sampling`] says.
 pub(super) fn query_targets(
     num_classes: i64,
-    cls_score: &Tensor,
-    mask_pred: &Tensor,
+    (cls_score, mask_pred): (&Tensor, &Tensor),
     gt: &GtInstances,
-    (pos_inds, pos_gt_inds, n_pos): (&Tensor, &Tensor, usize),
-) -> (Tensor, Tensor, Tensor, Tensor) {
+    (pos, pos_inds, pos_gt_inds): (Vec<i64>, &Tensor, &Tensor),
+    sampling: (Tensor, Tensor, Tensor),
+) -> Targets {
     let device = cls_score.device();
     let num_queries = cls_score.size()[0];
     let mut labels = Tensor::full([num_queries], num_classes, (Kind::Int64, device));
@@ -59,11 +103,19 @@ pub(super) fn query_targets(
         false,
     );
     let label_weights = Tensor::ones([num_queries], (Kind::Int64, device));
-    let mask_targets = take_rows(&gt.masks, pos_gt_inds, n_pos);
+    let mask_targets = take_rows(&gt.masks, pos_gt_inds, pos.len());
     let mut mask_weights = Tensor::zeros([num_queries], (mask_pred.kind(), device));
     let one = scalar_from_host(1.0f32).to_kind(mask_pred.kind());
     let _ = mask_weights.index_put_(&[Some(pos_inds)], &one, false);
-    (labels, label_weights, mask_targets, mask_weights)
+    Targets {
+        labels,
+        label_weights,
+        mask_targets,
+        mask_weights,
+        num_pos: (pos.len() as i64).max(1),
+        pos,
+        sampling,
+    }
 }
 
 /// What `_get_targets_single` returns and the loss keeps.
@@ -110,16 +162,31 @@ impl Matched {
 }
 
 /// The class loss and the matched masks of one decoder layer (`cls_scores`
-/// `[B, Q, C+1]`, `mask_preds` `[B, Q, h, w]`) from each image's
-/// `targets`; `Err` with the layer's three losses where no query matched
-/// (the mask losses then `mask_preds.sum()`, zero).
+/// `[B, Q, C+1]`, `mask_preds` `[B, Q, h, w]`) from each image's targets
+/// (`targets_single(cls_score, mask_pred, image)`, `get_targets`'s
+/// `multi_apply`, whose sampling results go when it returns); `Err` with
+/// the layer's three losses where no query matched (the mask losses then
+/// `mask_preds.sum()`, zero).
 pub(super) fn matched_queries(
-    targets: Vec<Targets>,
     cls_scores: &Tensor,
     mask_preds: &Tensor,
-    class_weight: &[f64],
-    cls_weight: f64,
+    cls: &ClassLossCfg,
+    mut targets_single: impl FnMut(&Tensor, &Tensor, usize) -> Targets,
 ) -> Result<Matched, [Tensor; 3]> {
+    let (class_weight, cls_weight) = (&cls.class_weight, cls.weight);
+    let num_imgs = cls_scores.size()[0];
+    let mut targets: Vec<Targets> = (0..num_imgs)
+        .map(|i| {
+            targets_single(
+                &cls_scores.select(0, i),
+                &mask_preds.select(0, i),
+                i as usize,
+            )
+        })
+        .collect();
+    for t in &mut targets {
+        t.sampling = (Tensor::new(), Tensor::new(), Tensor::new());
+    }
     let avg_factor: i64 = targets.iter().map(|t| t.num_pos).sum();
     let field = |f: fn(&Targets) -> &Tensor| -> Vec<Tensor> {
         targets.iter().map(|t| f(t).shallow_clone()).collect()
@@ -169,6 +236,48 @@ pub(super) fn matched_queries(
             label_weights,
         ),
     })
+}
+
+/// `_loss_by_feat_single`: `(loss_cls, loss_mask, loss_dice)` of one
+/// decoder layer, the matched queries' mask losses from `mask_losses`
+/// (`(loss_mask, loss_dice)`), then what the Python function kept freed.
+pub(super) fn layer_losses(
+    (cls_scores, mask_preds): (&Tensor, &Tensor),
+    cls: &ClassLossCfg,
+    targets_single: impl FnMut(&Tensor, &Tensor, usize) -> Targets,
+    mask_losses: impl FnOnce(&Matched) -> (Tensor, Tensor),
+) -> [Tensor; 3] {
+    let m = match matched_queries(cls_scores, mask_preds, cls, targets_single) {
+        Ok(m) => m,
+        Err(losses) => return losses,
+    };
+    let (loss_mask, loss_dice) = mask_losses(&m);
+    let loss_cls = m.release();
+    [loss_cls, loss_mask, loss_dice]
+}
+
+/// mmdet's `DiceLoss` (sigmoid activation) of the mask logits `preds`
+/// `[N, ...]` against `targets`, averaged over `avg`.
+pub(super) fn dice_loss(
+    preds: &Tensor,
+    targets: &Tensor,
+    dice: &DiceLossCfg,
+    avg: &Tensor,
+) -> Tensor {
+    let input = preds.sigmoid().flatten(1, -1);
+    let target = targets.flatten(1, -1).to_kind(Kind::Float);
+    let a = (&input * &target).sum_dim_intlist(1, false, None::<Kind>);
+    let eps = dice.eps;
+    let d = if dice.naive {
+        let b = input.sum_dim_intlist(1, false, None::<Kind>);
+        let cc = target.sum_dim_intlist(1, false, None::<Kind>);
+        (a * 2 + eps) / (b + cc + eps)
+    } else {
+        let b = (&input * &input).sum_dim_intlist(1, false, None::<Kind>) + eps;
+        let cc = (&target * &target).sum_dim_intlist(1, false, None::<Kind>) + eps;
+        a * 2 / (b + cc)
+    };
+    mean_over(d.rsub_scalar(1), avg) * dice.weight
 }
 
 /// `loss_by_feat`'s items: the last layer's losses unprefixed, then

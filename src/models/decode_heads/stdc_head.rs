@@ -16,7 +16,7 @@
 
 use super::decode_head::BaseHead;
 use super::fcn_head::{FcnHead, FcnHeadCfg};
-use super::DecodeHead;
+use super::{DecodeHead, LossItems};
 use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::from_host;
@@ -182,24 +182,13 @@ struct BoundaryTargets {
 }
 
 impl DecodeHead for StdcHead {
-    fn forward(
-        &self,
-        features: &[Tensor],
-        _prev_output: Option<&Tensor>,
-        training: bool,
-    ) -> Tensor {
+    fn forward(&self, features: &[Tensor], _prev: Option<&Tensor>, training: bool) -> Tensor {
         self.fcn.logits(features, training) // [B, num_classes, h, w]
     }
 
-    fn loss(
-        &self,
-        features: &[Tensor],
-        _prev_output: Option<&Tensor>,
-        labels: &[Tensor],
-        training: bool,
-    ) -> Vec<(String, Tensor)> {
+    fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
         // `seg_logits` stays alive in `loss()` while `loss_by_feat` runs.
-        let seg_logits = self.fcn.logits(features, training);
+        let seg_logits = self.fcn.logits(features, true);
         self.loss_by_feat(&seg_logits, labels)
     }
 

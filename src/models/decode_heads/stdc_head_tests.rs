@@ -48,7 +48,7 @@ fn the_loss_is_taken_against_the_boundary_targets() {
             Tensor::cat(&[&half, &half.ones_like()], 2)
         })
         .collect();
-    let losses = head.loss(&feats, None, &labels, true);
+    let losses = head.loss(&feats, None, &labels);
     let names: Vec<&str> = losses.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["loss_ce", "loss_dice", "acc_seg"]);
     for (name, value) in &losses {

@@ -107,21 +107,10 @@ impl MultiheadAttention {
         value: &Tensor,
         attn_mask: Option<&Tensor>,
     ) -> Tensor {
-        let e = self.embed_dims;
         let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
         let src_len = key.size()[0];
-        let float_mask = attn_mask.map(|m| {
-            let mut f = Tensor::zeros(m.size(), (query.kind(), m.device()));
-            let _ = f.masked_fill_(m, f64::NEG_INFINITY);
-            f
-        });
-        let w = self.in_proj_weight.chunk(3, 0);
-        let b = self.in_proj_bias.as_ref().map(|b| b.chunk(3, 0));
-        let bias = |i: usize| b.as_ref().map(|b| &b[i]);
-        let q = query.linear(&w[0], bias(0));
-        let k = key.linear(&w[1], bias(1));
-        let v = value.linear(&w[2], bias(2));
-        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        let float_mask = attn_mask.map(|m| neg_inf_mask(m, query.kind()));
+        let (q, k, v) = self.project_chunked(query, key, value);
         self.attend(q, k, v, float_mask.as_ref(), 0.0, tgt_len, bsz, src_len)
     }
 
@@ -139,22 +128,11 @@ impl MultiheadAttention {
         dropout: f64,
         training: bool,
     ) -> Tensor {
-        let e = self.embed_dims;
         let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
         let src_len = key.size()[0];
         // nn.MultiheadAttention.forward's `_canonical_mask`.
-        let float_padding = key_padding_mask.map(|m| {
-            let mut f = Tensor::zeros(m.size(), (query.kind(), m.device()));
-            let _ = f.masked_fill_(m, f64::NEG_INFINITY);
-            f
-        });
-        let w = self.in_proj_weight.chunk(3, 0);
-        let b = self.in_proj_bias.as_ref().map(|b| b.chunk(3, 0));
-        let bias = |i: usize| b.as_ref().map(|b| &b[i]);
-        let q = query.linear(&w[0], bias(0));
-        let k = key.linear(&w[1], bias(1));
-        let v = value.linear(&w[2], bias(2));
-        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        let float_padding = key_padding_mask.map(|m| neg_inf_mask(m, query.kind()));
+        let (q, k, v) = self.project_chunked(query, key, value);
         let attn_mask = float_padding.map(|m| {
             m.view([bsz, 1, 1, src_len])
                 .expand([-1, self.num_heads, -1, -1], false)
@@ -162,6 +140,27 @@ impl MultiheadAttention {
         });
         let drop = if training { dropout } else { 0.0 };
         self.attend(q, k, v, attn_mask.as_ref(), drop, tgt_len, bsz, src_len)
+    }
+
+    /// The `w.chunk(3)` in-projections of distinct query, key and value
+    /// (the out-projection counts its own flops).
+    fn project_chunked(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
+        let e = self.embed_dims;
+        let (tgt_len, bsz) = (query.size()[0], query.size()[1]);
+        let src_len = key.size()[0];
+        let w = self.in_proj_weight.chunk(3, 0);
+        let b = self.in_proj_bias.as_ref().map(|b| b.chunk(3, 0));
+        let bias = |i: usize| b.as_ref().map(|b| &b[i]);
+        let q = query.linear(&w[0], bias(0));
+        let k = key.linear(&w[1], bias(1));
+        let v = value.linear(&w[2], bias(2));
+        count_flops(2.0 * ((tgt_len * bsz) * e * e + (src_len * bsz) * 2 * e * e) as f64);
+        (q, k, v)
     }
 
     /// From the in-projected q, k, v to the out-projection, as the
@@ -206,6 +205,14 @@ impl MultiheadAttention {
                 .mean_dim(1, false, None::<Kind>);
         out
     }
+}
+
+/// `_canonical_mask`: a bool mask (true where attention is not allowed) as a
+/// float mask of `-inf` in the query's dtype.
+fn neg_inf_mask(mask: &Tensor, kind: Kind) -> Tensor {
+    let mut f = Tensor::zeros(mask.size(), (kind, mask.device()));
+    let _ = f.masked_fill_(mask, f64::NEG_INFINITY);
+    f
 }
 
 #[cfg(test)]

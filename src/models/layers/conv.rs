@@ -42,25 +42,20 @@ impl ConvSpec {
             bias: true,
         }
     }
-    pub fn stride(mut self, s: i64) -> ConvSpec {
-        self.stride = s;
-        self
+    pub fn stride(self, stride: i64) -> ConvSpec {
+        ConvSpec { stride, ..self }
     }
-    pub fn padding(mut self, p: i64) -> ConvSpec {
-        self.padding = p;
-        self
+    pub fn padding(self, padding: i64) -> ConvSpec {
+        ConvSpec { padding, ..self }
     }
-    pub fn dilation(mut self, d: i64) -> ConvSpec {
-        self.dilation = d;
-        self
+    pub fn dilation(self, dilation: i64) -> ConvSpec {
+        ConvSpec { dilation, ..self }
     }
-    pub fn groups(mut self, g: i64) -> ConvSpec {
-        self.groups = g;
-        self
+    pub fn groups(self, groups: i64) -> ConvSpec {
+        ConvSpec { groups, ..self }
     }
-    pub fn bias(mut self, b: bool) -> ConvSpec {
-        self.bias = b;
-        self
+    pub fn bias(self, bias: bool) -> ConvSpec {
+        ConvSpec { bias, ..self }
     }
 }
 
@@ -152,36 +147,44 @@ impl ConvModule {
         relu: bool,
         bias: bool,
     ) -> ConvModule {
-        let conv = Conv2d::new(&mut p.sub("conv"), spec.bias(bias));
-        let norm = norm.map(|n| ConvNorm::new(&mut p.sub(n.module_name()), spec.out_channels, &n));
-        ConvModule {
-            conv,
-            norm,
-            relu,
-            inplace: true,
-            norm_first: false,
-        }
+        Self::registered(p, spec.bias(bias), norm, relu, false)
     }
 
-    /// `ConvModule(..., order=('norm', 'act', 'conv'))` with its `bias`
-    /// (`'auto'` gives `norm.is_none()`): mmcv registers the conv, then the
-    /// norm over the *input* channels; the forward normalises, applies the
-    /// ReLU in place, then convolves.
+    /// `ConvModule(..., bias=False, order=('norm', 'act', 'conv'))`, the
+    /// only pre-norm form MMSeg's models build: mmcv registers the conv,
+    /// then the norm over the *input* channels; the forward normalises,
+    /// applies the ReLU in place, then convolves.
     pub fn norm_act_conv(
+        p: &mut ParamScope,
+        spec: ConvSpec,
+        norm: NormCfg,
+        relu: bool,
+    ) -> ConvModule {
+        Self::registered(p, spec.bias(false), Some(norm), relu, true)
+    }
+
+    /// Registers the conv, then the norm: over the conv's output channels,
+    /// or its input channels when the norm comes first.
+    fn registered(
         p: &mut ParamScope,
         spec: ConvSpec,
         norm: Option<NormCfg>,
         relu: bool,
-        bias: bool,
+        norm_first: bool,
     ) -> ConvModule {
-        let conv = Conv2d::new(&mut p.sub("conv"), spec.bias(bias));
-        let norm = norm.map(|n| ConvNorm::new(&mut p.sub(n.module_name()), spec.in_channels, &n));
+        let conv = Conv2d::new(&mut p.sub("conv"), spec);
+        let norm_channels = if norm_first {
+            spec.in_channels
+        } else {
+            spec.out_channels
+        };
+        let norm = norm.map(|n| ConvNorm::new(&mut p.sub(n.module_name()), norm_channels, &n));
         ConvModule {
             conv,
             norm,
             relu,
             inplace: true,
-            norm_first: true,
+            norm_first,
         }
     }
 

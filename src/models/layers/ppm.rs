@@ -20,7 +20,7 @@ const POOLS: [(i64, i64, i64); 3] = [(5, 2, 2), (9, 4, 4), (17, 8, 8)];
 
 /// The modules' ConvModule: BN, in-place ReLU, conv without bias.
 fn conv(p: &mut ParamScope, spec: ConvSpec) -> ConvModule {
-    ConvModule::norm_act_conv(p, spec, Some(NormCfg::BN_DEFAULT), true, false)
+    ConvModule::norm_act_conv(p, spec, NormCfg::BN_DEFAULT, true)
 }
 
 /// One entry of `scales`: the input itself (scale 0), an `nn.AvgPool2d`,

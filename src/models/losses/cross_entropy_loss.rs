@@ -38,6 +38,29 @@ impl Default for CrossEntropyCfg {
     }
 }
 
+/// A loss's `class_weight`: `None`, or one weight per class (a list or
+/// tuple); a file name is refused.
+pub(super) fn read_class_weight(c: &mut ComponentConfig) -> Result<Option<Vec<f64>>, ModelError> {
+    Ok(match c.value("class_weight") {
+        None | Some(Value::None) => None,
+        Some(Value::List(l)) | Some(Value::Tuple(l)) => {
+            Some(l.iter().filter_map(Value::as_f64).collect())
+        }
+        Some(Value::Str(_)) => {
+            return Err(c.unsupported(
+                "class_weight",
+                "a file name (class weights read from a file are not implemented)",
+            ))
+        }
+        Some(other) => {
+            return Err(c.config_error(format!(
+                "class_weight must be a list, not {}",
+                other.type_name()
+            )))
+        }
+    })
+}
+
 impl CrossEntropyCfg {
     pub fn from_cfg(d: &Dict) -> Result<CrossEntropyCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "CrossEntropyLoss", SOURCE);
@@ -46,24 +69,7 @@ impl CrossEntropyCfg {
             return Err(c.unsupported("use_mask", "True (only the default False is implemented)"));
         }
         c.unimplemented("reduction", &Value::Str("mean".into()))?;
-        let class_weight = match c.value("class_weight") {
-            None | Some(Value::None) => None,
-            Some(Value::List(l)) | Some(Value::Tuple(l)) => {
-                Some(l.iter().filter_map(Value::as_f64).collect())
-            }
-            Some(Value::Str(_)) => {
-                return Err(c.unsupported(
-                    "class_weight",
-                    "a file name (class weights read from a file are not implemented)",
-                ))
-            }
-            Some(other) => {
-                return Err(c.config_error(format!(
-                    "class_weight must be a list, not {}",
-                    other.type_name()
-                )))
-            }
-        };
+        let class_weight = read_class_weight(&mut c)?;
         let loss = CrossEntropyCfg {
             use_sigmoid,
             loss_weight: c.float("loss_weight", 1.0)?,

@@ -11,8 +11,8 @@
 //! heads that call their losses themselves (DDRHead, PIDHead) can use it,
 //! BaseDecodeHead's `loss_by_feat` would pass them (a `TypeError`).
 
-use super::cross_entropy_loss::pixel_cross_entropy;
-use crate::config::{Dict, Value};
+use super::cross_entropy_loss::{pixel_cross_entropy, read_class_weight};
+use crate::config::Dict;
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::{from_host, scalar_from_host, values_unavailable};
 use crate::models::ModelError;
@@ -36,24 +36,7 @@ pub struct OhemCrossEntropyCfg {
 impl OhemCrossEntropyCfg {
     pub fn from_cfg(d: &Dict) -> Result<OhemCrossEntropyCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "OhemCrossEntropy", SOURCE);
-        let class_weight = match c.value("class_weight") {
-            None | Some(Value::None) => None,
-            Some(Value::List(l)) | Some(Value::Tuple(l)) => {
-                Some(l.iter().filter_map(Value::as_f64).collect())
-            }
-            Some(Value::Str(_)) => {
-                return Err(c.unsupported(
-                    "class_weight",
-                    "a file name (class weights read from a file are not implemented)",
-                ))
-            }
-            Some(other) => {
-                return Err(c.config_error(format!(
-                    "class_weight must be a list, not {}",
-                    other.type_name()
-                )))
-            }
-        };
+        let class_weight = read_class_weight(&mut c)?;
         let loss = OhemCrossEntropyCfg {
             ignore_label: c.int("ignore_label", 255)?,
             thresh: c.float("thres", 0.7)?,

@@ -61,7 +61,7 @@ pub fn decode_head_forward_train(
     let (first_prefix, first) = &stages[0];
     let mut items = {
         let _part = scope::enter("decode_head.0");
-        with_prefix(first_prefix, first.loss(features, None, labels, true))
+        with_prefix(first_prefix, first.loss(features, None, labels))
     };
     let mut prev_outputs: Option<Tensor> = None;
     for i in 1..stages.len() {
@@ -74,7 +74,7 @@ pub fn decode_head_forward_train(
         let (prefix, head) = &stages[i];
         items.extend(with_prefix(
             prefix,
-            head.loss(features, prev_outputs.as_ref(), labels, true),
+            head.loss(features, prev_outputs.as_ref(), labels),
         ));
     }
     items

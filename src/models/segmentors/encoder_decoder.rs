@@ -19,7 +19,7 @@ use super::{SEGMENTORS, SEGMENTOR_FACTS};
 use crate::config::{Dict, Value};
 use crate::models::backbones::{Backbone, BACKBONES, BACKBONE_FACTS};
 use crate::models::component_config::{type_of, ComponentConfig};
-use crate::models::decode_heads::{DecodeHead, DECODE_HEADS, DECODE_HEAD_FACTS};
+use crate::models::decode_heads::{DecodeHead, LossItems, DECODE_HEADS, DECODE_HEAD_FACTS};
 use crate::models::necks::{Neck, NECKS, NECK_FACTS};
 use crate::models::params::ParamStore;
 use crate::models::registry::{check_supported, check_type, facts_of, lookup};
@@ -449,7 +449,7 @@ impl EncoderDecoder {
         match self.decode_heads.as_slice() {
             [(prefix, head)] if prefix == "decode" => {
                 let _part = scope::enter("decode_head");
-                with_prefix(prefix, head.loss_with_edges(features, labels, edges, true))
+                with_prefix(prefix, head.loss_with_edges(features, labels, edges))
             }
             stages => {
                 super::cascade_encoder_decoder::decode_head_forward_train(stages, features, labels)
@@ -473,7 +473,7 @@ impl EncoderDecoder {
         inputs: &Tensor,
         labels: &[Tensor],
         edges: &[Tensor],
-    ) -> Vec<(String, Tensor)> {
+    ) -> LossItems {
         let features = self.extract_feat(inputs, true);
         let mut items = self.decode_head_loss(&features, labels, edges);
         for (prefix, head) in &self.auxiliary_heads {
@@ -484,7 +484,7 @@ impl EncoderDecoder {
             });
             items.extend(with_prefix(
                 prefix,
-                head.loss_with_edges(&features, labels, edges, true),
+                head.loss_with_edges(&features, labels, edges),
             ));
         }
         drop(features);

@@ -14,21 +14,13 @@ use crate::models::decode_heads::DECODE_HEAD_FACTS;
 use crate::models::layers::shape::resize_bilinear;
 use crate::models::registry::facts_of;
 use crate::models::{scope, ModelError};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 /// `model.test_cfg.mode`.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum TestMode {

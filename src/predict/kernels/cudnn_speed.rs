@@ -50,23 +50,39 @@ impl GpuMath {
     /// peaks: P100, GTX 1080 Ti, V100 SXM2, T4, A100 SXM, RTX 3090, RTX 4090,
     /// H100 SXM).
     pub fn of_compute_capability(cc: &str) -> GpuMath {
-        let (fp32, tf32, fp16, bf16, sms) = match cc {
-            "6.0" => (9.3, 0.0, 0.0, 0.0, 56),
-            c if c.starts_with('6') || c.starts_with('5') => (11.3, 0.0, 0.0, 0.0, 28),
-            "7.0" | "7.2" => (15.7, 0.0, 125.0, 0.0, 80),
-            c if c.starts_with('7') => (8.1, 0.0, 65.0, 0.0, 40),
-            "8.0" => (19.5, 156.0, 312.0, 312.0, 108),
-            "8.9" => (82.6, 82.6, 165.2, 165.2, 128),
-            c if c.starts_with('8') => (35.6, 35.6, 71.0, 71.0, 82),
-            _ => (67.0, 494.7, 989.5, 989.5, 132),
+        let (rates, sms) = match cc {
+            "6.0" => ([9.3, 0.0, 0.0, 0.0], 56),
+            c if c.starts_with('6') || c.starts_with('5') => ([11.3, 0.0, 0.0, 0.0], 28),
+            "7.0" | "7.2" => ([15.7, 0.0, 125.0, 0.0], 80),
+            c if c.starts_with('7') => ([8.1, 0.0, 65.0, 0.0], 40),
+            "8.0" => ([19.5, 156.0, 312.0, 312.0], 108),
+            "8.9" => ([82.6, 82.6, 165.2, 165.2], 128),
+            c if c.starts_with('8') => ([35.6, 35.6, 71.0, 71.0], 82),
+            _ => ([67.0, 494.7, 989.5, 989.5], 132),
         };
+        GpuMath::with_rates(rates, sms, max_threads_per_sm(cc))
+    }
+
+    /// A card's own rates (`[fp32, tf32, fp16, bf16]` TFLOPS and SMs), or a
+    /// typical card's for its compute capability where it is known only by
+    /// `--vram` (`custom`) or its SMs are not given.
+    pub fn of_card(custom: bool, compute_capability: &str, rates: [f64; 4], sms: i64) -> GpuMath {
+        let typical = GpuMath::of_compute_capability(compute_capability);
+        if custom || sms == 0 {
+            return typical;
+        }
+        GpuMath::with_rates(rates, sms, typical.max_threads_per_sm)
+    }
+
+    fn with_rates(rates: [f64; 4], sms: i64, max_threads_per_sm: i64) -> GpuMath {
+        let [fp32, tf32, fp16, bf16] = rates;
         GpuMath {
             fp32,
             tf32,
             fp16,
             bf16,
             sms,
-            max_threads_per_sm: max_threads_per_sm(cc),
+            max_threads_per_sm,
         }
     }
 
