@@ -12,8 +12,11 @@
 
 use super::mask2former_loss::{Mask2FormerLoss, Mask2FormerLossCfg};
 use super::pixel_decoder::{
-    ffn_and_norms, ffn_cfg, layer_norm_value, sine_encoding, MsDeformAttnPixelDecoder,
-    PixelDecoderCfg,
+    ffn_and_norms, layer_norm_value, sine_encoding, MsDeformAttnPixelDecoder, PixelDecoderCfg,
+};
+use super::query_head::{
+    class_and_mask_embeds, decoder_layers, semantic_scores, DecoderLayerKind, QueryDecoderCfg,
+    QueryHeadKeys,
 };
 use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
@@ -39,39 +42,21 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
 /// and mmdet's arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mask2FormerHeadCfg {
-    pub num_classes: i64,
-    pub ignore_index: i64,
-    pub feat_channels: i64,
-    pub out_channels: i64,
-    pub num_queries: i64,
+    pub keys: QueryHeadKeys,
     pub num_transformer_feat_level: i64,
     pub enforce_decoder_input_project: bool,
     pub pixel_decoder: PixelDecoderCfg,
     pub positional_encoding: SinePositionalEncoding,
-    pub decoder: DecoderCfg,
+    pub decoder: QueryDecoderCfg,
     pub loss: Mask2FormerLossCfg,
-}
-
-/// `transformer_decoder=dict(num_layers, layer_cfg=dict(self_attn_cfg,
-/// cross_attn_cfg, ffn_cfg))`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DecoderCfg {
-    pub num_layers: i64,
-    pub embed_dims: i64,
-    pub num_heads: i64,
-    pub feedforward_channels: i64,
-    pub ffn_drop: f64,
 }
 
 impl Mask2FormerHeadCfg {
     pub fn from_cfg(d: &Dict) -> Result<Mask2FormerHeadCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "Mask2FormerHead", SOURCE);
-        let num_classes = c.int("num_classes", 150)?;
-        let ignore_index = c.int("ignore_index", 255)?;
-        let in_channels = c.ints("in_channels", &[])?;
-        let feat_channels = c.int("feat_channels", 256)?;
-        let out_channels = c.int("out_channels", 256)?;
-        let num_queries = c.int("num_queries", 100)?;
+        let keys = QueryHeadKeys::read(&mut c)?;
+        let (num_classes, num_queries) = (keys.num_classes, keys.num_queries);
+        let (feat_channels, out_channels) = (keys.feat_channels, keys.out_channels);
         let num_transformer_feat_level = c.int("num_transformer_feat_level", 3)?;
         let enforce_decoder_input_project = c.flag("enforce_decoder_input_project", false);
         // The pixel decoder takes the head's strides through its own dict.
@@ -86,10 +71,10 @@ impl Mask2FormerHeadCfg {
                 pd.insert("strides".into(), Value::List(list));
             }
             check_type(&pd, "MSDeformAttnPixelDecoder", "pixel_decoder")?;
-            PixelDecoderCfg::from_cfg(&pd, in_channels, feat_channels, out_channels)?
+            PixelDecoderCfg::from_cfg(&pd, keys.in_channels.clone(), feat_channels, out_channels)?
         };
         let positional_encoding = sine_encoding(c.dict("positional_encoding")?)?;
-        let decoder = DecoderCfg::from_cfg(
+        let decoder = decoder_cfg(
             c.dict("transformer_decoder")?
                 .ok_or_else(|| c.config_error("`transformer_decoder` must be set"))?,
         )?;
@@ -131,11 +116,7 @@ impl Mask2FormerHeadCfg {
             )));
         }
         Ok(Mask2FormerHeadCfg {
-            num_classes,
-            ignore_index,
-            feat_channels,
-            out_channels,
-            num_queries,
+            keys,
             num_transformer_feat_level,
             enforce_decoder_input_project,
             pixel_decoder,
@@ -160,79 +141,20 @@ pub(super) fn check_type(d: &Dict, expected: &str, role: &str) -> Result<(), Mod
     }
 }
 
-impl DecoderCfg {
-    fn from_cfg(d: &Dict) -> Result<DecoderCfg, ModelError> {
-        let mut c = ComponentConfig::new(d, "Mask2FormerTransformerDecoder", LAYERS_SOURCE);
-        let num_layers = c.int("num_layers", 9)?;
-        c.unimplemented("post_norm_cfg", &layer_norm_value())?;
-        // Every layer's prediction is computed by the head either way.
-        c.inert(&["return_intermediate", "init_cfg"]);
-        let layer = c
-            .dict("layer_cfg")?
-            .ok_or_else(|| c.config_error("`layer_cfg` must be set"))?;
-        c.finish()?;
-        let mut l =
-            ComponentConfig::new(layer, "Mask2FormerTransformerDecoderLayer", LAYERS_SOURCE);
-        let self_attn = attention_cfg(l.dict("self_attn_cfg")?)?;
-        let cross_attn = attention_cfg(l.dict("cross_attn_cfg")?)?;
-        let ffn = l.dict("ffn_cfg")?;
-        l.unimplemented("norm_cfg", &layer_norm_value())?;
-        l.inert(&["init_cfg"]);
-        l.finish()?;
-        if self_attn != cross_attn {
-            return Err(ModelError::unsupported_in(
-                "Mask2FormerTransformerDecoderLayer",
-                LAYERS_SOURCE,
-                "",
-                format!(
-                    "self- and cross-attention with different embed_dims/num_heads \
-                     ({self_attn:?} vs {cross_attn:?})"
-                ),
-            ));
-        }
-        let (embed_dims, num_heads) = self_attn;
-        let (feedforward_channels, ffn_drop) = ffn_cfg(ffn, embed_dims, 1024)?;
-        if num_layers < 1 {
-            return Err(ModelError::config(
-                "Mask2FormerHead",
-                "transformer_decoder num_layers must be at least 1",
-            ));
-        }
-        Ok(DecoderCfg {
-            num_layers,
-            embed_dims,
-            num_heads,
-            feedforward_channels,
-            ffn_drop,
-        })
-    }
-}
-
-/// mmcv's `MultiheadAttention` config: `(embed_dims, num_heads)`; dropout
-/// and a drop path are not implemented (every MMSeg config has none).
-fn attention_cfg(d: Option<&Dict>) -> Result<(i64, i64), ModelError> {
-    let empty = Dict::new();
-    let mut a = ComponentConfig::new(
-        d.unwrap_or(&empty),
-        "MultiheadAttention",
-        "mmcv/cnn/bricks/transformer.py",
-    );
-    let embed_dims = a.int("embed_dims", 256)?;
-    let num_heads = a.int("num_heads", 8)?;
-    a.unimplemented("attn_drop", &Value::Float(0.0))?;
-    a.unimplemented("proj_drop", &Value::Float(0.0))?;
-    a.unimplemented("dropout", &Value::Float(0.0))?;
-    a.unimplemented("dropout_layer", &Value::None)?;
-    a.unimplemented("batch_first", &Value::Bool(true))?;
-    a.inert(&["init_cfg"]);
-    a.finish()?;
-    if embed_dims <= 0 || num_heads <= 0 || embed_dims % num_heads != 0 {
-        return Err(ModelError::config(
-            "MultiheadAttention",
-            format!("embed_dims {embed_dims} must be a positive multiple of num_heads {num_heads}"),
-        ));
-    }
-    Ok((embed_dims, num_heads))
+/// `Mask2FormerTransformerDecoder`'s config.
+fn decoder_cfg(d: &Dict) -> Result<QueryDecoderCfg, ModelError> {
+    let mut c = ComponentConfig::new(d, "Mask2FormerTransformerDecoder", LAYERS_SOURCE);
+    let num_layers = c.int("num_layers", 9)?;
+    c.unimplemented("post_norm_cfg", &layer_norm_value())?;
+    // Every layer's prediction is computed by the head either way.
+    c.inert(&["return_intermediate", "init_cfg"]);
+    let kind = DecoderLayerKind {
+        layer_type: "Mask2FormerTransformerDecoderLayer",
+        source: LAYERS_SOURCE,
+        head: "Mask2FormerHead",
+        dropout: false,
+    };
+    QueryDecoderCfg::read_layers(c, num_layers, &kind)
 }
 
 /// mmcv's `MultiheadAttention(batch_first=True)` wrapper: positions added
@@ -249,24 +171,23 @@ impl MmcvAttention {
         }
     }
 
-    /// `query` `[B, L, E]`, `key`/`value` `[B, S, E]`; `attn_mask` bool
+    /// `query` `[B, L, E]`; `key_value` `[B, S, E]`, the key and the value
+    /// (one tensor in every call of the layer); `attn_mask` bool
     /// `[B*heads, L, S]`.
     fn forward(
         &self,
         query: &Tensor,
-        key: &Tensor,
-        value: &Tensor,
-        query_pos: &Tensor,
-        key_pos: &Tensor,
+        key_value: &Tensor,
+        [query_pos, key_pos]: [&Tensor; 2],
         attn_mask: Option<&Tensor>,
     ) -> Tensor {
         let identity = query;
         let q = query + query_pos;
-        let k = key + key_pos;
+        let k = key_value + key_pos;
         let out = self.attn.forward_separate(
             &q.transpose(0, 1),
             &k.transpose(0, 1),
-            &value.transpose(0, 1),
+            &key_value.transpose(0, 1),
             attn_mask,
         );
         identity + out.transpose(0, 1)
@@ -283,7 +204,7 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(p: &mut ParamScope, c: &DecoderCfg) -> DecoderLayer {
+    fn new(p: &mut ParamScope, c: &QueryDecoderCfg) -> DecoderLayer {
         let self_attn = MmcvAttention::new(&mut p.sub("self_attn"), c.embed_dims, c.num_heads);
         let cross_attn = MmcvAttention::new(&mut p.sub("cross_attn"), c.embed_dims, c.num_heads);
         let (ffn, norms) = ffn_and_norms(p, c.embed_dims, c.feedforward_channels, c.ffn_drop);
@@ -304,18 +225,14 @@ impl DecoderLayer {
         cross_attn_mask: &Tensor,
         training: bool,
     ) -> Tensor {
-        let mut query = self.cross_attn.forward(
-            query,
-            memory,
-            memory,
-            query_pos,
-            key_pos,
-            Some(cross_attn_mask),
-        );
+        let positions = [query_pos, key_pos];
+        let mut query = self
+            .cross_attn
+            .forward(query, memory, positions, Some(cross_attn_mask));
         query = self.norms[0].forward(&query);
         query = self
             .self_attn
-            .forward(&query, &query, &query, query_pos, query_pos, None);
+            .forward(&query, &query, [query_pos, query_pos], None);
         query = self.norms[1].forward(&query);
         query = self.ffn.forward(&query, &query, training);
         self.norms[2].forward(&query)
@@ -341,43 +258,37 @@ impl Mask2FormerHead {
     pub fn new(p: &mut ParamScope, cfg: Mask2FormerHeadCfg) -> Mask2FormerHead {
         let pixel_decoder =
             MsDeformAttnPixelDecoder::new(&mut p.sub("pixel_decoder"), cfg.pixel_decoder.clone());
-        let mut tp = p.sub("transformer_decoder");
-        let layers = (0..cfg.decoder.num_layers)
-            .map(|i| DecoderLayer::new(&mut tp.sub("layers").sub(i), &cfg.decoder))
-            .collect();
+        let (layers, post_norm) = decoder_layers(p, &cfg.decoder, DecoderLayer::new);
         let dims = cfg.decoder.embed_dims;
-        let post_norm = LayerNorm::new(&mut tp.sub("post_norm"), dims, 1e-5);
-        let project = dims != cfg.feat_channels || cfg.enforce_decoder_input_project;
+        let project = dims != cfg.keys.feat_channels || cfg.enforce_decoder_input_project;
         let decoder_input_projs = (0..cfg.num_transformer_feat_level)
             .map(|i| {
                 project.then(|| {
                     Conv2d::new(
                         &mut p.sub("decoder_input_projs").sub(i),
-                        ConvSpec::new(cfg.feat_channels, dims, 1).bias(true),
+                        ConvSpec::new(cfg.keys.feat_channels, dims, 1).bias(true),
                     )
                 })
             })
             .collect();
-        let feat = cfg.feat_channels;
+        let feat = cfg.keys.feat_channels;
         let query_embed =
             p.sub("query_embed")
-                .param_normal("weight", &[cfg.num_queries, feat], 1.0);
-        let query_feat = p
-            .sub("query_feat")
-            .param_normal("weight", &[cfg.num_queries, feat], 1.0);
+                .param_normal("weight", &[cfg.keys.num_queries, feat], 1.0);
+        let query_feat =
+            p.sub("query_feat")
+                .param_normal("weight", &[cfg.keys.num_queries, feat], 1.0);
         let level_embed = p.sub("level_embed").param_normal(
             "weight",
             &[cfg.num_transformer_feat_level, feat],
             1.0,
         );
-        let cls_embed = Linear::new(&mut p.sub("cls_embed"), feat, cfg.num_classes + 1, true);
-        let mut mp = p.sub("mask_embed");
-        let mask_embed = [
-            Linear::new(&mut mp.sub(0), feat, feat, true),
-            Linear::new(&mut mp.sub(2), feat, feat, true),
-            Linear::new(&mut mp.sub(4), feat, cfg.out_channels, true),
-        ];
-        let loss = Mask2FormerLoss::new(cfg.loss.clone(), cfg.num_classes, cfg.ignore_index);
+        let (cls_embed, mask_embed) = class_and_mask_embeds(p, &cfg.keys);
+        let loss = Mask2FormerLoss::new(
+            cfg.loss.clone(),
+            cfg.keys.num_classes,
+            cfg.keys.ignore_index,
+        );
         Mask2FormerHead {
             cfg,
             pixel_decoder,
@@ -493,51 +404,31 @@ impl Mask2FormerHead {
 }
 
 impl DecodeHead for Mask2FormerHead {
-    /// `predict`'s segmentation scores at the masks' resolution:
-    /// `einsum('bqc,bqhw->bchw', softmax(cls)[..., :-1], sigmoid(mask))`.
+    /// `predict`'s segmentation scores at the masks' resolution.
     fn forward(&self, features: &[Tensor], _prev: Option<&Tensor>, training: bool) -> Tensor {
         let (cls, masks) = self.forward_all(features, training);
-        let scores = cls
-            .last()
-            .expect("a layer")
-            .softmax(-1, None::<Kind>)
-            .slice(-1, 0, -1, 1);
-        let masks = masks.last().expect("a layer").sigmoid();
-        Tensor::einsum("bqc,bqhw->bchw", &[&scores, &masks], None::<i64>)
-    }
-
-    /// `Mask2FormerHead.predict`: the last layer's masks upsampled to the
-    /// input's `size` first, then `einsum('bqc,bqhw->bchw',
-    /// softmax(cls)[..., :-1], sigmoid(masks))`; every layer's predictions
-    /// stay alive until it returns.
-    fn predict(&self, features: &[Tensor], _prev: Option<&Tensor>, size: (i64, i64)) -> Tensor {
-        let (cls, masks) = self.forward_all(features, false);
-        let mask_pred_results = resize_bilinear(masks.last().expect("a layer"), size, false);
-        let cls_score = cls
-            .last()
-            .expect("a layer")
-            .softmax(-1, None::<Kind>)
-            .slice(-1, 0, -1, 1);
-        let mask_pred = mask_pred_results.sigmoid();
-        Tensor::einsum("bqc,bqhw->bchw", &[&cls_score, &mask_pred], None::<i64>)
+        semantic_scores(cls.last().expect("a layer"), masks.last().expect("a layer"))
     }
 
     fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
-        let targets = self.loss.instance_targets(labels);
-        let (cls, masks) = self.forward_all(features, true);
-        self.loss.loss_by_feat(&cls, &masks, &targets)
+        self.loss.loss(labels, || self.forward_all(features, true))
+    }
+
+    /// `Mask2FormerHead.predict`: the last layer's masks upsampled to the
+    /// input's `size` first, then the semantic scores; every layer's
+    /// predictions stay alive until it returns.
+    fn predict(&self, features: &[Tensor], _prev: Option<&Tensor>, size: (i64, i64)) -> Tensor {
+        let (cls, masks) = self.forward_all(features, false);
+        let mask_pred_results = resize_bilinear(masks.last().expect("a layer"), size, false);
+        semantic_scores(cls.last().expect("a layer"), &mask_pred_results)
     }
 
     fn num_classes(&self) -> i64 {
-        self.cfg.num_classes
+        self.cfg.keys.num_classes
     }
 
     fn ignore_index(&self) -> i64 {
-        self.cfg.ignore_index
-    }
-
-    fn align_corners(&self) -> bool {
-        false
+        self.cfg.keys.ignore_index
     }
 }
 

@@ -15,7 +15,11 @@
 
 use super::mask2former_head::check_type;
 use super::maskformer_loss::{MaskFormerLoss, MaskFormerLossCfg};
-use super::pixel_decoder::{ffn_and_norms, ffn_cfg, layer_norm_value, sine_encoding};
+use super::pixel_decoder::{ffn_and_norms, layer_norm_value, sine_encoding};
+use super::query_head::{
+    class_and_mask_embeds, decoder_layers, semantic_scores, DecoderLayerKind, QueryDecoderCfg,
+    QueryHeadKeys,
+};
 use super::{DecodeHead, LossItems};
 use crate::config::{Dict, Value};
 use crate::models::component_config::{ComponentConfig, NormCfg};
@@ -30,7 +34,6 @@ use tch::{Kind, Tensor};
 const SOURCE: &str = "mmdet/models/dense_heads/maskformer_head.py";
 const PIXEL_DECODER_SOURCE: &str = "mmdet/models/layers/pixel_decoder.py";
 const LAYERS_SOURCE: &str = "mmdet/models/layers/transformer/detr_layers.py";
-const ATTENTION_SOURCE: &str = "mmcv/cnn/bricks/transformer.py";
 
 /// The registry's constructor (`DECODE_HEADS` row `MaskFormerHead`).
 pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, ModelError> {
@@ -42,51 +45,29 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn DecodeHead>, Mode
 /// mmdet's arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MaskFormerHeadCfg {
-    pub num_classes: i64,
-    pub ignore_index: i64,
-    pub in_channels: Vec<i64>,
-    pub feat_channels: i64,
-    pub out_channels: i64,
-    pub num_queries: i64,
+    pub keys: QueryHeadKeys,
     pub enforce_decoder_input_project: bool,
     /// The pixel decoder's `norm_cfg` (GroupNorm by default).
     pub pixel_decoder_norm: NormCfg,
     pub positional_encoding: SinePositionalEncoding,
-    pub decoder: DetrDecoderCfg,
+    pub decoder: QueryDecoderCfg,
     pub loss: MaskFormerLossCfg,
-}
-
-/// `transformer_decoder=dict(num_layers, layer_cfg=dict(self_attn_cfg,
-/// cross_attn_cfg, ffn_cfg))`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DetrDecoderCfg {
-    pub num_layers: i64,
-    pub embed_dims: i64,
-    pub num_heads: i64,
-    /// Both attentions' `attn_drop` (on the attention weights).
-    pub attn_drop: f64,
-    /// Both attentions' `proj_drop` (on their outputs).
-    pub proj_drop: f64,
-    pub feedforward_channels: i64,
-    pub ffn_drop: f64,
 }
 
 impl MaskFormerHeadCfg {
     pub fn from_cfg(d: &Dict) -> Result<MaskFormerHeadCfg, ModelError> {
         let mut c = ComponentConfig::new(d, "MaskFormerHead", SOURCE);
-        let num_classes = c.int("num_classes", 150)?;
-        let ignore_index = c.int("ignore_index", 255)?;
-        let in_channels = c.ints("in_channels", &[])?;
-        let feat_channels = c.int("feat_channels", 256)?;
-        let out_channels = c.int("out_channels", 256)?;
-        let num_queries = c.int("num_queries", 100)?;
+        let keys = QueryHeadKeys::read(&mut c)?;
+        let (in_channels, num_classes) = (&keys.in_channels, keys.num_classes);
+        let num_queries = keys.num_queries;
+        let (feat_channels, out_channels) = (keys.feat_channels, keys.out_channels);
         let enforce_decoder_input_project = c.flag("enforce_decoder_input_project", false);
         let pixel_decoder_norm = pixel_decoder_cfg(
             c.dict("pixel_decoder")?
                 .ok_or_else(|| c.config_error("`pixel_decoder` must be set"))?,
         )?;
         let positional_encoding = sine_encoding(c.dict("positional_encoding")?)?;
-        let decoder = DetrDecoderCfg::from_cfg(
+        let decoder = decoder_cfg(
             c.dict("transformer_decoder")?
                 .ok_or_else(|| c.config_error("`transformer_decoder` must be set"))?,
         )?;
@@ -130,12 +111,7 @@ impl MaskFormerHeadCfg {
             )));
         }
         Ok(MaskFormerHeadCfg {
-            num_classes,
-            ignore_index,
-            in_channels,
-            feat_channels,
-            out_channels,
-            num_queries,
+            keys,
             enforce_decoder_input_project,
             pixel_decoder_norm,
             positional_encoding,
@@ -177,84 +153,22 @@ fn pixel_decoder_cfg(d: &Dict) -> Result<NormCfg, ModelError> {
     Ok(norm)
 }
 
-impl DetrDecoderCfg {
-    fn from_cfg(d: &Dict) -> Result<DetrDecoderCfg, ModelError> {
-        let mut c = ComponentConfig::new(d, "DetrTransformerDecoder", LAYERS_SOURCE);
-        let num_layers = c.int("num_layers", 6)?;
-        c.unimplemented("post_norm_cfg", &layer_norm_value())?;
-        // Without it the decoder returns only the last layer's output and
-        // the head supervises that one alone.
-        c.unimplemented("return_intermediate", &Value::Bool(true))?;
-        c.inert(&["init_cfg"]);
-        let layer = c
-            .dict("layer_cfg")?
-            .ok_or_else(|| c.config_error("`layer_cfg` must be set"))?;
-        c.finish()?;
-        let mut l = ComponentConfig::new(layer, "DetrTransformerDecoderLayer", LAYERS_SOURCE);
-        let self_attn = attention_cfg(l.dict("self_attn_cfg")?)?;
-        let cross_attn = attention_cfg(l.dict("cross_attn_cfg")?)?;
-        let ffn = l.dict("ffn_cfg")?;
-        l.unimplemented("norm_cfg", &layer_norm_value())?;
-        l.inert(&["init_cfg"]);
-        l.finish()?;
-        if self_attn != cross_attn {
-            return Err(ModelError::unsupported_in(
-                "DetrTransformerDecoderLayer",
-                LAYERS_SOURCE,
-                "",
-                format!(
-                    "self- and cross-attention with different embed_dims/num_heads/attn_drop/proj_drop \
-                     ({self_attn:?} vs {cross_attn:?})"
-                ),
-            ));
-        }
-        let (embed_dims, num_heads, attn_drop, proj_drop) = self_attn;
-        let (feedforward_channels, ffn_drop) = ffn_cfg(ffn, embed_dims, 1024)?;
-        if num_layers < 1 {
-            return Err(ModelError::config(
-                "MaskFormerHead",
-                "transformer_decoder num_layers must be at least 1",
-            ));
-        }
-        Ok(DetrDecoderCfg {
-            num_layers,
-            embed_dims,
-            num_heads,
-            attn_drop,
-            proj_drop,
-            feedforward_channels,
-            ffn_drop,
-        })
-    }
-}
-
-/// mmcv's `MultiheadAttention` config: `(embed_dims, num_heads, attn_drop,
-/// proj_drop)`; a `dropout_layer` (a drop path) is not implemented.
-fn attention_cfg(d: Option<&Dict>) -> Result<(i64, i64, f64, f64), ModelError> {
-    let empty = Dict::new();
-    let mut a = ComponentConfig::new(d.unwrap_or(&empty), "MultiheadAttention", ATTENTION_SOURCE);
-    let embed_dims = a.int("embed_dims", 256)?;
-    let num_heads = a.int("num_heads", 8)?;
-    let attn_drop = a.float("attn_drop", 0.0)?;
-    let proj_drop = a.float("proj_drop", 0.0)?;
-    // mmcv's deprecated `dropout` sets attn_drop and the dropout_layer.
-    a.unimplemented("dropout", &Value::Float(0.0))?;
-    a.unimplemented("dropout_layer", &Value::None)?;
-    if !a.flag("batch_first", true) {
-        return Err(ModelError::config(
-            "DetrTransformerDecoderLayer",
-            "First dimension of all DETRs in mmdet is `batch`, please set `batch_first` flag.",
-        ));
-    }
-    a.inert(&["init_cfg"]);
-    a.finish()?;
-    if embed_dims <= 0 || num_heads <= 0 || embed_dims % num_heads != 0 {
-        return Err(ModelError::config(
-            "MultiheadAttention",
-            format!("embed_dims {embed_dims} must be a positive multiple of num_heads {num_heads}"),
-        ));
-    }
-    Ok((embed_dims, num_heads, attn_drop, proj_drop))
+/// `DetrTransformerDecoder`'s config.
+fn decoder_cfg(d: &Dict) -> Result<QueryDecoderCfg, ModelError> {
+    let mut c = ComponentConfig::new(d, "DetrTransformerDecoder", LAYERS_SOURCE);
+    let num_layers = c.int("num_layers", 6)?;
+    c.unimplemented("post_norm_cfg", &layer_norm_value())?;
+    // Without it the decoder returns only the last layer's output and
+    // the head supervises that one alone.
+    c.unimplemented("return_intermediate", &Value::Bool(true))?;
+    c.inert(&["init_cfg"]);
+    let kind = DecoderLayerKind {
+        layer_type: "DetrTransformerDecoderLayer",
+        source: LAYERS_SOURCE,
+        head: "MaskFormerHead",
+        dropout: true,
+    };
+    QueryDecoderCfg::read_layers(c, num_layers, &kind)
 }
 
 /// mmdet's `PixelDecoder`: lateral 1x1 ConvModules (norm, no activation)
@@ -270,13 +184,13 @@ struct PixelDecoder {
 
 impl PixelDecoder {
     fn new(p: &mut ParamScope, c: &MaskFormerHeadCfg) -> PixelDecoder {
-        let (feat, norm) = (c.feat_channels, Some(c.pixel_decoder_norm));
-        let n = c.in_channels.len();
+        let (feat, norm) = (c.keys.feat_channels, Some(c.pixel_decoder_norm));
+        let n = c.keys.in_channels.len();
         let (mut lateral_convs, mut output_convs) = (Vec::new(), Vec::new());
         for i in 0..n - 1 {
             lateral_convs.push(ConvModule::new(
                 &mut p.sub("lateral_convs").sub(i),
-                ConvSpec::new(c.in_channels[i], feat, 1),
+                ConvSpec::new(c.keys.in_channels[i], feat, 1),
                 norm,
                 false,
             ));
@@ -289,13 +203,15 @@ impl PixelDecoder {
         }
         let last_feat_conv = ConvModule::new(
             &mut p.sub("last_feat_conv"),
-            ConvSpec::new(c.in_channels[n - 1], feat, 3).padding(1),
+            ConvSpec::new(c.keys.in_channels[n - 1], feat, 3).padding(1),
             norm,
             true,
         );
         let mask_feature = Conv2d::new(
             &mut p.sub("mask_feature"),
-            ConvSpec::new(feat, c.out_channels, 3).padding(1).bias(true),
+            ConvSpec::new(feat, c.keys.out_channels, 3)
+                .padding(1)
+                .bias(true),
         );
         PixelDecoder {
             lateral_convs,
@@ -337,7 +253,7 @@ struct MmcvAttention {
 }
 
 impl MmcvAttention {
-    fn new(p: &mut ParamScope, c: &DetrDecoderCfg) -> MmcvAttention {
+    fn new(p: &mut ParamScope, c: &QueryDecoderCfg) -> MmcvAttention {
         MmcvAttention {
             attn: MultiheadAttention::new(&mut p.sub("attn"), c.embed_dims, c.num_heads, true),
             attn_drop: c.attn_drop,
@@ -384,7 +300,7 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(p: &mut ParamScope, c: &DetrDecoderCfg) -> DecoderLayer {
+    fn new(p: &mut ParamScope, c: &QueryDecoderCfg) -> DecoderLayer {
         let self_attn = MmcvAttention::new(&mut p.sub("self_attn"), c);
         let cross_attn = MmcvAttention::new(&mut p.sub("cross_attn"), c);
         let (ffn, norms) = ffn_and_norms(p, c.embed_dims, c.feedforward_channels, c.ffn_drop);
@@ -442,33 +358,28 @@ pub struct MaskFormerHead {
 impl MaskFormerHead {
     pub fn new(p: &mut ParamScope, cfg: MaskFormerHeadCfg) -> MaskFormerHead {
         let pixel_decoder = PixelDecoder::new(&mut p.sub("pixel_decoder"), &cfg);
-        let mut tp = p.sub("transformer_decoder");
-        let layers = (0..cfg.decoder.num_layers)
-            .map(|i| DecoderLayer::new(&mut tp.sub("layers").sub(i), &cfg.decoder))
-            .collect();
+        let (layers, post_norm) = decoder_layers(p, &cfg.decoder, DecoderLayer::new);
         let dims = cfg.decoder.embed_dims;
-        let post_norm = LayerNorm::new(&mut tp.sub("post_norm"), dims, 1e-5);
-        let last = *cfg.in_channels.last().expect("two levels at least");
+        let last = *cfg.keys.in_channels.last().expect("two levels at least");
         let decoder_input_proj = (dims != last || cfg.enforce_decoder_input_project).then(|| {
             Conv2d::new(
                 &mut p.sub("decoder_input_proj"),
                 ConvSpec::new(last, dims, 1).bias(true),
             )
         });
-        let query_embed =
-            p.sub("query_embed")
-                .param_normal("weight", &[cfg.num_queries, cfg.out_channels], 1.0);
+        let query_embed = p.sub("query_embed").param_normal(
+            "weight",
+            &[cfg.keys.num_queries, cfg.keys.out_channels],
+            1.0,
+        );
         // mmdet registers `cls_embed` here; MMSeg's replacement (for its
         // `num_classes`) keeps the place.
-        let feat = cfg.feat_channels;
-        let cls_embed = Linear::new(&mut p.sub("cls_embed"), feat, cfg.num_classes + 1, true);
-        let mut mp = p.sub("mask_embed");
-        let mask_embed = [
-            Linear::new(&mut mp.sub(0), feat, feat, true),
-            Linear::new(&mut mp.sub(2), feat, feat, true),
-            Linear::new(&mut mp.sub(4), feat, cfg.out_channels, true),
-        ];
-        let loss = MaskFormerLoss::new(cfg.loss.clone(), cfg.num_classes, cfg.ignore_index);
+        let (cls_embed, mask_embed) = class_and_mask_embeds(p, &cfg.keys);
+        let loss = MaskFormerLoss::new(
+            cfg.loss.clone(),
+            cfg.keys.num_classes,
+            cfg.keys.ignore_index,
+        );
         MaskFormerHead {
             cfg,
             pixel_decoder,
@@ -548,48 +459,30 @@ impl MaskFormerHead {
 }
 
 impl DecodeHead for MaskFormerHead {
-    /// `predict`'s segmentation scores at the masks' resolution:
-    /// `einsum('bqc,bqhw->bchw', softmax(cls)[..., :-1], sigmoid(mask))`.
+    /// `predict`'s segmentation scores at the masks' resolution.
     fn forward(&self, features: &[Tensor], _prev: Option<&Tensor>, training: bool) -> Tensor {
         let (cls, masks) = self.forward_all(features, training);
-        let scores = cls
-            .select(0, -1)
-            .softmax(-1, None::<Kind>)
-            .slice(-1, 0, -1, 1);
-        let masks = masks.select(0, -1).sigmoid();
-        Tensor::einsum("bqc,bqhw->bchw", &[&scores, &masks], None::<i64>)
-    }
-
-    /// MMSeg's `MaskFormerHead.predict`: the last layer's masks upsampled to
-    /// the input's `size` first, then `einsum('bqc,bqhw->bchw',
-    /// softmax(cls)[..., :-1], sigmoid(masks))`.
-    fn predict(&self, features: &[Tensor], _prev: Option<&Tensor>, size: (i64, i64)) -> Tensor {
-        let (cls, masks) = self.forward_all(features, false);
-        let mask_pred_results = resize_bilinear(&masks.select(0, -1), size, false);
-        let cls_score = cls
-            .select(0, -1)
-            .softmax(-1, None::<Kind>)
-            .slice(-1, 0, -1, 1);
-        let mask_pred = mask_pred_results.sigmoid();
-        Tensor::einsum("bqc,bqhw->bchw", &[&cls_score, &mask_pred], None::<i64>)
+        semantic_scores(&cls.select(0, -1), &masks.select(0, -1))
     }
 
     fn loss(&self, features: &[Tensor], _prev: Option<&Tensor>, labels: &[Tensor]) -> LossItems {
-        let targets = self.loss.instance_targets(labels);
-        let (cls, masks) = self.forward_all(features, true);
-        self.loss.loss_by_feat(&cls, &masks, &targets)
+        self.loss.loss(labels, || self.forward_all(features, true))
+    }
+
+    /// MMSeg's `MaskFormerHead.predict`: the last layer's masks upsampled to
+    /// the input's `size` first, then the semantic scores.
+    fn predict(&self, features: &[Tensor], _prev: Option<&Tensor>, size: (i64, i64)) -> Tensor {
+        let (cls, masks) = self.forward_all(features, false);
+        let mask_pred_results = resize_bilinear(&masks.select(0, -1), size, false);
+        semantic_scores(&cls.select(0, -1), &mask_pred_results)
     }
 
     fn num_classes(&self) -> i64 {
-        self.cfg.num_classes
+        self.cfg.keys.num_classes
     }
 
     fn ignore_index(&self) -> i64 {
-        self.cfg.ignore_index
-    }
-
-    fn align_corners(&self) -> bool {
-        false
+        self.cfg.keys.ignore_index
     }
 }
 

@@ -23,6 +23,7 @@ use super::query_loss::{
 use super::query_loss_cfg::{
     class_loss_cfg, read_match_costs, sigmoid_loss_cfg, ClassLossCfg, DiceLossCfg, MMDET_LOSSES,
 };
+use super::LossItems;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::host::from_host;
@@ -154,6 +155,15 @@ impl MaskFormerLoss {
             num_classes,
             ignore_index,
         }
+    }
+
+    /// The head's `loss`: the targets from the label maps, then
+    /// `forward` (every decoder layer's class scores and masks), then
+    /// `loss_by_feat`.
+    pub fn loss(&self, labels: &[Tensor], forward: impl FnOnce() -> (Tensor, Tensor)) -> LossItems {
+        let targets = self.instance_targets(labels);
+        let (cls, masks) = forward();
+        self.loss_by_feat(&cls, &masks, &targets)
     }
 
     /// `_seg_data_to_instance_data`: per image, the classes present (but

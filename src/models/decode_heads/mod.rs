@@ -38,6 +38,7 @@ pub mod pixel_decoder;
 pub mod point_head;
 pub mod psa_head;
 pub mod psp_head;
+mod query_head;
 mod query_loss;
 mod query_loss_cfg;
 pub mod segformer_head;
@@ -99,8 +100,11 @@ pub trait DecodeHead {
 
     fn ignore_index(&self) -> i64;
 
-    /// `align_corners` of the head's resizes (and of `predict_by_feat`).
-    fn align_corners(&self) -> bool;
+    /// `align_corners` of the head's resizes (and of `predict_by_feat`):
+    /// MMSeg's default False unless the head reads it.
+    fn align_corners(&self) -> bool {
+        false
+    }
 
     /// `predict(inputs, [prev_output,] batch_img_metas, test_cfg)` in
     /// inference: the logits resized to the input's `size`
