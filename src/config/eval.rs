@@ -547,43 +547,13 @@ fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
         .register_fn(
             "py_update",
             |m: &mut Dynamic, positional: Array, kw: Map| -> RhaiResult<()> {
-                let current = val(m)?;
-                let Value::Dict(mut d) = current else {
-                    return Err(raise(PyError::new(
-                        "AttributeError",
-                        format!("'{}' object has no attribute 'update'", current.type_name()),
-                    )));
-                };
-                let positional: Vec<Value> =
-                    positional.iter().map(val).collect::<Result<_, _>>()?;
-                if let Value::Dict(extra) =
-                    pyops::make_dict(&positional, keyword_dict(kw)?).map_err(raise)?
-                {
-                    d.extend(extra);
-                }
-                *m = to_dynamic(&Value::Dict(d));
-                Ok(())
+                dict_update(m, positional, kw, |d, extra| d.extend(extra))
             },
         )
         .register_fn(
             "py_update_deep",
             |m: &mut Dynamic, positional: Array, kw: Map| -> RhaiResult<()> {
-                let current = val(m)?;
-                let Value::Dict(mut d) = current else {
-                    return Err(raise(PyError::new(
-                        "AttributeError",
-                        format!("'{}' object has no attribute 'update'", current.type_name()),
-                    )));
-                };
-                let positional: Vec<Value> =
-                    positional.iter().map(val).collect::<Result<_, _>>()?;
-                if let Value::Dict(extra) =
-                    pyops::make_dict(&positional, keyword_dict(kw)?).map_err(raise)?
-                {
-                    update_config_dict(&mut d, extra);
-                }
-                *m = to_dynamic(&Value::Dict(d));
-                Ok(())
+                dict_update(m, positional, kw, update_config_dict)
             },
         )
         .register_fn(
@@ -618,6 +588,29 @@ fn engine_with(limits: Limits, resolver: imports::ModuleResolver) -> Engine {
             },
         );
     engine
+}
+
+/// `d.update(*positional, **kw)` on the dict `m`, the new items joined to
+/// it by `merge` (a plain update, or the config's deep one).
+fn dict_update(
+    m: &mut Dynamic,
+    positional: Array,
+    kw: Map,
+    merge: impl FnOnce(&mut Dict, Dict),
+) -> RhaiResult<()> {
+    let current = val(m)?;
+    let Value::Dict(mut d) = current else {
+        return Err(raise(PyError::new(
+            "AttributeError",
+            format!("'{}' object has no attribute 'update'", current.type_name()),
+        )));
+    };
+    let positional: Vec<Value> = positional.iter().map(val).collect::<Result<_, _>>()?;
+    if let Value::Dict(extra) = pyops::make_dict(&positional, keyword_dict(kw)?).map_err(raise)? {
+        merge(&mut d, extra);
+    }
+    *m = to_dynamic(&Value::Dict(d));
+    Ok(())
 }
 
 /// addict's `Dict.update`, which MMEngine's `ConfigDict` inherits: a key

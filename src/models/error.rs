@@ -137,6 +137,17 @@ impl ModelError {
         }
     }
 
+    /// `Config` naming the first of `values` (`(key, value)`) below 1.
+    pub fn require_positive(component: &str, values: &[(&str, i64)]) -> Result<(), Self> {
+        match values.iter().find(|(_, v)| *v < 1) {
+            Some((key, value)) => Err(ModelError::config(
+                component,
+                format!("{key} must be >= 1, not {value}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// `Config` of `component`.
     pub fn config(component: impl Into<String>, what: impl Display) -> Self {
         ModelError::Config {

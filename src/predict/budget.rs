@@ -386,6 +386,17 @@ impl Budget {
         })
     }
 
+    /// `gpu (V GiB, margin M%)`, as the emitted config's header names the
+    /// budget.
+    pub fn card_and_margin(&self) -> String {
+        format!(
+            "{} ({:.2} GiB, margin {:.0}%)",
+            self.gpu,
+            self.vram_bytes as f64 / (1u64 << 30) as f64,
+            self.margin * 100.0
+        )
+    }
+
     /// What the caching allocator may reserve: the usable budget less the context.
     pub fn allocator_capacity(&self) -> u64 {
         self.usable_bytes.saturating_sub(self.cuda_context_bytes)

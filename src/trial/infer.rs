@@ -6,37 +6,34 @@
 
 use super::batch::Batch;
 use super::error::TrialError;
-use super::memory::{CpuCounter, Phase};
-use super::run::PhasePeaks;
-use super::trace::phase_code;
+use super::memory::Phase;
+use super::run::{PhasePeaks, StepClock};
 use super::TrialRequest;
 use crate::models::EncoderDecoder;
 use tch::Tensor;
 
 /// Runs one test step; its peak is the forward phase's (the other two are 0).
-pub fn infer_step(
+pub(super) fn infer_step(
     model: &EncoderDecoder,
     batch: Batch,
     request: &TrialRequest,
-    counter: &CpuCounter,
-    base: i64,
-    step: usize,
+    clock: StepClock,
 ) -> Result<(PhasePeaks, Vec<(String, Tensor)>), TrialError> {
     let Batch { images, labels, .. } = batch;
     let device = model.device();
     let (h, w) = request.crop;
     let predictions = tch::no_grad(|| -> Result<_, TrialError> {
         let _autocast = super::run::autocast(request, device)?;
-        counter.set_phase_code(phase_code(step, Phase::Preprocess));
+        clock.enter(Phase::Preprocess);
         // `cast_data` copies the labels to the device with the images.
         let labels_on_device: Vec<Tensor> = labels.iter().map(|l| l.to_device(device)).collect();
         let (inputs, paddings) = model.preprocess_test(&images)?;
-        counter.set_phase_code(phase_code(step, Phase::Forward));
+        clock.enter(Phase::Forward);
         let predictions = model.predict(&inputs, &paddings, (h, w));
         drop(inputs);
         Ok((predictions, labels_on_device))
     })?;
-    let forward_peak = counter.peak() - base;
+    let forward_peak = clock.peak();
     drop(predictions);
     drop(images);
     drop(labels);

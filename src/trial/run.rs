@@ -510,13 +510,14 @@ fn one_step(
             &mut trainee.optimizer,
             batch,
             request,
-            counter,
-            base,
-            step + 1,
+            StepClock::new(counter, base, step + 1),
         ),
-        RunMode::Infer => {
-            super::infer::infer_step(&trainee.model, batch, request, counter, base, step + 1)
-        }
+        RunMode::Infer => super::infer::infer_step(
+            &trainee.model,
+            batch,
+            request,
+            StepClock::new(counter, base, step + 1),
+        ),
     }));
     if let Some(i) = bench.cuda_index {
         let _ = memory::device_synchronize(i);
@@ -599,6 +600,38 @@ fn bf16_supported(device: Device) -> bool {
     .is_ok()
 }
 
+/// The counter as one step sees it: its phase codes and its peak over the
+/// counter's base.
+pub(super) struct StepClock<'a> {
+    counter: &'a CpuCounter,
+    base: i64,
+    step: usize,
+}
+
+impl<'a> StepClock<'a> {
+    pub fn new(counter: &'a CpuCounter, base: i64, step: usize) -> StepClock<'a> {
+        StepClock {
+            counter,
+            base,
+            step,
+        }
+    }
+
+    /// Marks the allocations from here on as the step's `phase`.
+    pub fn enter(&self, phase: Phase) {
+        self.counter.set_phase_code(phase_code(self.step, phase));
+    }
+
+    /// The peak since the last reset, over the base.
+    pub fn peak(&self) -> i64 {
+        self.counter.peak() - self.base
+    }
+
+    pub fn reset_peak(&self) {
+        self.counter.reset_peak();
+    }
+}
+
 /// A step's peak (bytes over the counter's base) in each of its phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhasePeaks {
@@ -635,9 +668,7 @@ fn train_step(
     optimizer: &mut OptimWrapper,
     batch: Batch,
     request: &TrialRequest,
-    counter: &CpuCounter,
-    base: i64,
-    step: usize,
+    clock: StepClock,
 ) -> Result<(PhasePeaks, Vec<(String, Tensor)>), TrialError> {
     let Batch {
         images,
@@ -645,26 +676,26 @@ fn train_step(
         edges,
     } = batch;
     let device = model.device();
-    counter.set_phase_code(phase_code(step, Phase::Forward));
+    clock.enter(Phase::Forward);
     let (inputs, padded_labels, padded_edges, losses) = {
         let _autocast = autocast(request, device)?;
-        counter.set_phase_code(phase_code(step, Phase::Preprocess));
+        clock.enter(Phase::Preprocess);
         let (inputs, padded_labels, padded_edges) =
             model.preprocess_with_edges(&images, &labels, &edges);
-        counter.set_phase_code(phase_code(step, Phase::Forward));
+        clock.enter(Phase::Forward);
         let items = model.loss_with_edges(&inputs, &padded_labels, &padded_edges);
         (inputs, padded_labels, padded_edges, items)
     };
     let losses = crate::models::parse_losses(losses);
-    let forward_peak = counter.peak() - base;
-    counter.reset_peak();
-    counter.set_phase_code(phase_code(step, Phase::Backward));
+    let forward_peak = clock.peak();
+    clock.reset_peak();
+    clock.enter(Phase::Backward);
     optimizer.backward(&losses.loss);
-    let backward_peak = counter.peak() - base;
-    counter.reset_peak();
-    counter.set_phase_code(phase_code(step, Phase::Optimizer));
+    let backward_peak = clock.peak();
+    clock.reset_peak();
+    clock.enter(Phase::Optimizer);
     optimizer.step_if_due()?;
-    let optimizer_peak = counter.peak() - base;
+    let optimizer_peak = clock.peak();
     let items = losses.items;
     drop(losses.loss);
     drop(inputs);

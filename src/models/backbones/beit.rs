@@ -19,13 +19,13 @@
 //! differs fails in MMSeg when the bias is added to the attention, and so
 //! it does here (a panic with the shapes, which a trial reports).
 
-use super::vit::size_pair;
+use super::vit::{size_pair, Encoder};
 use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{
     count_flops, host::from_host, linspace_drop_path_rates, softmax_saved, DropPath, Ffn,
-    FfnActivation, LayerNorm, LayerNormCfg, Linear, PatchEmbed, PatchPadding,
+    LayerNorm, LayerNormCfg, Linear, PatchEmbed, PatchPadding,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -151,19 +151,16 @@ impl BeitConfig {
     /// The settings beit.py cannot build a model of, refused before libtorch
     /// would fail on them.
     fn checked(self, component: &'static str) -> Result<BeitConfig, ModelError> {
-        let positive = [
-            ("img_size", self.img_size.0.min(self.img_size.1)),
-            ("patch_size", self.patch_size),
-            ("embed_dims", self.embed_dims),
-            ("num_heads", self.num_heads),
-            ("mlp_ratio * embed_dims", self.feedforward_channels),
-        ];
-        if let Some((key, value)) = positive.iter().find(|(_, v)| *v < 1) {
-            return Err(ModelError::config(
-                component,
-                format!("{key} must be >= 1, not {value}"),
-            ));
-        }
+        ModelError::require_positive(
+            component,
+            &[
+                ("img_size", self.img_size.0.min(self.img_size.1)),
+                ("patch_size", self.patch_size),
+                ("embed_dims", self.embed_dims),
+                ("num_heads", self.num_heads),
+                ("mlp_ratio * embed_dims", self.feedforward_channels),
+            ],
+        )?;
         if self.img_size.0 < self.patch_size || self.img_size.1 < self.patch_size {
             return Err(ModelError::config(
                 component,
@@ -358,11 +355,10 @@ impl BeitLayer {
         let ln2 = c.norm.build(&mut p.sub("ln2"), c.embed_dims);
         // The parent TransformerEncoderLayer is built with drop_rate 0 and
         // drop_path_rate 0: the FFN has no dropout and no dropout_layer.
-        let ffn = Ffn::new(
+        let ffn = Ffn::gelu(
             &mut p.sub("ffn"),
             c.embed_dims,
             c.feedforward_channels,
-            FfnActivation::Gelu,
             0.0,
             0.0,
         );
@@ -422,14 +418,12 @@ impl Beit {
         let pos_embed = (c.variant == Variant::Mae)
             .then(|| p.param_zeros("pos_embed", &[1, wh * ww + 1, c.embed_dims]));
         // PatchEmbed(conv_type='Conv2d', padding=0), its bias at the default True.
-        let patch_embed = PatchEmbed::new(
+        let patch_embed = PatchEmbed::patchify(
             &mut p.sub("patch_embed"),
             c.in_channels,
             c.embed_dims,
             c.patch_size,
-            c.patch_size,
-            PatchPadding::Fixed(0),
-            true,
+            (PatchPadding::Fixed(0), true),
             c.patch_norm.then_some(c.norm),
         );
         let dpr = linspace_drop_path_rates(c.drop_path_rate, c.num_layers as usize);
@@ -479,16 +473,11 @@ impl Backbone for Beit {
             x = Self::add_pos_embed(pos_embed, x);
         }
         let mut outs = Vec::new();
-        let last = self.layers.len().saturating_sub(1);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let _part = crate::models::scope::enter(&format!("layer{}", i + 1));
-            x = layer.forward(&x, training);
-            if i == last {
-                if let Some(ln) = &self.final_ln {
-                    x = ln.forward(&x);
-                }
-            }
-            if self.out_indices.contains(&(i as i64)) {
+        let encoder = Encoder::new(&self.layers, self.final_ln.as_ref(), &self.out_indices);
+        encoder.run(
+            x,
+            |layer, x| layer.forward(x, training),
+            |x| {
                 let out = x.slice(1, 1, None, 1);
                 let c = out.size()[2];
                 outs.push(
@@ -496,8 +485,8 @@ impl Backbone for Beit {
                         .permute([0, 3, 1, 2])
                         .contiguous(),
                 );
-            }
-        }
+            },
+        );
         outs
     }
 }

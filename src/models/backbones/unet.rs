@@ -45,33 +45,43 @@ pub fn build(p: &mut ParamScope, cfg: &Dict) -> Result<Box<dyn Backbone>, ModelE
 /// arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub enum UpsampleCfg {
-    /// `InterpConv(conv_first=False, kernel_size=1, stride=1, padding=0,
-    /// upsample_cfg=dict(scale_factor=2, mode='bilinear', align_corners=False))`.
-    InterpConv {
-        conv_first: bool,
-        kernel_size: i64,
-        stride: i64,
-        padding: i64,
-        /// mmseg's `Upsample` (bilinear only): `scale_factor`, `align_corners`.
-        scale_factor: f64,
-        align_corners: bool,
-    },
+    /// `InterpConv(...)`.
+    InterpConv(InterpConvCfg),
     /// `DeconvModule(kernel_size=4, scale_factor=2)`.
     DeconvModule { kernel_size: i64, scale_factor: i64 },
+}
+
+/// `InterpConv(conv_first=False, kernel_size=1, stride=1, padding=0,
+/// upsample_cfg=dict(scale_factor=2, mode='bilinear', align_corners=False))`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InterpConvCfg {
+    pub conv_first: bool,
+    pub kernel_size: i64,
+    pub stride: i64,
+    pub padding: i64,
+    /// mmseg's `Upsample` (bilinear only): `scale_factor`, `align_corners`.
+    pub scale_factor: f64,
+    pub align_corners: bool,
+}
+
+impl Default for InterpConvCfg {
+    fn default() -> Self {
+        InterpConvCfg {
+            conv_first: false,
+            kernel_size: 1,
+            stride: 1,
+            padding: 0,
+            scale_factor: 2.0,
+            align_corners: false,
+        }
+    }
 }
 
 impl UpsampleCfg {
     fn from_cfg(v: Option<&Value>) -> Result<UpsampleCfg, ModelError> {
         let d = match v {
             None => {
-                return Ok(UpsampleCfg::InterpConv {
-                    conv_first: false,
-                    kernel_size: 1,
-                    stride: 1,
-                    padding: 0,
-                    scale_factor: 2.0,
-                    align_corners: false,
-                })
+                return Ok(UpsampleCfg::InterpConv(InterpConvCfg::default()))
             }
             Some(Value::Dict(d)) => d,
             Some(other) => {
@@ -105,14 +115,14 @@ impl UpsampleCfg {
                     }
                 };
                 c.finish()?;
-                Ok(UpsampleCfg::InterpConv {
+                Ok(UpsampleCfg::InterpConv(InterpConvCfg {
                     conv_first,
                     kernel_size,
                     stride,
                     padding,
                     scale_factor,
                     align_corners,
-                })
+                }))
             }
             Some("DeconvModule") => {
                 let mut c = ComponentConfig::new(d, "DeconvModule", SOURCE);
@@ -431,18 +441,11 @@ impl UpConvBlock {
             ))
         } else {
             match &c.upsample {
-                UpsampleCfg::InterpConv {
-                    conv_first,
-                    kernel_size,
-                    stride,
-                    padding,
-                    scale_factor,
-                    align_corners,
-                } => {
-                    let index = if *conv_first { 0 } else { 1 };
-                    let spec = ConvSpec::new(in_channels, skip, *kernel_size)
-                        .stride(*stride)
-                        .padding(*padding);
+                UpsampleCfg::InterpConv(ic) => {
+                    let index = if ic.conv_first { 0 } else { 1 };
+                    let spec = ConvSpec::new(in_channels, skip, ic.kernel_size)
+                        .stride(ic.stride)
+                        .padding(ic.padding);
                     let conv = ConvModule::new(
                         &mut up.sub("interp_upsample").sub(index),
                         spec,
@@ -451,9 +454,9 @@ impl UpConvBlock {
                     );
                     Upsample::Interp(InterpConv {
                         conv,
-                        conv_first: *conv_first,
-                        scale_factor: *scale_factor,
-                        align_corners: *align_corners,
+                        conv_first: ic.conv_first,
+                        scale_factor: ic.scale_factor,
+                        align_corners: ic.align_corners,
                     })
                 }
                 UpsampleCfg::DeconvModule {

@@ -23,8 +23,8 @@ use super::Backbone;
 use crate::config::{Dict, Value};
 use crate::models::component_config::ComponentConfig;
 use crate::models::layers::{
-    checkpoint_if, linspace_drop_path_rates, Ffn, FfnActivation, LayerNorm, LayerNormCfg,
-    MultiheadAttention, PatchEmbed, PatchPadding,
+    checkpoint_if, linspace_drop_path_rates, Ffn, LayerNorm, LayerNormCfg, MultiheadAttention,
+    PatchEmbed, PatchPadding,
 };
 use crate::models::params::ParamScope;
 use crate::models::ModelError;
@@ -189,19 +189,16 @@ impl VitConfig {
                 "with_cls_token must be True ifset output_cls_token to True, but got False",
             ));
         }
-        let positive = [
-            ("img_size", self.img_size.0.min(self.img_size.1)),
-            ("patch_size", self.patch_size),
-            ("embed_dims", self.embed_dims),
-            ("num_layers", self.num_layers),
-            ("num_heads", self.num_heads),
-        ];
-        if let Some((key, value)) = positive.iter().find(|(_, v)| *v < 1) {
-            return Err(ModelError::config(
-                "VisionTransformer",
-                format!("{key} must be >= 1, not {value}"),
-            ));
-        }
+        ModelError::require_positive(
+            "VisionTransformer",
+            &[
+                ("img_size", self.img_size.0.min(self.img_size.1)),
+                ("patch_size", self.patch_size),
+                ("embed_dims", self.embed_dims),
+                ("num_layers", self.num_layers),
+                ("num_heads", self.num_heads),
+            ],
+        )?;
         if self.embed_dims % self.num_heads != 0 {
             return Err(ModelError::config(
                 "VisionTransformer",
@@ -264,11 +261,10 @@ impl TransformerEncoderLayer {
         );
         let ln2 = c.norm.build(&mut p.sub("ln2"), c.embed_dims);
         // vit.py gives the FFN no DropPath where the layer's rate is 0.
-        let ffn = Ffn::new(
+        let ffn = Ffn::gelu(
             &mut p.sub("ffn"),
             c.embed_dims,
             c.feedforward_channels,
-            FfnActivation::Gelu,
             c.drop_rate,
             c.drop_path_rate,
         );
@@ -345,14 +341,12 @@ impl VisionTransformer {
         let pos_grid = (c.img_size.0 / c.patch_size, c.img_size.1 / c.patch_size);
         let cls_token = p.param_zeros("cls_token", &[1, 1, c.embed_dims]);
         let pos_embed = p.param_zeros("pos_embed", &[1, pos_grid.0 * pos_grid.1 + 1, c.embed_dims]);
-        let patch_embed = PatchEmbed::new(
+        let patch_embed = PatchEmbed::patchify(
             &mut p.sub("patch_embed"),
             c.in_channels,
             c.embed_dims,
             c.patch_size,
-            c.patch_size,
-            c.patch_pad,
-            c.patch_bias,
+            (c.patch_pad, c.patch_bias),
             c.patch_norm.then_some(c.norm),
         );
         let pre_ln = c
@@ -473,20 +467,59 @@ impl Backbone for VisionTransformer {
         if self.out_origin {
             self.push_output(&mut outs, &x, hw);
         }
-        let last = self.layers.len() - 1;
+        let encoder = Encoder::new(&self.layers, self.final_ln.as_ref(), &self.out_indices);
+        encoder.run(
+            x,
+            |layer, x| layer.forward(x, training),
+            |x| self.push_output(&mut outs, x, hw),
+        );
+        outs
+    }
+}
+
+/// The encoder stage of ViT and BEiT's `forward`: the `layers` in order
+/// (scopes `layer<i>`), `final_ln` after the last, the tokens after every
+/// layer of `out_indices`.
+pub(super) struct Encoder<'a, L> {
+    layers: &'a [L],
+    final_ln: Option<&'a LayerNorm>,
+    out_indices: &'a [i64],
+}
+
+impl<'a, L> Encoder<'a, L> {
+    pub fn new(
+        layers: &'a [L],
+        final_ln: Option<&'a LayerNorm>,
+        out_indices: &'a [i64],
+    ) -> Encoder<'a, L> {
+        Encoder {
+            layers,
+            final_ln,
+            out_indices,
+        }
+    }
+
+    /// `x` through the layers (`layer_forward`), each output index's tokens
+    /// handed to `output`.
+    pub fn run(
+        &self,
+        mut x: Tensor,
+        layer_forward: impl Fn(&L, &Tensor) -> Tensor,
+        mut output: impl FnMut(&Tensor),
+    ) {
+        let last = self.layers.len().saturating_sub(1);
         for (i, layer) in self.layers.iter().enumerate() {
             let _part = crate::models::scope::enter(&format!("layer{}", i + 1));
-            x = layer.forward(&x, training);
+            x = layer_forward(layer, &x);
             if i == last {
-                if let Some(ln) = &self.final_ln {
+                if let Some(ln) = self.final_ln {
                     x = ln.forward(&x);
                 }
             }
             if self.out_indices.contains(&(i as i64)) {
-                self.push_output(&mut outs, &x, hw);
+                output(&x);
             }
         }
-        outs
     }
 }
 

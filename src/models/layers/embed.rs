@@ -38,6 +38,29 @@ pub struct PatchEmbed {
 }
 
 impl PatchEmbed {
+    /// Non-overlapping patches (`kernel_size = stride = patch_size`), as
+    /// ViT and BEiT cut their input.
+    pub fn patchify(
+        p: &mut ParamScope,
+        in_channels: i64,
+        embed_dims: i64,
+        patch_size: i64,
+        (padding, bias): (PatchPadding, bool),
+        norm: Option<LayerNormCfg>,
+    ) -> PatchEmbed {
+        let (kernel, stride) = (patch_size, patch_size);
+        PatchEmbed::new(
+            p,
+            in_channels,
+            embed_dims,
+            kernel,
+            stride,
+            padding,
+            bias,
+            norm,
+        )
+    }
+
     /// `p`: the embedding's scope (`patch_embed`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(

@@ -53,6 +53,25 @@ impl Ffn {
         }
     }
 
+    /// A GELU FFN, as every ViT-family layer builds it.
+    pub fn gelu(
+        p: &mut ParamScope,
+        embed_dims: i64,
+        feedforward_channels: i64,
+        drop: f64,
+        drop_path: f64,
+    ) -> Ffn {
+        let activation = FfnActivation::Gelu;
+        Ffn::new(
+            p,
+            embed_dims,
+            feedforward_channels,
+            activation,
+            drop,
+            drop_path,
+        )
+    }
+
     /// `identity + dropout_layer(layers(x))`.
     pub fn forward(&self, x: &Tensor, identity: &Tensor, training: bool) -> Tensor {
         let (out, dropped) = self.layers_and_drop(x, training);
