@@ -10,7 +10,8 @@ use segtune::search::evaluate::Evaluator;
 use segtune::search::run::predictor;
 use segtune::search::space::Candidate;
 use segtune::search::{
-    search_with, CandidateStatus, Mode, RealTrials, SearchRequest, SearchSpec, TrialRecord,
+    search_with, CandidateStatus, Mode, RealTrials, SearchRequest, SearchRun, SearchSpec,
+    TrialRecord,
 };
 use segtune::worker::Worker;
 use std::path::Path;
@@ -89,20 +90,14 @@ fn request(out: &Path) -> SearchRequest {
         config: common::readme_example(),
         cfg_options: Vec::new(),
         settings: SearchSpec::default(),
-        out: out.to_path_buf(),
-        exhaustive: false,
-        trial_timeout: std::time::Duration::from_secs(600),
-        threads: None,
-        trace: segtune::predict::TraceKind::Meta,
-        gt_segments: Some(20),
-        mode: segtune::kinds::RunMode::Train,
-        ask_python_torch: false,
-        cudnn_benchmark: None,
-        trace_timeout: None,
-        placement: Default::default(),
-        trace_cache: None,
         precisions: None,
-        python: None,
+        mode: segtune::kinds::RunMode::Train,
+        exhaustive: false,
+        out: out.to_path_buf(),
+        run: SearchRun {
+            gt_segments: Some(20),
+            ..SearchRun::default()
+        },
     }
 }
 
@@ -188,7 +183,7 @@ fn two_gpus_confirm_side_by_side_and_find_the_one_gpu_winner() {
         }
         let mut request = request(&out);
         if devices > 1 {
-            request.placement.devices = Some("all".parse().unwrap());
+            request.run.placement.devices = Some("all".parse().unwrap());
         }
         let gpu = FakeGpu {
             request: request.clone(),

@@ -13,7 +13,7 @@ use crate::named::Named;
 use crate::predict::allocator::AllocatorSettings;
 use crate::predict::{EstimateRequest, Gpu, TraceKind};
 use crate::search::spec::MAX_GPUS;
-use crate::search::{Objective, SearchRequest, SearchSpec};
+use crate::search::{Objective, SearchRequest, SearchRun, SearchSpec};
 use crate::trial::{OpTrace, TrialRequest};
 use crate::worker::machine::detect_python_torch;
 use crate::worker::python_worker::PythonWorker;
@@ -689,26 +689,28 @@ impl SearchArgs {
                 effective_batch: self.effective_batch,
                 schedule: self.schedule,
             },
-            out: self.out.clone(),
-            exhaustive: self.exhaustive,
-            trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
-            trace_timeout: self.timeouts.deadline(),
-            threads: self.threads,
-            trace: self.trace,
-            gt_segments: self.step.gt_segments.0,
-            mode: self.step.mode,
-            // `--torch` and the config's `segtune.torch` come before the
-            // environment's, which is asked only without them.
-            // The Python worker's trace is of the PyTorch segtune links.
-            ask_python_torch: self.torch.is_none() && !self.python.python_worker,
-            cudnn_benchmark: self.step.cudnn_benchmark,
-            placement: self.scale.placement(),
-            trace_cache: self
-                .trace_cache
-                .as_ref()
-                .map(|d| std::sync::Arc::new(crate::predict::TraceCache::new(d))),
             precisions: (!self.amp.is_empty()).then(|| self.amp.clone()),
-            python: self.python.worker(),
+            mode: self.step.mode,
+            exhaustive: self.exhaustive,
+            out: self.out.clone(),
+            run: SearchRun {
+                trial_timeout: std::time::Duration::from_secs(self.trial_timeout),
+                trace_timeout: self.timeouts.deadline(),
+                threads: self.threads,
+                trace: self.trace,
+                gt_segments: self.step.gt_segments.0,
+                // `--torch` and the config's `segtune.torch` come before the
+                // environment's, which is asked only without them.
+                // The Python worker's trace is of the PyTorch segtune links.
+                ask_python_torch: self.torch.is_none() && !self.python.python_worker,
+                cudnn_benchmark: self.step.cudnn_benchmark,
+                placement: self.scale.placement(),
+                trace_cache: self
+                    .trace_cache
+                    .as_ref()
+                    .map(|d| std::sync::Arc::new(crate::predict::TraceCache::new(d))),
+                python: self.python.worker(),
+            },
         }
     }
 }

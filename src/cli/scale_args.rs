@@ -4,7 +4,7 @@
 use super::args::{fraction, named, CommonArgs, TraceTimeoutArgs};
 use crate::kinds::{Amp, TorchVersion};
 use crate::search::spec::MAX_GPUS;
-use crate::search::{Objective, SearchRequest, SearchSpec};
+use crate::search::{Objective, SearchRequest, SearchRun, SearchSpec};
 use std::path::PathBuf;
 
 /// Where the trials of a search run, and how many at once (`docs/scale.md`).
@@ -216,22 +216,20 @@ impl AtlasArgs {
                     torch: self.torch,
                     ..SearchSpec::default()
                 },
-                out: self.out.clone(),
-                exhaustive: false,
-                trial_timeout: std::time::Duration::from_secs(600),
-                trace_timeout: self.timeouts.deadline(),
-                threads: self.threads,
-                trace: crate::predict::TraceKind::Meta,
-                gt_segments: None,
-                mode: crate::kinds::RunMode::Train,
-                ask_python_torch: false,
-                cudnn_benchmark: None,
-                placement: self.scale.placement(),
-                trace_cache: Some(std::sync::Arc::new(crate::predict::TraceCache::new(
-                    cache_dir,
-                ))),
                 precisions: (!self.amp.is_empty()).then(|| self.amp.clone()),
-                python: self.python.worker(),
+                mode: crate::kinds::RunMode::Train,
+                exhaustive: false,
+                out: self.out.clone(),
+                run: SearchRun {
+                    trace_timeout: self.timeouts.deadline(),
+                    threads: self.threads,
+                    placement: self.scale.placement(),
+                    trace_cache: Some(std::sync::Arc::new(crate::predict::TraceCache::new(
+                        cache_dir,
+                    ))),
+                    python: self.python.worker(),
+                    ..SearchRun::default()
+                },
             },
             jobs: self.jobs(),
         }

@@ -97,7 +97,7 @@ pub(super) fn check_buildable(
         config: request.config.clone(),
     };
     // MMSeg itself builds the model: its first trace says what it refuses.
-    if request.python.is_some() {
+    if request.run.python.is_some() {
         return Ok(());
     }
     crate::models::check_supported(cfg).map_err(unbuildable)?;

@@ -111,7 +111,7 @@ pub fn search_inference(
                 budget.gpu,
                 budget.vram_bytes,
                 budget.margin,
-                request.trace,
+                request.run.trace,
                 if torch == TorchVersion::NEWEST {
                     String::new()
                 } else {

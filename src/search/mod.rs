@@ -56,7 +56,7 @@ pub mod winner;
 
 pub use placement::{Devices, Placement, SlurmOptions};
 pub use record::{CandidateStatus, Mode, Outcome, SearchResult, TrialRecord};
-pub use run::{search, search_with, RealTrials, SearchRequest};
+pub use run::{search, search_with, RealTrials, SearchRequest, SearchRun};
 pub use spec::{DeviceSetting, Objective, SearchSpec};
 pub use strategy::{Progress, Step};
 pub use winner::changes_words;

@@ -28,17 +28,31 @@ use crate::worker::Worker;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// One search: the config, the settings given on the command line (the
-/// config's `segtune` dict fills the rest), and how to run it.
+/// One search: the config, what is searched (the settings given on the
+/// command line; the config's `segtune` dict fills the rest), and how its
+/// candidates run ([`SearchRun`]).
 #[derive(Debug, Clone)]
 pub struct SearchRequest {
     pub config: PathBuf,
     pub cfg_options: Vec<String>,
     pub settings: SearchSpec,
-    /// Where the journal (trials.jsonl) and the emitted config go.
-    pub out: PathBuf,
+    /// `--amp`: the precisions the search may choose (`None`: fp32, fp16,
+    /// and bf16 where the GPU has it).
+    pub precisions: Option<Vec<Amp>>,
+    /// Search training settings, or inference settings (`super::infer`).
+    pub mode: RunMode,
     /// Evaluate every candidate of the grid, without pruning (benchmarks).
     pub exhaustive: bool,
+    /// Where the journal (trials.jsonl) and the emitted config go.
+    pub out: PathBuf,
+    /// How the candidates are traced and tried.
+    pub run: SearchRun,
+}
+
+/// How a search runs its candidates: where and how long, how their steps
+/// are traced, with which worker. None of it changes what is searched.
+#[derive(Debug, Clone)]
+pub struct SearchRun {
     /// How long a CUDA trial may take.
     pub trial_timeout: Duration,
     /// CPU threads of each traced step (default: half the cores).
@@ -47,8 +61,6 @@ pub struct SearchRequest {
     pub trace: TraceKind,
     /// Classes per synthetic label map (see `TrialRequest::gt_segments`).
     pub gt_segments: Option<i64>,
-    /// Search training settings, or inference settings (`super::infer`).
-    pub mode: RunMode,
     /// Whether to ask the user's Python for its torch (a short child
     /// process) when neither `--torch` nor the config's `segtune.torch`
     /// names a release; asked only then.
@@ -65,13 +77,28 @@ pub struct SearchRequest {
     /// Traced steps kept on disk (`--trace-cache DIR`; `segtune atlas`'s
     /// shared by its presets): a step traced once is replayed, not traced.
     pub trace_cache: Option<std::sync::Arc<crate::predict::TraceCache>>,
-    /// `--amp`: the precisions the search may choose (`None`: fp32, fp16,
-    /// and bf16 where the GPU has it).
-    pub precisions: Option<Vec<Amp>>,
     /// `--python-worker`: every step traced by MMSeg itself in this Python
     /// (the config's `custom_imports` imported, the user's code run), for
     /// models with types segtune does not build. Predicted, fp32, one GPU.
     pub python: Option<crate::worker::python_worker::PythonWorker>,
+}
+
+impl Default for SearchRun {
+    /// segtune's own worker, meta traces, 10-minute trials, here.
+    fn default() -> Self {
+        SearchRun {
+            trial_timeout: Duration::from_secs(600),
+            threads: None,
+            trace: TraceKind::Meta,
+            gt_segments: None,
+            ask_python_torch: false,
+            cudnn_benchmark: None,
+            trace_timeout: None,
+            placement: Default::default(),
+            trace_cache: None,
+            python: None,
+        }
+    }
 }
 
 impl SearchRequest {
@@ -81,6 +108,7 @@ impl SearchRequest {
             return (v, VersionSource::Given);
         }
         match self
+            .run
             .ask_python_torch
             .then(crate::worker::machine::detect_python_torch)
             .flatten()
@@ -99,14 +127,14 @@ pub fn search(
     worker: &Worker,
     progress: Progress,
 ) -> Result<SearchResult> {
-    if let Some(cache) = &request.trace_cache {
+    if let Some(cache) = &request.run.trace_cache {
         cache.check()?;
     }
-    let worker = &request.placement.place(worker, &request.out)?;
+    let worker = &request.run.placement.place(worker, &request.out)?;
     // What waits on other processes starts now and overlaps: the fork
     // servers' libtorch, the CUDA device count, the Python's PyTorch.
     worker.prestart_servers(trace_slots(request, 1));
-    if request.settings.torch.is_none() && request.ask_python_torch {
+    if request.settings.torch.is_none() && request.run.ask_python_torch {
         crate::worker::machine::prefetch_python_torch();
     }
     if request.settings.device.as_deref() != Some("cpu") {
@@ -117,7 +145,7 @@ pub fn search(
     }
     let gpus = CudaTrials { request, worker };
     let result = search_with(request, worker, progress, &gpus);
-    if request.placement.slurm.is_some() {
+    if request.run.placement.slurm.is_some() {
         // Only when empty: the traces' directory the nodes shared.
         let _ = std::fs::remove_dir(request.out.join(".segtune-tmp"));
     }
@@ -151,11 +179,11 @@ impl RealTrials for CudaTrials<'_> {
             cfg_options: self.request.cfg_options.clone(),
             device,
             budget: budget.clone(),
-            timeout: self.request.trial_timeout,
+            timeout: self.request.run.trial_timeout,
             gpus,
-            gt_segments: self.request.gt_segments,
+            gt_segments: self.request.run.gt_segments,
             mode: self.request.mode,
-            cudnn_benchmark: self.request.cudnn_benchmark,
+            cudnn_benchmark: self.request.run.cudnn_benchmark,
         })
     }
 }
@@ -277,6 +305,7 @@ pub(super) fn journal_inputs(
 ) -> Inputs {
     let on_off = |b: bool| if b { "on" } else { "off" };
     let cudnn_benchmark = request
+        .run
         .cudnn_benchmark
         .unwrap_or_else(|| crate::trial::cudnn_flags::cudnn_benchmark(&prepared.cfg));
     let alloc_conf = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
@@ -307,10 +336,11 @@ pub(super) fn journal_inputs(
         .with(
             "label segments",
             request
+                .run
                 .gt_segments
                 .map_or("default".to_string(), |n| n.to_string()),
         )
-        .with("trace", request.trace)
+        .with("trace", request.run.trace)
         .with(
             "PYTORCH_CUDA_ALLOC_CONF",
             if alloc_conf.is_empty() {
@@ -424,16 +454,16 @@ fn journal_devices(
     if torch != TorchVersion::NEWEST {
         trial_suffix.push_str(&format!(":torch{torch}"));
     }
-    if let Some(n) = request.gt_segments {
+    if let Some(n) = request.run.gt_segments {
         trial_suffix.push_str(&format!(":segments{n}"));
     }
     // MMSeg's own step is another answer than segtune's rebuild.
-    let python = request.python.as_ref().map_or(String::new(), |p| {
+    let python = request.run.python.as_ref().map_or(String::new(), |p| {
         format!(":python={}", p.python().display())
     });
     let predicted_device = format!(
         "predicted:{}:{}:{:.3}:{}{trial_suffix}{python}",
-        budget.gpu, budget.vram_bytes, budget.margin, request.trace
+        budget.gpu, budget.vram_bytes, budget.margin, request.run.trace
     );
     (predicted_device, trial_suffix)
 }
@@ -455,16 +485,16 @@ impl TrainingPlan {
         let budget = budget_of(spec)?;
         let mut precisions = precisions_on(&budget, request.precisions.as_deref())?;
         let (torch, torch_source) = request.torch(spec);
-        if request.python.is_some() {
+        if request.run.python.is_some() {
             precisions = python_worker_limits(&recipe, &precisions, gpus, torch, spec)?;
         }
-        let placement = &request.placement;
+        let placement = &request.run.placement;
         // Asked only when a CUDA device may be used: on Slurm the count is
         // a job of its own.
         let cpu_only = spec.device_setting()? == DeviceSetting::Cpu
             || placement.devices.as_ref().is_some_and(|d| d.cpu_only());
         // MMSeg's own step is traced on the CPU and predicted, never measured.
-        let cpu_only = cpu_only || request.python.is_some();
+        let cpu_only = cpu_only || request.run.python.is_some();
         let visible = if cpu_only { 0 } else { real.devices() };
         placement.check(visible)?;
         let slots = placement.slots(visible);
@@ -502,7 +532,7 @@ impl TrainingPlan {
             ranking,
             schedule: spec.schedule.unwrap_or_default(),
             setup: TrainingSetup::new(gpus, torch),
-            torch_source: match &request.python {
+            torch_source: match &request.run.python {
                 Some(p) => format!(
                     "{torch_source}; each step MMSeg's own, traced by the Python worker in {}",
                     p.python().display()

@@ -84,7 +84,7 @@ pub fn save_result(
             config: crate::config::absolute(&request.config),
             config_hash,
             cfg_options: request.cfg_options.clone(),
-            gt_segments: request.gt_segments,
+            gt_segments: request.run.gt_segments,
             inputs: Some(inputs.clone()),
         },
     )

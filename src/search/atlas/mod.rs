@@ -25,7 +25,7 @@ use published::{evaluated_on, fill_datasets, DatasetKey};
 use row_cache::RowCache;
 
 use super::record::{Mode, SearchResult};
-use super::run::{search, SearchRequest};
+use super::run::{search, SearchRequest, SearchRun};
 use super::spec::SearchSpec;
 use crate::config::metafile::Published;
 use crate::config::{dump, Value};
@@ -368,10 +368,10 @@ fn settings_key(settings: &SearchRequest, worker: &Worker) -> String {
         settings.settings.objective,
         settings.settings.device,
         settings.settings.gpus,
-        settings.trace,
-        settings.gt_segments,
+        settings.run.trace,
+        settings.run.gt_segments,
         settings.settings.torch,
-        settings.cudnn_benchmark,
+        settings.run.cudnn_benchmark,
         settings.cfg_options,
         settings.precisions,
     )
@@ -448,7 +448,10 @@ fn searched_row(
             ..settings.settings.clone()
         },
         out: search_dir(&request.out, &base.family, &base.name, &gpu.label()),
-        trace_cache: Some(cache.clone()),
+        run: SearchRun {
+            trace_cache: Some(cache.clone()),
+            ..settings.run.clone()
+        },
         ..settings.clone()
     };
     let (mut row, judged) = match search(&search_request, worker, &|_| {}) {
@@ -617,8 +620,8 @@ fn budgets_of(request: &AtlasRequest) -> Result<Vec<(GpuChoice, Budget)>> {
 fn searches_for(settings: &SearchRequest, jobs: usize) -> SearchRequest {
     let mut search = settings.clone();
     if jobs > 1 {
-        search.placement.local_traces = Some(1);
-        if let Some(slurm) = &mut search.placement.slurm {
+        search.run.placement.local_traces = Some(1);
+        if let Some(slurm) = &mut search.run.placement.slurm {
             slurm.max_parallel = 1;
         }
     }
@@ -666,7 +669,7 @@ pub fn atlas(
     }
     super::journal::create_out_dir(&request.out)?;
     let _lock = lock_out(&request.out)?;
-    if let Some(cache) = &request.search.trace_cache {
+    if let Some(cache) = &request.search.run.trace_cache {
         cache.check()?;
     }
     let configs = configs_of(request)?;
@@ -681,6 +684,7 @@ pub fn atlas(
     );
     let cache = request
         .search
+        .run
         .trace_cache
         .clone()
         .unwrap_or_else(|| Arc::new(TraceCache::new(request.out.join("trace-cache"))));

@@ -29,17 +29,22 @@ pub fn predictor(
         config: request.config.clone(),
         options: request.cfg_options.clone(),
         threads: request
+            .run
             .threads
-            .unwrap_or_else(|| default_trace_threads(&request.placement, side_by_side)),
-        gt_segments: request.gt_segments,
+            .unwrap_or_else(|| default_trace_threads(&request.run.placement, side_by_side)),
+        gt_segments: request.run.gt_segments,
         setup,
-        kind: request.trace,
+        kind: request.run.trace,
         mode: request.mode,
-        timeout: request.trace_timeout,
-        python: request.python.clone(),
+        timeout: request.run.trace_timeout,
+        python: request.run.python.clone(),
     };
     let mode = request.mode;
-    let traced = (steps.clone(), worker.clone(), request.trace_cache.clone());
+    let traced = (
+        steps.clone(),
+        worker.clone(),
+        request.run.trace_cache.clone(),
+    );
     let tracer: Tracer = Box::new(move |key: StepKey| {
         let (steps, worker, cache) = &traced;
         let traced = steps.with(key, |step| {
@@ -65,7 +70,7 @@ pub fn predictor(
     });
     // Steps another search traced (an atlas's other GPUs): what the
     // prediction from an aligned pair may use without tracing.
-    let peek: Option<Peek> = request.trace_cache.clone().map(|cache| {
+    let peek: Option<Peek> = request.run.trace_cache.clone().map(|cache| {
         let worker = worker.clone();
         Box::new(move |key: StepKey| steps.with(key, |step| cache.peek(&cache.key(&worker, step)?)))
             as Peek
@@ -77,6 +82,7 @@ pub fn predictor(
         torch: setup.torch,
         amp: space::Amp::Off,
         cudnn_benchmark: request
+            .run
             .cudnn_benchmark
             .unwrap_or_else(|| flag(crate::trial::cudnn_flags::cudnn_benchmark)),
         cudnn_deterministic: flag(crate::trial::cudnn_flags::cudnn_deterministic),
@@ -84,7 +90,7 @@ pub fn predictor(
     let evaluator = PredictedEvaluator::new(
         budget.clone(),
         tracer,
-        request.trace != TraceKind::CpuAllocator,
+        request.run.trace != TraceKind::CpuAllocator,
         layout,
     )
     .with_kernels(kernels)
@@ -172,8 +178,10 @@ fn default_trace_threads(placement: &crate::search::Placement, side_by_side: usi
 /// its independent groups (each precision's binary search), so the winner
 /// and the candidates tried are those of one trace at a time.
 pub(crate) fn trace_slots(request: &SearchRequest, slots: usize) -> usize {
-    let placement = &request.placement;
-    if placement.slurm.is_some() || placement.devices.is_some() || request.trace != TraceKind::Meta
+    let placement = &request.run.placement;
+    if placement.slurm.is_some()
+        || placement.devices.is_some()
+        || request.run.trace != TraceKind::Meta
     {
         return slots;
     }
