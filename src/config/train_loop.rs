@@ -24,12 +24,17 @@ pub fn max_iters(cfg: &Dict) -> Option<i64> {
         .flatten()
 }
 
-/// The optim wrapper's gradient accumulation (`accumulative_counts`, 1
-/// when absent).
-pub fn accumulation(cfg: &Dict) -> i64 {
+/// The optim wrapper's `accumulative_counts` as the recipe writes it
+/// (`None` when absent): the one reader of it, for the trial (which
+/// refuses one below 1) and the search ([`accumulation`]).
+pub fn accumulative_counts(cfg: &Dict) -> Option<i64> {
     cfg.get("optim_wrapper")
         .and_then(|o| o.get_path("accumulative_counts"))
         .and_then(Value::as_i64)
-        .unwrap_or(1)
-        .max(1)
+}
+
+/// The optim wrapper's gradient accumulation (`accumulative_counts`, 1
+/// when absent).
+pub fn accumulation(cfg: &Dict) -> i64 {
+    accumulative_counts(cfg).unwrap_or(1).max(1)
 }

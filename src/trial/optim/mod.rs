@@ -230,10 +230,7 @@ impl OptimCfg {
             Some(Value::Dict(c)) => Some((num(c, "max_norm", 0.0)?, num(c, "norm_type", 2.0)?)),
             Some(_) => return Err(OptimConfigError::ClipGradNotADict),
         };
-        let accumulative_counts = ow
-            .get("accumulative_counts")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
+        let accumulative_counts = crate::config::train_loop::accumulative_counts(cfg).unwrap_or(1);
         if accumulative_counts < 1 {
             return Err(OptimConfigError::NoAccumulation);
         }
