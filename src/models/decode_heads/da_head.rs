@@ -60,24 +60,8 @@ struct Pam {
 
 impl Pam {
     fn new(p: &mut ParamScope, in_channels: i64, channels: i64) -> Pam {
-        let attention = SelfAttentionBlock::new(
-            p,
-            &SelfAttentionBlockCfg {
-                key_in_channels: in_channels,
-                query_in_channels: in_channels,
-                channels,
-                out_channels: in_channels,
-                share_key_query: false,
-                key_query_num_convs: 1,
-                value_out_num_convs: 1,
-                key_query_norm: false,
-                value_out_norm: false,
-                matmul_norm: false,
-                with_out: false,
-                norm: None,
-                relu: false,
-            },
-        );
+        let attention =
+            SelfAttentionBlock::new(p, &SelfAttentionBlockCfg::plain(in_channels, channels));
         let gamma = Scale::new(&mut p.sub("gamma"));
         Pam { attention, gamma }
     }

@@ -55,19 +55,12 @@ impl Relation {
         let attention = SelfAttentionBlock::new(
             p,
             &SelfAttentionBlockCfg {
-                key_in_channels: in_channels,
-                query_in_channels: in_channels,
-                channels,
-                out_channels: in_channels,
-                share_key_query: false,
                 key_query_num_convs: 2,
-                value_out_num_convs: 1,
                 key_query_norm: true,
-                value_out_norm: false,
                 matmul_norm: true,
-                with_out: false,
                 norm,
                 relu: true,
+                ..SelfAttentionBlockCfg::plain(in_channels, channels)
             },
         );
         let output_project = ConvModule::new(

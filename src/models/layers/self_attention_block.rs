@@ -29,6 +29,30 @@ pub struct SelfAttentionBlockCfg {
     pub relu: bool,
 }
 
+impl SelfAttentionBlockCfg {
+    /// Query and key from `in_channels` to `channels` and the value back to
+    /// `in_channels` by one plain 1x1 conv each: no norms, activations,
+    /// scaling or output projection (DANet's position attention; the other
+    /// heads change what they set).
+    pub fn plain(in_channels: i64, channels: i64) -> SelfAttentionBlockCfg {
+        SelfAttentionBlockCfg {
+            key_in_channels: in_channels,
+            query_in_channels: in_channels,
+            channels,
+            out_channels: in_channels,
+            share_key_query: false,
+            key_query_num_convs: 1,
+            value_out_num_convs: 1,
+            key_query_norm: false,
+            value_out_norm: false,
+            matmul_norm: false,
+            with_out: false,
+            norm: None,
+            relu: false,
+        }
+    }
+}
+
 /// `build_project`: `num_convs` 1x1 convs or ConvModules, one module or an
 /// `nn.Sequential`.
 pub enum Projection {

@@ -7,21 +7,7 @@ use tch::{Device, Kind};
 /// The block of DANet's PAM (`PAM(in_channels=512, channels=64)`): plain
 /// 1x1 convs for key/query and value, no out projection, shared nothing.
 fn pam() -> SelfAttentionBlockCfg {
-    SelfAttentionBlockCfg {
-        key_in_channels: 512,
-        query_in_channels: 512,
-        channels: 64,
-        out_channels: 512,
-        share_key_query: false,
-        key_query_num_convs: 1,
-        value_out_num_convs: 1,
-        key_query_norm: false,
-        value_out_norm: false,
-        matmul_norm: false,
-        with_out: false,
-        norm: None,
-        relu: false,
-    }
+    SelfAttentionBlockCfg::plain(512, 64)
 }
 
 #[test]

@@ -194,24 +194,10 @@ pub fn conv_call(call: &KernelCall, half_is_fp16: bool) -> Option<ConvCall> {
     let out_size = |i: usize, size: i64, kernel: i64| {
         (size + 2 * pad[i] - dilation[i] * (kernel - 1) - 1) / stride[i] + 1
     };
-    let problem = if !transposed {
-        ConvProblem {
-            n: x[0],
-            c: x[1],
-            h: x[2],
-            w: x[3],
-            k: w[0],
-            r: w[2],
-            s: w[3],
-            ho: out_size(0, x[2], w[2]),
-            wo: out_size(1, x[3], w[3]),
-            stride,
-            pad,
-            dilation,
-            groups,
-            dtype,
-            channels_last,
-        }
+    // (c, h, w, k, ho, wo) of the convolution the kernels run.
+    let (c, h, wd, k, ho, wo) = if !transposed {
+        let (ho, wo) = (out_size(0, x[2], w[2]), out_size(1, x[3], w[3]));
+        (x[1], x[2], x[3], w[0], ho, wo)
     } else {
         // Transposed: weight [c_in, c_out / groups, r, s]; the equivalent
         // convolution maps the transposed output (c_out channels) to its
@@ -221,23 +207,24 @@ pub fn conv_call(call: &KernelCall, half_is_fp16: bool) -> Option<ConvCall> {
             (size - 1) * stride[i] - 2 * pad[i] + dilation[i] * (kernel - 1) + output_padding[i] + 1
         };
         let (h, wd) = (size(0, x[2], w[2]), size(1, x[3], w[3]));
-        ConvProblem {
-            n: x[0],
-            c: w[1] * groups,
-            h,
-            w: wd,
-            k: x[1],
-            r: w[2],
-            s: w[3],
-            ho: x[2],
-            wo: x[3],
-            stride,
-            pad,
-            dilation,
-            groups,
-            dtype,
-            channels_last,
-        }
+        (w[1] * groups, h, wd, x[1], x[2], x[3])
+    };
+    let problem = ConvProblem {
+        n: x[0],
+        c,
+        h,
+        w: wd,
+        k,
+        r: w[2],
+        s: w[3],
+        ho,
+        wo,
+        stride,
+        pad,
+        dilation,
+        groups,
+        dtype,
+        channels_last,
     };
     let swap = |d: Direction| match (transposed, d) {
         (true, Direction::Forward) => Direction::BackwardData,
