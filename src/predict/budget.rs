@@ -268,8 +268,12 @@ impl Gpu {
 
     /// `[fp32, tf32, fp16, bf16]` TFLOPS.
     fn rates(&self) -> [f64; 4] {
-        let (fp32, tf32) = (self.fp32_tflops, self.tf32_tflops);
-        [fp32, tf32, self.fp16_tflops, self.bf16_tflops]
+        [
+            self.fp32_tflops,
+            self.tf32_tflops,
+            self.fp16_tflops,
+            self.bf16_tflops,
+        ]
     }
 
     /// Every shipped preset.
@@ -343,8 +347,12 @@ impl Budget {
 
     /// `[fp32, tf32, fp16, bf16]` TFLOPS.
     fn rates(&self) -> [f64; 4] {
-        let (fp32, tf32) = (self.fp32_tflops, self.tf32_tflops);
-        [fp32, tf32, self.fp16_tflops, self.bf16_tflops]
+        [
+            self.fp32_tflops,
+            self.tf32_tflops,
+            self.fp16_tflops,
+            self.bf16_tflops,
+        ]
     }
 
     /// `gpu` with a fraction `margin` of its VRAM kept free.

@@ -504,20 +504,16 @@ fn one_step(
     let _ = crate::models::layers::take_forward_flops();
     let _ = crate::models::layers::checkpoint::take_recompute_flops();
     let started = Instant::now();
+    let clock = StepClock::new(counter, base, step + 1);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match request.mode {
         RunMode::Train => train_step(
             &trainee.model,
             &mut trainee.optimizer,
             batch,
             request,
-            StepClock::new(counter, base, step + 1),
+            clock,
         ),
-        RunMode::Infer => super::infer::infer_step(
-            &trainee.model,
-            batch,
-            request,
-            StepClock::new(counter, base, step + 1),
-        ),
+        RunMode::Infer => super::infer::infer_step(&trainee.model, batch, request, clock),
     }));
     if let Some(i) = bench.cuda_index {
         let _ = memory::device_synchronize(i);

@@ -423,7 +423,8 @@ impl Beit {
             c.in_channels,
             c.embed_dims,
             c.patch_size,
-            (PatchPadding::Fixed(0), true),
+            PatchPadding::Fixed(0),
+            true,
             c.patch_norm.then_some(c.norm),
         );
         let dpr = linspace_drop_path_rates(c.drop_path_rate, c.num_layers as usize);

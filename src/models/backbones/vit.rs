@@ -346,7 +346,8 @@ impl VisionTransformer {
             c.in_channels,
             c.embed_dims,
             c.patch_size,
-            (c.patch_pad, c.patch_bias),
+            c.patch_pad,
+            c.patch_bias,
             c.patch_norm.then_some(c.norm),
         );
         let pre_ln = c

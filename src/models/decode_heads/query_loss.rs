@@ -1,12 +1,14 @@
 //! The parts of mmdet's `MaskFormerHead` losses that `Mask2FormerHead`
 //! inherits unchanged (`mmdet/models/dense_heads/maskformer_head.py`;
-//! mmdet derives the one head from the other): the per-image targets
-//! `_get_targets_single` returns ([`Targets`]), the start of
-//! `_loss_by_feat_single` up to the mask losses (the class cross-entropy
-//! and the matched queries' masks, [`matched_queries`]), and
-//! `loss_by_feat`'s names for each decoder layer's losses
-//! ([`layer_loss_items`]). The matching and the mask losses are each
-//! head's own (`maskformer_loss.rs`, `mask2former_loss.rs`).
+//! mmdet derives the one head from the other): the Hungarian matching
+//! ([`hungarian`]) and `DiceCost`, the `MaskPseudoSampler`, the per-image
+//! targets `_get_targets_single` returns ([`Targets`]),
+//! `_loss_by_feat_single` around the mask losses (the class cross-entropy
+//! and the matched queries' masks, then what it keeps freed:
+//! [`layer_losses`]), mmdet's `DiceLoss`, and `loss_by_feat`'s names for
+//! each decoder layer's losses ([`layer_loss_items`]). What each head
+//! matches on and its mask loss stay its own (`maskformer_loss.rs`,
+//! `mask2former_loss.rs`).
 //!
 //! Cheng et al., "Per-Pixel Classification is Not All You Need for Semantic
 //! Segmentation", NeurIPS 2021, arXiv:2107.06278.
@@ -167,7 +169,7 @@ impl Matched {
 /// `multi_apply`, whose sampling results go when it returns); `Err` with
 /// the layer's three losses where no query matched (the mask losses then
 /// `mask_preds.sum()`, zero).
-pub(super) fn matched_queries(
+fn matched_queries(
     cls_scores: &Tensor,
     mask_preds: &Tensor,
     cls: &ClassLossCfg,

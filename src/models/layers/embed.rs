@@ -45,16 +45,16 @@ impl PatchEmbed {
         in_channels: i64,
         embed_dims: i64,
         patch_size: i64,
-        (padding, bias): (PatchPadding, bool),
+        padding: PatchPadding,
+        bias: bool,
         norm: Option<LayerNormCfg>,
     ) -> PatchEmbed {
-        let (kernel, stride) = (patch_size, patch_size);
         PatchEmbed::new(
             p,
             in_channels,
             embed_dims,
-            kernel,
-            stride,
+            patch_size,
+            patch_size,
             padding,
             bias,
             norm,
